@@ -1,0 +1,110 @@
+// coda/epilogues/functors.hpp — the element-wise math of coda_ext epilogue graphs.
+//
+// Sm90Compute<Fn, ...> instantiates Fn<Array<float, FragmentSize>> and calls it on whole
+// fragments, so every functor here is a one-parameter template whose call operator takes
+// arrays and maps a scalar rule over them. One scalar rule per graph op; the math is fp32
+// with accurate (non-fast-math) device functions, matching the fp32 interpreter.
+#pragma once
+
+#include <cutlass/array.h>
+#include <cutlass/cutlass.h>
+
+namespace coda::epi {
+
+// Applies the scalar rule `Op` element by element to one or more arrays (or scalars).
+template <class Op>
+struct MapArrays {
+  template <class T, int N, class... Rest>
+  CUTLASS_HOST_DEVICE cutlass::Array<T, N> operator()(cutlass::Array<T, N> const& a,
+                                                      Rest const&... rest) const {
+    cutlass::Array<T, N> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; ++i) {
+      out[i] = Op{}(a[i], rest[i]...);
+    }
+    return out;
+  }
+  CUTLASS_HOST_DEVICE float operator()(float a) const { return Op{}(a); }
+  CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return Op{}(a, b); }
+  CUTLASS_HOST_DEVICE float operator()(float a, float b, float c) const { return Op{}(a, b, c); }
+};
+
+namespace scalar {
+struct Add { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a + b; } };
+struct Sub { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a - b; } };
+struct Mul { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a * b; } };
+struct Div { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a / b; } };
+struct Max {  // NaN-propagating, like torch.maximum
+  CUTLASS_HOST_DEVICE float operator()(float a, float b) const {
+    return (a != a || b != b) ? (a + b) : (a > b ? a : b);
+  }
+};
+struct Min {
+  CUTLASS_HOST_DEVICE float operator()(float a, float b) const {
+    return (a != a || b != b) ? (a + b) : (a < b ? a : b);
+  }
+};
+struct Fma { CUTLASS_HOST_DEVICE float operator()(float a, float b, float c) const { return fmaf(a, b, c); } };
+struct Identity { CUTLASS_HOST_DEVICE float operator()(float a) const { return a; } };
+struct Neg { CUTLASS_HOST_DEVICE float operator()(float a) const { return -a; } };
+struct Abs { CUTLASS_HOST_DEVICE float operator()(float a) const { return fabsf(a); } };
+struct Exp { CUTLASS_HOST_DEVICE float operator()(float a) const { return expf(a); } };
+struct Log { CUTLASS_HOST_DEVICE float operator()(float a) const { return logf(a); } };
+struct Sqrt { CUTLASS_HOST_DEVICE float operator()(float a) const { return sqrtf(a); } };
+struct Rsqrt { CUTLASS_HOST_DEVICE float operator()(float a) const { return 1.0f / sqrtf(a); } };
+struct Square { CUTLASS_HOST_DEVICE float operator()(float a) const { return a * a; } };
+struct Tanh { CUTLASS_HOST_DEVICE float operator()(float a) const { return tanhf(a); } };
+struct Sigmoid { CUTLASS_HOST_DEVICE float operator()(float a) const { return 1.0f / (1.0f + expf(-a)); } };
+struct Silu { CUTLASS_HOST_DEVICE float operator()(float a) const { return a / (1.0f + expf(-a)); } };
+struct Relu { CUTLASS_HOST_DEVICE float operator()(float a) const { return (a != a) ? a : (a > 0.f ? a : 0.f); } };
+struct GeluTanh {
+  CUTLASS_HOST_DEVICE float operator()(float a) const {
+    constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * a * (1.0f + tanhf(kAlpha * (a + 0.044715f * a * a * a)));
+  }
+};
+struct GeluErf {
+  CUTLASS_HOST_DEVICE float operator()(float a) const {
+    return 0.5f * a * (1.0f + erff(a * 0.7071067811865476f));
+  }
+};
+// Reduction input rule of a sum-of-squares reduction: acc + x * x.
+struct PlusSquare { CUTLASS_HOST_DEVICE float operator()(float acc, float x) const { return acc + x * x; } };
+}  // namespace scalar
+
+// One-parameter templates for Sm90Compute (the parameter is the fragment type, unused).
+#define CODA_EPI_FUNCTOR(Name) \
+  template <class T> struct Name : MapArrays<scalar::Name> {};
+CODA_EPI_FUNCTOR(Add)
+CODA_EPI_FUNCTOR(Sub)
+CODA_EPI_FUNCTOR(Mul)
+CODA_EPI_FUNCTOR(Div)
+CODA_EPI_FUNCTOR(Max)
+CODA_EPI_FUNCTOR(Min)
+CODA_EPI_FUNCTOR(Fma)
+CODA_EPI_FUNCTOR(Identity)
+CODA_EPI_FUNCTOR(Neg)
+CODA_EPI_FUNCTOR(Abs)
+CODA_EPI_FUNCTOR(Exp)
+CODA_EPI_FUNCTOR(Log)
+CODA_EPI_FUNCTOR(Sqrt)
+CODA_EPI_FUNCTOR(Rsqrt)
+CODA_EPI_FUNCTOR(Square)
+CODA_EPI_FUNCTOR(Tanh)
+CODA_EPI_FUNCTOR(Sigmoid)
+CODA_EPI_FUNCTOR(Silu)
+CODA_EPI_FUNCTOR(Relu)
+CODA_EPI_FUNCTOR(GeluTanh)
+CODA_EPI_FUNCTOR(GeluErf)
+CODA_EPI_FUNCTOR(PlusSquare)
+#undef CODA_EPI_FUNCTOR
+
+// Returns its first input; the others are visited for their side effects (stores and
+// reductions that feed nothing else). Lets side outputs live inside a tree.
+template <class T>
+struct KeepFirst {
+  template <class A, class... Rest>
+  CUTLASS_HOST_DEVICE A operator()(A const& a, Rest const&...) const { return a; }
+};
+
+}  // namespace coda::epi

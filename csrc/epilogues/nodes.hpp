@@ -1,0 +1,128 @@
+// coda/epilogues/nodes.hpp — the one table from coda_ext graph node kinds to CUTLASS SM90
+// epilogue visitor nodes, with the argument packing of each.
+//
+// Each wrapper `X<Cfg, ...>` names the visitor (`X::Node`) and builds its arguments from the
+// plain launch description (`X::args(...)`), so emitted code never spells CUTLASS argument
+// structs. Naming: a *row* reduction here produces one value per row (length M, reducing
+// over N) — CUTLASS calls that node Sm90ColReduction; a *column* reduction produces one
+// value per column (length N) — CUTLASS's Sm90RowReduction.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
+
+#include "coda/abi.h"
+#include "functors.hpp"
+#include "pair_gated_store.hpp"
+
+namespace coda::epi {
+
+namespace fusion = cutlass::epilogue::fusion;
+namespace detail = cutlass::epilogue::collective::detail;
+constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+template <class T>
+T const* const_ptr(CodaSlot const& s) { return static_cast<T const*>(s.ptr); }
+
+// The GEMM accumulator (fp32).
+struct Accumulator {
+  using Node = fusion::Sm90AccFetch;
+  static typename Node::Arguments args() { return {}; }
+};
+
+// A scalar: a value fixed in the source, a runtime value, or a device pointer (fp32).
+template <class Cfg>
+struct Scalar {
+  using Node = fusion::Sm90ScalarBroadcast<float, typename Cfg::ScalarStride>;
+  static typename Node::Arguments constant(float value) { return {{value}, {nullptr}, {}}; }
+  static typename Node::Arguments value(CodaSlot const& s) { return {{s.value}, {nullptr}, {}}; }
+  static typename Node::Arguments pointer(CodaSlot const& s) {
+    return {{0.0f}, {static_cast<float const*>(s.ptr)}, {}};
+  }
+};
+
+// A length-N vector broadcast along M (a Linear bias, a norm weight).
+template <class Cfg, class T>
+struct RowVector {
+  using Node = fusion::Sm90RowBroadcast<0, typename Cfg::TileShape, T, float, typename Cfg::RowVectorStride,
+                                        128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
+  static typename Node::Arguments args(CodaSlot const& s) { return {const_ptr<T>(s), T(0), {}}; }
+};
+
+// A length-M vector broadcast along N (a per-token scale, rstd).
+template <class Cfg, class T>
+struct ColVector {
+  using Node = fusion::Sm90ColBroadcast<0, typename Cfg::TileShape, T, float, typename Cfg::ColVectorStride,
+                                        128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
+  static typename Node::Arguments args(CodaSlot const& s) { return {const_ptr<T>(s), T(0), {}}; }
+};
+
+// A full M x N tile, TMA-loaded through shared memory by the epilogue producer warp.
+template <class Cfg, class T>
+struct TileLoad {
+  using Desc = detail::AuxLoadDescriptor<typename Cfg::EpilogueDescriptor, typename Cfg::LayoutD, T>;
+  using Node = fusion::Sm90AuxLoad<Desc::Stages, typename Desc::EpilogueTile, T, typename Desc::Stride,
+                                   typename Desc::SmemLayoutAtom, typename Desc::CopyOpS2R,
+                                   128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
+  static typename Node::Arguments args(CodaSlot const& s) {
+    return {const_ptr<T>(s), T(0), {s.ld, cute::_1{}, int64_t(0)}};
+  }
+};
+
+// Stores its input as an M x N tile (TMA through shared memory) and passes it through.
+template <class Cfg, class T>
+struct TileStore {
+  using Desc = detail::AuxStoreDescriptor<typename Cfg::EpilogueDescriptor, typename Cfg::LayoutD, T>;
+  using Node = fusion::Sm90AuxStore<Desc::Stages, typename Desc::EpilogueTile, T, kRound, typename Desc::Stride,
+                                    typename Desc::SmemLayoutAtom, typename Desc::CopyOpR2S,
+                                    128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
+  static typename Node::Arguments args(CodaSlot const& s) {
+    return {static_cast<T*>(s.ptr), {s.ld, cute::_1{}, int64_t(0)}};
+  }
+};
+
+// An element-wise op with `Out` as its stored element (fp32, or a narrower type for a cast).
+template <class Cfg, template <class> class Fn, class Out = float>
+struct Compute {
+  using Node = fusion::Sm90Compute<Fn, Out, float, kRound>;
+  static typename Node::Arguments args() { return {}; }
+};
+
+// Reduction rules: the per-element rule, and the rule that combines partial results.
+struct ReduceSum { template <class T> using Input = Add<T>; template <class T> using Combine = Add<T>; };
+struct ReduceMax { template <class T> using Input = Max<T>; template <class T> using Combine = Max<T>; };
+struct ReduceSumSq { template <class T> using Input = PlusSquare<T>; template <class T> using Combine = Add<T>; };
+
+// Per-row statistic (length M, reduced over N): writes one fp32 partial per (row, N-tile)
+// into a compact (round_up(M, TILE_M), ceil(N / TILE_N)) m-major buffer, no atomics;
+// finish with kernels::finalize_partials. Passes its input through.
+template <class Cfg, class Rule>
+struct RowReduce {
+  using Node = fusion::Sm90ColReduction<Rule::template Input, Rule::template Combine, Rule::template Combine, 0,
+                                        typename Cfg::TileShape, float, float, kRound,
+                                        cute::Stride<cute::_1, cute::_0, cute::_0>, 4,
+                                        /*EnableNullptr=*/false, /*FinalReduction=*/false>;
+  static typename Node::Arguments args(float* partials, float identity) { return {partials, identity, {}}; }
+};
+
+// Per-column statistic (length N, reduced over M): one fp32 partial per (M-tile, column)
+// in a compact (ceil(M / TILE_M), round_up(N, TILE_N)) n-major buffer.
+template <class Cfg, class Rule>
+struct ColReduce {
+  using Node = fusion::Sm90RowReduction<Rule::template Input, Rule::template Combine, Rule::template Combine, 0,
+                                        typename Cfg::TileShape, float, float, kRound,
+                                        cute::Stride<cute::_0, cute::_1, cute::_0>, 4,
+                                        /*EnableNullptr=*/false, /*FinalReduction=*/false>;
+  static typename Node::Arguments args(float* partials, float identity) { return {partials, identity, {}}; }
+};
+
+// out[:, i] = Act(x[:, 2i]) * x[:, 2i+1], stored at half width; passes x through.
+template <class Cfg, class T, class Act>
+struct PairGatedStore {
+  using Node = Sm90PairGatedStore<T, Act>;
+  static typename Node::Arguments args(CodaSlot const& s) { return {static_cast<T*>(s.ptr), s.ld}; }
+};
+
+}  // namespace coda::epi

@@ -1,0 +1,62 @@
+/* coda/abi.h — the plain C seam between a compiled epilogue kernel and its callers.
+ *
+ * Every kernel translation unit (emitted by coda_ext or built into libcoda) exports the
+ * three entry points below. Callers (the torch binding, libcoda users, tests) fill a
+ * CodaLaunch with device pointers, sizes and leading strides; the kernel translation unit
+ * owns the packing of those into CUTLASS arguments. No torch, no CUTLASS types here.
+ */
+#ifndef CODA_ABI_H
+#define CODA_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CODA_ABI_VERSION 1
+#define CODA_MAX_SLOTS 32
+
+/* One runtime operand of the epilogue: a tile (M x N, row-major with leading stride ld),
+ * a vector (length M or N, contiguous), a scalar value, or a scalar device pointer. */
+typedef struct CodaSlot {
+  void* ptr;      /* device pointer, or NULL for a scalar passed by value */
+  int64_t ld;     /* leading stride in elements (tiles); 0 otherwise */
+  float value;    /* scalar value (runtime scalars) */
+} CodaSlot;
+
+typedef struct CodaLaunch {
+  int32_t abi_version;  /* CODA_ABI_VERSION */
+  int64_t M, N, K;
+  const void* A; int64_t lda;   /* (M, K), K contiguous */
+  const void* B; int64_t ldb;   /* (N, K), K contiguous: torch.nn.Linear's weight */
+  void* D; int64_t ldd;         /* (M, N), N contiguous */
+  int32_t num_slots;
+  CodaSlot slots[CODA_MAX_SLOTS]; /* in the graph's canonical slot order */
+  void* workspace;              /* at least coda_workspace_size(...) bytes, 256-byte aligned */
+  size_t workspace_bytes;
+  int32_t sm_count;             /* 0: query the device */
+} CodaLaunch;
+
+/* Status codes returned by coda_run. */
+enum {
+  CODA_OK = 0,
+  CODA_ERROR_INVALID_ARGUMENT = 1,
+  CODA_ERROR_CAN_IMPLEMENT = 2,
+  CODA_ERROR_WORKSPACE = 3,
+  CODA_ERROR_INITIALIZE = 4,
+  CODA_ERROR_LAUNCH = 5
+};
+
+/* Bytes of device workspace one launch of this kernel needs at this problem size. */
+typedef size_t (*CodaWorkspaceSizeFn)(int64_t M, int64_t N, int64_t K);
+/* Runs the GEMM + epilogue (and any reduction finalize kernels) on `stream`.
+ * Returns CODA_OK or an error code; on error, a message is written to `err`. */
+typedef int (*CodaRunFn)(const CodaLaunch* launch, void* stream, char* err, size_t err_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CODA_ABI_H */

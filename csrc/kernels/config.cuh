@@ -1,0 +1,57 @@
+// coda/kernels/config.cuh — the fixed SM90 GEMM configuration every coda_ext kernel uses.
+//
+// A (M, K) and B = W (N, K) are K-contiguous (torch.nn.Linear's layout); D (M, N) is
+// row-major. Accumulation and epilogue math are fp32. What varies per kernel is the tile,
+// the cluster, the schedule (cooperative or ping-pong) and the epilogue graph.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+
+namespace coda::kernels {
+
+struct Cooperative {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  static constexpr int kEpilogueThreads = 256;
+};
+struct Pingpong {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+  static constexpr int kEpilogueThreads = 128;
+};
+
+template <
+  class ElementAB_,     // cutlass::bfloat16_t or cutlass::half_t (A and W)
+  class ElementD_,      // element of the main output D
+  int TileM, int TileN, int TileK,
+  int ClusterM, int ClusterN,
+  class Schedule_       // Cooperative or Pingpong
+>
+struct Config {
+  using ElementAB = ElementAB_;
+  using ElementD = ElementD_;
+  using ElementC = void;  // no C operand: tile inputs are epilogue aux loads
+  using ElementAccumulator = float;
+  using ElementCompute = float;
+  using Schedule = Schedule_;
+  using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
+  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
+  using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // (N, K), K contiguous
+  using LayoutD = cutlass::layout::RowMajor;     // (M, N), N contiguous
+  using EpilogueTileType = cutlass::epilogue::collective::EpilogueTileAuto;
+  using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
+      TileShape, EpilogueTileType, ElementC, ElementD, typename Schedule::Epilogue>;
+  static constexpr int kAlignmentAB = 128 / cutlass::sizeof_bits<ElementAB>::value;
+  static constexpr int kAlignmentD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  // Stride types (M/N, K or N, L) with a unit inner stride and a runtime leading stride.
+  using StrideRowMajor = cute::Stride<int64_t, cute::_1, int64_t>;
+  using RowVectorStride = cute::Stride<cute::_0, cute::_1, int64_t>;  // length N, broadcast over M
+  using ColVectorStride = cute::Stride<cute::_1, cute::_0, int64_t>;  // length M, broadcast over N
+  using ScalarStride = cute::Stride<cute::_0, cute::_0, int64_t>;
+};
+
+}  // namespace coda::kernels

@@ -1,0 +1,199 @@
+// coda/kernels/epilogue_gemm.cuh — the fixed SM90 TMA warp-specialized persistent GEMM with
+// an epilogue visitor tree, and the plain-C entry points every kernel translation unit exports.
+//
+// A kernel translation unit defines a Config, a fusion (the visitor tree), a function that
+// builds the fusion's arguments from a CodaLaunch, and the list of its reductions; then
+// CODA_DEFINE_ENTRY_POINTS(...) exports coda_workspace_size / coda_run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
+#include <cutlass/kernel_hardware_info.h>
+
+#include "coda/abi.h"
+#include "config.cuh"
+#include "finalize.cuh"
+#include "../epilogues/nodes.hpp"
+
+namespace coda::kernels {
+
+constexpr size_t kWorkspaceAlign = 256;
+inline size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+
+// One reduction of the graph: which slot receives the finished vector and how to finish it.
+struct ReductionSpec {
+  int slot;           // CodaLaunch slot of the fp32 output vector
+  ReduceAxis axis;    // Rows: one value per row (length M); Cols: one per column (length N)
+  ReduceCombine combine;
+};
+
+// The reductions of one graph, in the order their partial buffers are laid out.
+constexpr int kMaxReductions = 8;
+struct ReductionList {
+  int count;
+  ReductionSpec items[kMaxReductions];
+};
+
+// Extent of the partial buffer of one reduction: `count` vectors of `length` (padded) floats.
+template <class Cfg>
+inline void partial_extent(ReductionSpec const& r, int64_t M, int64_t N, int64_t& length, int64_t& count) {
+  constexpr int64_t TM = cute::size<0>(typename Cfg::TileShape{});
+  constexpr int64_t TN = cute::size<1>(typename Cfg::TileShape{});
+  if (r.axis == ReduceAxis::Rows) {
+    length = (M + TM - 1) / TM * TM;
+    count = (N + TN - 1) / TN;
+  } else {
+    length = (N + TN - 1) / TN * TN;
+    count = (M + TM - 1) / TM;
+  }
+}
+
+template <class Cfg, class Fusion>
+struct EpilogueGemm {
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Cfg::TileShape, typename Cfg::ClusterShape,
+      typename Cfg::EpilogueTileType, float, float,
+      typename Cfg::ElementC, typename Cfg::LayoutD, Cfg::kAlignmentD,
+      typename Cfg::ElementD, typename Cfg::LayoutD, Cfg::kAlignmentD,
+      typename Cfg::Schedule::Epilogue, Fusion>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      typename Cfg::ElementAB, typename Cfg::LayoutA, Cfg::kAlignmentAB,
+      typename Cfg::ElementAB, typename Cfg::LayoutB, Cfg::kAlignmentAB,
+      float, typename Cfg::TileShape, typename Cfg::ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Cfg::Schedule::Mainloop>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using FusionArguments = typename Fusion::Arguments;
+  using ElementAB = typename Cfg::ElementAB;
+  using ElementD = typename Cfg::ElementD;
+
+  static int sm_count(int32_t requested) {
+    if (requested > 0) return requested;
+    int device = 0;
+    cudaGetDevice(&device);
+    static int cached[64] = {0};
+    if (device < 0 || device >= 64) return cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    if (cached[device] == 0) cached[device] = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(device);
+    return cached[device];
+  }
+
+  static typename Gemm::Arguments gemm_arguments(CodaLaunch const& L, FusionArguments const& fusion) {
+    using Stride = typename Cfg::StrideRowMajor;
+    typename Gemm::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
+    args.problem_shape = {int(L.M), int(L.N), int(L.K), 1};
+    args.mainloop.ptr_A = static_cast<ElementAB const*>(L.A);
+    args.mainloop.dA = Stride{L.lda, cute::_1{}, int64_t(0)};
+    args.mainloop.ptr_B = static_cast<ElementAB const*>(L.B);
+    args.mainloop.dB = Stride{L.ldb, cute::_1{}, int64_t(0)};
+    args.epilogue.thread = fusion;
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.dC = Stride{L.ldd, cute::_1{}, int64_t(0)};
+    args.epilogue.ptr_D = static_cast<ElementD*>(L.D);
+    args.epilogue.dD = Stride{L.ldd, cute::_1{}, int64_t(0)};
+    args.hw_info.device_id = 0;
+    args.hw_info.sm_count = sm_count(L.sm_count);
+    return args;
+  }
+
+  static size_t partials_bytes(ReductionList const& reductions, int64_t M, int64_t N) {
+    size_t bytes = 0;
+    for (int i = 0; i < reductions.count; ++i) {
+      int64_t length, count;
+      partial_extent<Cfg>(reductions.items[i], M, N, length, count);
+      bytes += align_up(size_t(length * count) * sizeof(float));
+    }
+    return bytes;
+  }
+
+  static size_t gemm_workspace_bytes(CodaLaunch const& L) {
+    return align_up(Gemm::get_workspace_size(gemm_arguments(L, FusionArguments{})));
+  }
+
+  static size_t workspace_size(int64_t M, int64_t N, int64_t K, ReductionList const& reductions) {
+    CodaLaunch L{};
+    L.M = M; L.N = N; L.K = K; L.lda = K; L.ldb = K; L.ldd = N;
+    return gemm_workspace_bytes(L) + partials_bytes(reductions, M, N);
+  }
+
+  template <class MakeFusionArgs>
+  static int run(CodaLaunch const* L_ptr, void* stream_ptr, char* err, size_t err_len, MakeFusionArgs make_fusion,
+                 ReductionList const& reductions) {
+    auto fail = [&](int code, char const* what, char const* detail) {
+      if (err && err_len) std::snprintf(err, err_len, "%s%s%s", what, detail ? ": " : "", detail ? detail : "");
+      return code;
+    };
+    if (L_ptr == nullptr || L_ptr->abi_version != CODA_ABI_VERSION)
+      return fail(CODA_ERROR_INVALID_ARGUMENT, "launch description is missing or has the wrong ABI version", nullptr);
+    CodaLaunch const& L = *L_ptr;
+    cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+    if (L.M <= 0 || L.N <= 0 || L.K <= 0)
+      return fail(CODA_ERROR_INVALID_ARGUMENT, "M, N and K must be positive", nullptr);
+    size_t need = workspace_size(L.M, L.N, L.K, reductions);
+    if (need > 0 && (L.workspace == nullptr || L.workspace_bytes < need))
+      return fail(CODA_ERROR_WORKSPACE, "workspace too small", nullptr);
+
+    // Carve the workspace: [GEMM workspace][partials of reduction 0][partials of reduction 1]...
+    size_t gemm_ws = gemm_workspace_bytes(L);
+    char* base = static_cast<char*>(L.workspace);
+    float* partials[kMaxReductions] = {nullptr};
+    size_t offset = gemm_ws;
+    for (int i = 0; i < reductions.count; ++i) {
+      int64_t length, count;
+      partial_extent<Cfg>(reductions.items[i], L.M, L.N, length, count);
+      partials[i] = reinterpret_cast<float*>(base + offset);
+      offset += align_up(size_t(length * count) * sizeof(float));
+    }
+
+    typename Gemm::Arguments args = gemm_arguments(L, make_fusion(L, partials));
+    Gemm gemm;
+    cutlass::Status status = gemm.can_implement(args);
+    if (status != cutlass::Status::kSuccess)
+      return fail(CODA_ERROR_CAN_IMPLEMENT, "CUTLASS can_implement rejected the problem",
+                  cutlassGetStatusString(status));
+    status = gemm.initialize(args, gemm_ws ? base : nullptr, stream);
+    if (status != cutlass::Status::kSuccess)
+      return fail(CODA_ERROR_INITIALIZE, "CUTLASS initialize failed", cutlassGetStatusString(status));
+    status = gemm.run(stream);
+    cudaError_t cuda_status = cudaGetLastError();
+    if (status != cutlass::Status::kSuccess || cuda_status != cudaSuccess)
+      return fail(CODA_ERROR_LAUNCH, "GEMM launch failed",
+                  cuda_status != cudaSuccess ? cudaGetErrorString(cuda_status) : cutlassGetStatusString(status));
+
+    for (int i = 0; i < reductions.count; ++i) {
+      ReductionSpec const& r = reductions.items[i];
+      int64_t length, count;
+      partial_extent<Cfg>(r, L.M, L.N, length, count);
+      int64_t n_out = r.axis == ReduceAxis::Rows ? L.M : L.N;
+      launch_finalize(partials[i], static_cast<float*>(L.slots[r.slot].ptr), n_out, length, count, r.combine,
+                      stream);
+    }
+    cuda_status = cudaGetLastError();
+    if (cuda_status != cudaSuccess)
+      return fail(CODA_ERROR_LAUNCH, "reduction finalize launch failed", cudaGetErrorString(cuda_status));
+    return CODA_OK;
+  }
+};
+
+}  // namespace coda::kernels
+
+// Exports the plain-C entry points of one kernel translation unit.
+#define CODA_DEFINE_ENTRY_POINTS(KERNEL, MAKE_FUSION_ARGS, REDUCTIONS)                                \
+  extern "C" size_t coda_workspace_size(int64_t M, int64_t N, int64_t K) {                          \
+    return KERNEL::workspace_size(M, N, K, REDUCTIONS);                                             \
+  }                                                                                                 \
+  extern "C" int coda_run(const CodaLaunch* launch, void* stream, char* err, size_t err_len) {      \
+    return KERNEL::run(launch, stream, err, err_len, MAKE_FUSION_ARGS, REDUCTIONS);                 \
+  }

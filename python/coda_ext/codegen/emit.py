@@ -1,0 +1,167 @@
+"""emit: a lowered graph + kernel config -> the C++ of one kernel translation unit.
+
+The source only instantiates project templates (csrc/kernels, csrc/epilogues): one alias
+per visitor node, the fusion type (a tree of Sm90EVT or one Sm90TopologicalVisitor), a
+function building the fusion arguments bottom-up (one typed variable per subtree) from a
+CodaLaunch, and the reduction list. All text comes from kernel.cu.tmpl and the small
+tables below.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+import string
+
+from ..config import KernelConfig
+from ..graph import ir
+from .plan import Op, Plan, plan
+
+_TEMPLATE = string.Template((pathlib.Path(__file__).parent / "kernel.cu.tmpl").read_text())
+
+CPP_TYPES = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t", "float32": "float"}
+FUNCTORS = {
+    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min", "fma": "Fma",
+    "neg": "Neg", "abs": "Abs", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "rsqrt": "Rsqrt",
+    "square": "Square", "tanh": "Tanh", "sigmoid": "Sigmoid", "silu": "Silu", "relu": "Relu",
+    "gelu_tanh": "GeluTanh", "gelu_erf": "GeluErf", "keep_first": "KeepFirst",
+}
+REDUCE_RULES = {"sum": "ReduceSum", "max": "ReduceMax", "sumsq": "ReduceSumSq"}
+REDUCE_COMBINE = {"sum": "Sum", "max": "Max", "sumsq": "Sum"}
+REDUCE_IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "sumsq": "0.0f"}
+SCHEDULES = {"cooperative": "Cooperative", "pingpong": "Pingpong"}
+
+
+def float_literal(x: float) -> str:
+    if not math.isfinite(x):
+        raise ValueError(f"constant {x!r} is not finite")
+    return f"{x!r}f" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0f"
+
+
+def node_alias(node: ir.Node) -> str:
+    """The wrapper type (nodes.hpp) implementing one IR node."""
+    k = node.kind
+    t = CPP_TYPES.get(node.attr("dtype") or "", "")
+    if k == "accumulator":
+        return "Accumulator"
+    if k == "scalar":
+        return "Scalar<Cfg>"
+    if k == "row_vector":
+        return f"RowVector<Cfg, {t}>"
+    if k == "col_vector":
+        return f"ColVector<Cfg, {t}>"
+    if k == "tile":
+        return f"TileLoad<Cfg, {t}>"
+    if k == "store":
+        return f"TileStore<Cfg, {t}>"
+    if k == "cast":
+        return f"Compute<Cfg, Identity, {t}>"
+    if k in FUNCTORS:
+        return f"Compute<Cfg, {FUNCTORS[k]}>"
+    if k == "row_reduce":
+        return f"RowReduce<Cfg, {REDUCE_RULES[node.attr('op')]}>"
+    if k == "col_reduce":
+        return f"ColReduce<Cfg, {REDUCE_RULES[node.attr('op')]}>"
+    if k == "pair_gated_store":
+        act = FUNCTORS[node.attr("act")]
+        return f"PairGatedStore<Cfg, {t}, scalar::{act}>"
+    raise NotImplementedError(f"emit: no visitor for node kind {k!r}")
+
+
+def node_arguments(alias: str, node: ir.Node, slot: dict[int, int], reduction: dict[int, int], index: int) -> str:
+    """The C++ expression building one node's own arguments."""
+    k = node.kind
+    if k == "scalar":
+        mode = node.attr("mode")
+        if mode == "constant":
+            return f"{alias}::constant({float_literal(node.attr('value'))})"
+        return f"{alias}::{mode}(L.slots[{slot[index]}])"
+    if k in ir.INPUT_KINDS or k in ("store", "pair_gated_store"):
+        return f"{alias}::args(L.slots[{slot[index]}])"
+    if k in ("row_reduce", "col_reduce"):
+        return f"{alias}::args(partials[{reduction[index]}], {REDUCE_IDENTITY[node.attr('op')]})"
+    return f"{alias}::args()"
+
+
+def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
+    """C++ source of the kernel of `graph` (already lowered) for operands of `dtype`."""
+    p = plan(graph)
+    slots = {node: s for s, node in enumerate(graph.slots())}
+    reductions = [i for i in graph.slots() if graph[i].kind in ("row_reduce", "col_reduce")]
+    reduction_index = {node: r for r, node in enumerate(reductions)}
+
+    aliases = []
+    for o, op in enumerate(p.ops):
+        node = graph[op.node] if op.node >= 0 else ir.Node("keep_first")
+        what = f"%{op.node} {op.kind}" if op.node >= 0 else "root: D, then side outputs"
+        if node.name:
+            what += f" {node.name!r}"
+        aliases.append((f"using n{o} = {node_alias(node)};", what))
+    width = max(len(a) for a, _ in aliases)
+    alias_lines = [f"{a.ljust(width)}  // {w}" for a, w in aliases]
+
+    def own_args(o: int, op: Op) -> str:
+        node = graph[op.node] if op.node >= 0 else ir.Node("keep_first")
+        return node_arguments(f"n{o}", node, slots, reduction_index, op.node)
+
+    if p.is_tree:
+        fusion, arg_lines = _tree(p, own_args)
+    else:
+        fusion, arg_lines = _topological(p, own_args)
+
+    red_specs = []
+    for node in reductions:
+        n = graph[node]
+        axis = "Rows" if n.kind == "row_reduce" else "Cols"
+        red_specs.append(f"{{{slots[node]}, ReduceAxis::{axis}, ReduceCombine::{REDUCE_COMBINE[n.attr('op')]}}}")
+
+    tm, tn, tk = config.tile
+    cm, cn = config.cluster
+    return _TEMPLATE.substitute(
+        digest=graph.digest(),
+        mode="tree" if p.is_tree else "topological",
+        listing="\n".join(f"//   {line}" for line in graph.text().splitlines()),
+        element_ab=CPP_TYPES[dtype], element_d=CPP_TYPES[dtype],
+        tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn, schedule=SCHEDULES[config.schedule],
+        node_aliases="\n".join(alias_lines),
+        fusion_types="\n".join(fusion),
+        argument_lines="\n".join("  " + line for line in arg_lines),
+        num_reductions=len(red_specs),
+        reductions=", ".join(red_specs),
+    )
+
+
+def _tree(p: Plan, own_args) -> tuple[list[str], list[str]]:
+    """Sm90EVT types and arguments, bottom-up, one variable per subtree."""
+    types, args = [], []
+    expr: dict[int, tuple[str, str]] = {}  # op -> (type, argument expression)
+    for o, op in enumerate(p.ops):
+        if not op.children:
+            expr[o] = (f"n{o}::Node", own_args(o, op))
+            continue
+        kid_types = ", ".join(expr[c][0] for c in op.children)
+        kid_args = ", ".join(expr[c][1] for c in op.children)
+        types.append(f"using t{o} = fusion::Sm90EVT<n{o}::Node, {kid_types}>;")
+        args.append(f"t{o}::Arguments a{o}{{{kid_args}, {own_args(o, op)}}};")
+        expr[o] = (f"t{o}", f"a{o}")
+    root = len(p.ops) - 1
+    types.append(f"using Fusion = {expr[root][0]};")
+    if p.ops[root].children:
+        args.append(f"return a{root};")
+    else:
+        args.append(f"return {expr[root][1]};")
+    return types, args
+
+
+def _topological(p: Plan, own_args) -> tuple[list[str], list[str]]:
+    """One Sm90TopologicalVisitor: op i reads the ops listed in its edge sequence."""
+    edges = ", ".join(f"cute::seq<{', '.join(str(c) for c in op.children)}>" for op in p.ops)
+    ops = ", ".join(f"n{o}::Node" for o in range(len(p.ops)))
+    types = [
+        f"using Edges = cute::tuple<{edges}>;",
+        f"using Fusion = fusion::Sm90TopologicalVisitor<float, Edges, {ops}>;",
+    ]
+    lines = [f"return Fusion::Arguments{{"]
+    lines += [f"    {own_args(o, op)}," for o, op in enumerate(p.ops)]
+    lines[-1] = lines[-1].rstrip(",")
+    lines.append("};")
+    return types, lines

@@ -1,0 +1,76 @@
+"""The content-addressed kernel cache: keys, entries, and the lock that makes one build per key.
+
+A key hashes everything that changes the binary: the emitted source, the bytes of every
+project header, the nvcc version and flags, the CUTLASS version and the arch. Nothing
+machine-specific (no absolute paths) enters it, so an entry built on a machine without a
+GPU loads on the GPU machine with the same nvcc.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import pathlib
+
+from .paths import cache_root, csrc_dir, cutlass_version, nvcc_version
+
+ARCH = "sm_90a"
+NVCC_FLAGS = (
+    "-gencode=arch=compute_90a,code=sm_90a",
+    "-std=c++17",
+    "--expt-relaxed-constexpr",
+    "-DNDEBUG",
+    "-O3",
+    "-Xcompiler=-fPIC",
+    "-shared",
+)
+HEADER_DIRS = ("include", "kernels", "epilogues")
+
+
+@functools.lru_cache(maxsize=None)
+def headers_digest(root: str | None = None) -> str:
+    """sha256 over every project header (relative path + bytes), fail-closed: all of them."""
+    base = pathlib.Path(root) if root else csrc_dir()
+    h = hashlib.sha256()
+    for d in HEADER_DIRS:
+        for path in sorted((base / d).rglob("*")):
+            if path.is_file():
+                h.update(str(path.relative_to(base)).encode())
+                h.update(b"\0")
+                h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def key_fields(source: str) -> dict:
+    return {
+        "source": hashlib.sha256(source.encode()).hexdigest(),
+        "headers": headers_digest(),
+        "nvcc": nvcc_version(),
+        "flags": list(NVCC_FLAGS),
+        "cutlass": cutlass_version(),
+        "arch": ARCH,
+        "abi": 1,
+    }
+
+
+def cache_key(source: str) -> str:
+    return hashlib.sha256(json.dumps(key_fields(source), sort_keys=True).encode()).hexdigest()[:32]
+
+
+def entry_dir(key: str) -> pathlib.Path:
+    return cache_root() / "kernels" / key
+
+
+@contextlib.contextmanager
+def locked(key: str):
+    """An exclusive inter-process lock per key (fcntl), so concurrent processes build once."""
+    lock_dir = cache_root() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{key}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -1,0 +1,205 @@
+"""The graph builder: the Python API users write epilogues with.
+
+    g = Graph()
+    acc = g.accumulator()
+    y = silu(acc + g.row_vector("bias")) * g.tile("residual")
+    g.output(y)
+    g.row_reduce("sqsum", y, "sumsq")
+
+Builder calls check their arguments at once (wrong kinds, names, dtypes); `build()`
+checks the whole graph (verify.py) and returns the canonical, immutable IR.
+"""
+from __future__ import annotations
+
+import keyword
+import math
+from typing import Any, Union
+
+from ..errors import GraphError
+from . import ir
+
+Operand = Union["Value", int, float]
+
+
+def dtype_name(dtype: Any) -> str:
+    """'bfloat16' for torch.bfloat16 or 'bfloat16'; raises for unsupported dtypes."""
+    name = str(dtype).replace("torch.", "")
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    name = aliases.get(name, name)
+    if name not in ir.DTYPES:
+        raise GraphError(f"unsupported dtype {dtype!r}: use one of torch.bfloat16, torch.float16, torch.float32")
+    return name
+
+
+class Value:
+    """A tile-shaped value of the epilogue (M x N, or M x N/2 after a pair op)."""
+
+    __slots__ = ("_graph", "_index")
+
+    def __init__(self, graph: "Graph", index: int):
+        self._graph = graph
+        self._index = index
+
+    @property
+    def kind(self) -> str:
+        return self._graph._nodes[self._index].kind
+
+    def __repr__(self) -> str:
+        return f"<coda_ext Value %{self._index} {self.kind}>"
+
+    def __bool__(self) -> bool:
+        raise TypeError("an epilogue value has no truth value; use coda_ext.maximum/minimum for comparisons")
+
+    def __add__(self, o: Operand) -> "Value": return _op("add", self, o)
+    def __radd__(self, o: Operand) -> "Value": return _op("add", o, self)
+    def __sub__(self, o: Operand) -> "Value": return _op("sub", self, o)
+    def __rsub__(self, o: Operand) -> "Value": return _op("sub", o, self)
+    def __mul__(self, o: Operand) -> "Value": return _op("mul", self, o)
+    def __rmul__(self, o: Operand) -> "Value": return _op("mul", o, self)
+    def __truediv__(self, o: Operand) -> "Value": return _op("div", self, o)
+    def __rtruediv__(self, o: Operand) -> "Value": return _op("div", o, self)
+    def __neg__(self) -> "Value": return _op("neg", self)
+    def __abs__(self) -> "Value": return _op("abs", self)
+
+
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise GraphError(f"{what} name {name!r} must be a Python identifier (it becomes a keyword argument)")
+    if name in ("A", "W", "out_tensors"):
+        raise GraphError(f"{what} name {name!r} is reserved; choose another name")
+    return name
+
+
+class Graph:
+    """Builds an epilogue graph. Every method that adds a node returns a Value (or None for sinks)."""
+
+    def __init__(self) -> None:
+        self._nodes: list[ir.Node] = []
+        self._dedup: dict[ir.Node, int] = {}
+        self._names: dict[str, str] = {}
+
+    # --- node creation --------------------------------------------------------------------
+
+    def _add(self, node: ir.Node, dedup: bool = True) -> int:
+        if dedup and node in self._dedup:
+            return self._dedup[node]
+        self._nodes.append(node)
+        self._dedup[node] = len(self._nodes) - 1
+        return len(self._nodes) - 1
+
+    def _claim(self, name: str, what: str) -> str:
+        _check_name(name, what)
+        if name in self._names:
+            raise GraphError(f"name {name!r} is already used by a {self._names[name]}; names must be unique")
+        self._names[name] = what
+        return name
+
+    def _value(self, x: Operand, what: str) -> int:
+        if isinstance(x, Value):
+            if x._graph is not self:
+                raise GraphError(f"{what} belongs to another Graph; build each epilogue from one Graph object")
+            return x._index
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise GraphError(f"{what} must be a coda_ext Value or a Python number, got {type(x).__name__}")
+        if not math.isfinite(float(x)):
+            raise GraphError(f"{what} is {x!r}: constants must be finite")
+        return self._add(ir.Node("scalar", (), ir.make_attrs(mode="constant", value=float(x))))
+
+    # --- leaves ---------------------------------------------------------------------------
+
+    def accumulator(self) -> Value:
+        """The fp32 GEMM accumulator A @ W^T (M x N)."""
+        return Value(self, self._add(ir.Node("accumulator")))
+
+    def scalar(self, name: str | None = None, value: float | None = None, *, pointer: bool = False) -> Value:
+        """A scalar: `scalar(value=2.0)` fixed in the kernel; `scalar("alpha")` a runtime float
+        argument; `scalar("scale", pointer=True)` a one-element fp32 device tensor argument."""
+        if name is None:
+            if value is None:
+                raise GraphError("scalar() needs a value (a constant) or a name (a runtime argument)")
+            return Value(self, self._value(value, "scalar value"))
+        if value is not None:
+            raise GraphError(f"scalar {name!r}: give either a name (runtime) or a value (constant), not both")
+        mode = "pointer" if pointer else "value"
+        self._claim(name, "scalar")
+        return Value(self, self._add(ir.Node("scalar", (), ir.make_attrs(mode=mode, name=name)), dedup=False))
+
+    def _input(self, kind: str, name: str, dtype: Any) -> Value:
+        self._claim(name, kind.replace("_", " "))
+        attrs = ir.make_attrs(name=name, dtype=None if dtype is None else dtype_name(dtype))
+        return Value(self, self._add(ir.Node(kind, (), attrs), dedup=False))
+
+    def row_vector(self, name: str, dtype: Any = None) -> Value:
+        """A length-N vector broadcast over rows (a bias, a norm weight). dtype: the op's by default."""
+        return self._input("row_vector", name, dtype)
+
+    def col_vector(self, name: str, dtype: Any = None) -> Value:
+        """A length-M vector broadcast over columns (a per-token scale such as rstd)."""
+        return self._input("col_vector", name, dtype)
+
+    def tile(self, name: str, dtype: Any = None) -> Value:
+        """A full M x N tensor input (a residual), row-major, TMA-loaded."""
+        return self._input("tile", name, dtype)
+
+    # --- sinks ----------------------------------------------------------------------------
+
+    def output(self, value: Value, name: str = "out") -> None:
+        """The main output D (M x N, the op's dtype). Exactly one per graph."""
+        if any(n.kind == "output" for n in self._nodes):
+            raise GraphError("the graph already has an output(); add further results with store(name, value)")
+        src = self._value(value, "output value")
+        self._claim(name, "output")
+        self._add(ir.Node("output", (src,), ir.make_attrs(name=name)), dedup=False)
+
+    def store(self, name: str, value: Value, dtype: Any = None) -> None:
+        """An extra output holding `value` (M x N, or M x N/2 for a pair op). dtype: the op's by default."""
+        src = self._value(value, f"store {name!r} value")
+        self._claim(name, "store")
+        attrs = ir.make_attrs(name=name, dtype=None if dtype is None else dtype_name(dtype))
+        self._add(ir.Node("store", (src,), attrs), dedup=False)
+
+    def _reduce(self, kind: str, name: str, value: Value, op: str) -> None:
+        if op not in ir.REDUCE_OPS:
+            raise GraphError(f"{kind} {name!r}: unsupported reduction op {op!r}; use one of {ir.REDUCE_OPS}")
+        src = self._value(value, f"{kind} {name!r} value")
+        self._claim(name, kind.replace("_", " "))
+        self._add(ir.Node(kind, (src,), ir.make_attrs(name=name, op=op)), dedup=False)
+
+    def row_reduce(self, name: str, value: Value, op: str = "sum") -> None:
+        """A per-row statistic over N (length M, fp32): op is 'sum', 'max' or 'sumsq'."""
+        self._reduce("row_reduce", name, value, op)
+
+    def col_reduce(self, name: str, value: Value, op: str = "sum") -> None:
+        """A per-column statistic over M (length N, fp32): op is 'sum', 'max' or 'sumsq'."""
+        self._reduce("col_reduce", name, value, op)
+
+    # --- result ---------------------------------------------------------------------------
+
+    def raw(self) -> ir.Graph:
+        """The graph as built, before verification and canonicalisation."""
+        return ir.Graph(tuple(self._nodes))
+
+    def build(self) -> ir.Graph:
+        """Verifies the graph and returns its canonical immutable IR."""
+        from ..passes.canonicalize import canonicalize
+        from .verify import verify
+
+        return canonicalize(verify(self.raw()))
+
+
+def _graph_of(*xs: Any) -> Graph:
+    for x in xs:
+        if isinstance(x, Value):
+            return x._graph
+    raise GraphError("at least one operand must be a coda_ext Value (from Graph.accumulator(), tile(), ...)")
+
+
+def _op(kind: str, *operands: Operand, **attrs: Any) -> Value:
+    g = _graph_of(*operands)
+    idx = tuple(g._value(x, f"operand {i} of {kind}") for i, x in enumerate(operands))
+    for i in idx:
+        if g._nodes[i].kind in ir.PAIR_KINDS and kind not in ir.SINK_KINDS:
+            raise GraphError(
+                f"{kind}: its operand is the half-width result of {g._nodes[i].kind}; such a value can only be "
+                "stored (g.store(name, value)). Apply element-wise math before the pair op")
+    return Value(g, g._add(ir.Node(kind, idx, ir.make_attrs(**attrs))))

@@ -1,0 +1,122 @@
+"""The reference interpreter: evaluates an epilogue graph with PyTorch.
+
+It is the semantic definition of every node kind, the oracle of the tests, and what users
+run where there is no SM90 GPU. Math runs in `compute_dtype` (fp32 by default, fp64 for a
+tighter reference; a 16-bit dtype gives the "same math in PyTorch at that precision"
+baseline of the tolerance rule). Results are returned unrounded in `compute_dtype`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import ir
+
+
+class Outputs(dict):
+    """Named results of a graph: `outs["sqsum"]` or `outs.sqsum`; the main output under its name."""
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no output named {name!r}; outputs are {sorted(self)}") from None
+
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "square": torch.square, "tanh": torch.tanh, "sigmoid": torch.sigmoid,
+    "silu": F.silu, "relu": torch.relu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_erf": lambda x: F.gelu(x, approximate="none"),
+}
+BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+    "max": torch.maximum, "min": torch.minimum,
+}
+REDUCE: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    "sum": lambda x, d: x.sum(dim=d),
+    "max": lambda x, d: x.amax(dim=d),
+    "sumsq": lambda x, d: (x * x).sum(dim=d),
+}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _TORCH_DTYPES[name]
+
+
+def _as_ir(graph: Any) -> ir.Graph:
+    if isinstance(graph, ir.Graph):
+        return graph
+    if hasattr(graph, "build"):
+        return graph.build()
+    raise TypeError(f"expected a coda_ext.Graph or its built IR, got {type(graph).__name__}")
+
+
+def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: torch.dtype = torch.float32,
+              **inputs: Any) -> Outputs:
+    """Evaluates `graph` on A (M, K) and W (N, K): returns every output by name, unrounded."""
+    g = _as_ir(graph)
+    expected = {g[i].name for i in g.input_nodes()}
+    missing = sorted(expected - set(inputs))
+    extra = sorted(set(inputs) - expected)
+    if missing:
+        raise TypeError(f"interpret: missing input(s) {missing}; the graph's inputs are {sorted(expected)}")
+    if extra:
+        raise TypeError(f"interpret: unexpected input(s) {extra}; the graph's inputs are {sorted(expected)}")
+    if A.dim() != 2 or W.dim() != 2 or A.shape[1] != W.shape[1]:
+        raise ValueError(f"interpret: A must be (M, K) and W (N, K), got {tuple(A.shape)} and {tuple(W.shape)}")
+
+    cd = compute_dtype
+    vals: list[Any] = [None] * len(g)
+    outs = Outputs()
+    for i, n in enumerate(g.nodes):
+        x = [vals[j] for j in n.inputs]
+        k = n.kind
+        if k == "accumulator":
+            vals[i] = A.to(cd) @ W.to(cd).t()
+        elif k == "scalar":
+            mode = n.attr("mode")
+            if mode == "constant":
+                vals[i] = torch.tensor(n.attr("value"), dtype=cd, device=A.device)
+            elif mode == "value":
+                vals[i] = torch.tensor(float(inputs[n.name]), dtype=cd, device=A.device)
+            else:
+                vals[i] = inputs[n.name].to(device=A.device, dtype=cd).reshape(())
+        elif k == "row_vector":
+            vals[i] = inputs[n.name].to(cd)[None, :]
+        elif k == "col_vector":
+            vals[i] = inputs[n.name].to(cd)[:, None]
+        elif k == "tile":
+            vals[i] = inputs[n.name].to(cd)
+        elif k in UNARY:
+            vals[i] = UNARY[k](x[0])
+        elif k == "cast":
+            vals[i] = x[0].to(torch_dtype(n.attr("dtype"))).to(cd)
+        elif k in BINARY:
+            vals[i] = BINARY[k](x[0], x[1])
+        elif k == "fma":
+            vals[i] = x[0] * x[1] + x[2]
+        elif k == "pair_gate":
+            full = _full(x[0], A, W, cd)
+            vals[i] = UNARY[n.attr("act")](full[:, 0::2]) * full[:, 1::2]
+        elif k in ("output", "store"):
+            half = g[n.inputs[0]].kind in ir.PAIR_KINDS
+            outs[n.name] = x[0] if half else _full(x[0], A, W, cd)
+        elif k == "row_reduce":
+            outs[n.name] = REDUCE[n.attr("op")](_full(x[0], A, W, cd), 1)
+        elif k == "col_reduce":
+            outs[n.name] = REDUCE[n.attr("op")](_full(x[0], A, W, cd), 0)
+        else:
+            raise NotImplementedError(f"interpret: node kind {k!r}")
+    return outs
+
+
+def _full(x: torch.Tensor, A: torch.Tensor, W: torch.Tensor, cd: torch.dtype) -> torch.Tensor:
+    """Broadcasts a value that does not depend on the tile (a scalar, a vector) to M x N."""
+    M, N = A.shape[0], W.shape[0]
+    return x if tuple(x.shape) == (M, N) else torch.broadcast_to(x, (M, N)).contiguous()

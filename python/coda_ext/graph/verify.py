@@ -1,0 +1,99 @@
+"""Whole-graph checks, run before any pass or emission. Errors name the node and the fix."""
+from __future__ import annotations
+
+from ..errors import GraphError
+from . import ir
+
+MAX_SLOTS = 32        # CODA_MAX_SLOTS in csrc/include/coda/abi.h
+MAX_REDUCTIONS = 8    # kMaxReductions in csrc/kernels/epilogue_gemm.cuh
+
+
+def verify(graph: ir.Graph) -> ir.Graph:
+    """Returns `graph` unchanged if it is a valid epilogue graph; raises GraphError otherwise."""
+    nodes = graph.nodes
+    known = set(ir.ARITY) | {"keep_first"}
+    names: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        where = n.describe(i)
+        if n.kind not in known:
+            raise GraphError(f"{where}: unknown node kind {n.kind!r}")
+        if n.kind != "keep_first" and len(n.inputs) != ir.ARITY[n.kind]:
+            raise GraphError(f"{where}: takes {ir.ARITY[n.kind]} inputs, got {len(n.inputs)}")
+        for j in n.inputs:
+            if not isinstance(j, int) or j < 0 or j >= len(nodes):
+                raise GraphError(f"{where}: input {j!r} is not a node of this graph")
+            if j >= i:
+                raise GraphError(f"{where}: reads node {j}, which does not come before it — the graph has a "
+                                 "cycle or is not in topological order; build it with coda_ext.Graph")
+            if nodes[j].is_sink:
+                raise GraphError(f"{where}: reads {nodes[j].describe(j)}, a sink that produces no value; "
+                                 "use the value that was stored or reduced instead")
+        _check_attrs(n, where)
+        if n.name is not None and (n.kind in ir.INPUT_KINDS or n.kind == "scalar" or n.is_sink):
+            if n.name in names:
+                raise GraphError(f"{where}: name {n.name!r} is also used by {nodes[names[n.name]].describe(names[n.name])}")
+            names[n.name] = i
+
+    outputs = graph.find("output")
+    if len(outputs) != 1:
+        raise GraphError(f"the graph needs exactly one output (the main result D), found {len(outputs)}: "
+                         "call g.output(value) once; add other results with g.store(name, value)")
+
+    live = _live(graph)
+    accs = graph.find("accumulator")
+    if not any(live[i] for i in accs):
+        raise GraphError("the GEMM accumulator is never used by an output: start from g.accumulator()")
+    for i, n in enumerate(nodes):
+        is_input = n.kind in ir.INPUT_KINDS or (n.kind == "scalar" and n.attr("mode") != "constant")
+        if is_input and not live[i]:
+            raise GraphError(f"{n.describe(i)}: input {n.name!r} is never used by any output; remove it or use it")
+
+    consumers = graph.consumers()
+    for i, n in enumerate(nodes):
+        if n.kind in ir.PAIR_KINDS:
+            for j in consumers[i]:
+                if nodes[j].kind != "store":
+                    raise GraphError(
+                        f"{nodes[j].describe(j)} reads the half-width result of {n.describe(i)}: a pair op's "
+                        "result can only be stored with g.store(name, value)")
+
+    n_slots = len(graph.slots())
+    if n_slots > MAX_SLOTS:
+        raise GraphError(f"the graph has {n_slots} runtime inputs and outputs; at most {MAX_SLOTS} are supported")
+    n_red = len(graph.find("row_reduce")) + len(graph.find("col_reduce"))
+    if n_red > MAX_REDUCTIONS:
+        raise GraphError(f"the graph has {n_red} reductions; at most {MAX_REDUCTIONS} are supported")
+    return graph
+
+
+def _check_attrs(n: ir.Node, where: str) -> None:
+    if n.kind == "scalar":
+        mode = n.attr("mode")
+        if mode not in ir.SCALAR_MODES:
+            raise GraphError(f"{where}: scalar mode must be one of {ir.SCALAR_MODES}, got {mode!r}")
+        if mode == "constant" and not isinstance(n.attr("value"), float):
+            raise GraphError(f"{where}: a constant scalar needs a float value")
+        if mode != "constant" and not n.name:
+            raise GraphError(f"{where}: a runtime scalar needs a name")
+    if n.kind in ir.INPUT_KINDS + ("store",) and n.attr("dtype") not in (None,) + ir.DTYPES:
+        raise GraphError(f"{where}: dtype {n.attr('dtype')!r} is not one of {ir.DTYPES}")
+    if n.kind in ir.INPUT_KINDS + ir.SINK_KINDS and not n.name:
+        raise GraphError(f"{where}: needs a name")
+    if n.kind == "cast" and n.attr("dtype") not in ir.DTYPES:
+        raise GraphError(f"{where}: cast needs a dtype in {ir.DTYPES}")
+    if n.kind in ("row_reduce", "col_reduce") and n.attr("op") not in ir.REDUCE_OPS:
+        raise GraphError(f"{where}: reduction op {n.attr('op')!r} is not supported; use one of {ir.REDUCE_OPS}")
+    if n.kind in ir.PAIR_KINDS and n.attr("act") not in ir.PAIR_ACTIVATIONS:
+        raise GraphError(f"{where}: activation {n.attr('act')!r} is not one of {ir.PAIR_ACTIVATIONS}")
+
+
+def _live(graph: ir.Graph) -> list[bool]:
+    """live[i]: node i feeds some sink (or is one)."""
+    live = [False] * len(graph)
+    for i in range(len(graph) - 1, -1, -1):
+        if graph[i].is_sink:
+            live[i] = True
+        if live[i]:
+            for j in graph[i].inputs:
+                live[j] = True
+    return live

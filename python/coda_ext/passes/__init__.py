@@ -1,0 +1,20 @@
+"""Graph -> Graph passes, one pure function per file, and the pipeline that orders them."""
+from __future__ import annotations
+
+from ..graph import ir
+from .canonicalize import canonicalize
+from .fold_square_reduce import fold_square_reduce
+from .lower_pair_stores import lower_pair_stores
+from .prune import prune
+from .resolve_dtypes import resolve_dtypes
+
+
+def lower(graph: ir.Graph, dtype: str) -> ir.Graph:
+    """The pipeline from a verified, canonical graph to the graph the emitter takes."""
+    graph = resolve_dtypes(graph, dtype)   # every input/store gets a concrete dtype
+    graph = fold_square_reduce(graph)      # before lowering: sees reduce(sum, x*x)
+    graph = lower_pair_stores(graph)       # store(pair_gate(x)) -> one project node
+    return canonicalize(graph)             # rewrites may create new duplicates; renumber
+
+
+__all__ = ["canonicalize", "fold_square_reduce", "lower", "lower_pair_stores", "prune", "resolve_dtypes"]
