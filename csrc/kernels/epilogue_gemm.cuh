@@ -189,11 +189,15 @@ struct EpilogueGemm {
 
 }  // namespace coda::kernels
 
-// Exports the plain-C entry points of one kernel translation unit.
-#define CODA_DEFINE_ENTRY_POINTS(KERNEL, MAKE_FUSION_ARGS, REDUCTIONS)                                \
-  extern "C" size_t coda_workspace_size(int64_t M, int64_t N, int64_t K) {                          \
+// Exports the plain-C entry points of one kernel translation unit: PREFIX_workspace_size and
+// PREFIX_run (see coda/abi.h). JIT kernels use the prefix `coda`; libcoda names each op.
+#define CODA_DEFINE_NAMED_ENTRY_POINTS(PREFIX, KERNEL, MAKE_FUSION_ARGS, REDUCTIONS)                \
+  extern "C" size_t PREFIX##_workspace_size(int64_t M, int64_t N, int64_t K) {                      \
     return KERNEL::workspace_size(M, N, K, REDUCTIONS);                                             \
   }                                                                                                 \
-  extern "C" int coda_run(const CodaLaunch* launch, void* stream, char* err, size_t err_len) {      \
+  extern "C" int PREFIX##_run(const CodaLaunch* launch, void* stream, char* err, size_t err_len) {  \
     return KERNEL::run(launch, stream, err, err_len, MAKE_FUSION_ARGS, REDUCTIONS);                 \
   }
+
+#define CODA_DEFINE_ENTRY_POINTS(KERNEL, MAKE_FUSION_ARGS, REDUCTIONS) \
+  CODA_DEFINE_NAMED_ENTRY_POINTS(coda, KERNEL, MAKE_FUSION_ARGS, REDUCTIONS)

@@ -1,0 +1,218 @@
+"""Times a fused epilogue graph against the bare cuBLAS GEMM, eager PyTorch and torch.compile.
+
+    python benchmarks/bench_epilogue.py [--shape M N K] [--reps 50] [--out results.json]
+
+Method (shared/reference/anchors.md): every variant runs in one process, interleaved
+(fused, cuBLAS, compile, eager, fused, ...), each call timed with CUDA events on inputs
+rotated between two sets larger than L2; the figure quoted is the median of per-round
+ratios to the bare cuBLAS GEMM of the same shape, with absolute medians for context.
+Writes JSON (GPU, clocks, versions, commit) and a PNG plot next to it.
+Kernels: `python -m coda_ext.prebuild benchmarks/bench_epilogue.py` builds them ahead of time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
+
+import coda_ext as ce  # noqa: E402
+from coda_ext.compile import paths  # noqa: E402
+
+#: Kernel configurations measured for the DESIGN.md graph.
+CONFIGS = [
+    ce.KernelConfig((128, 256, 64), (1, 1), "cooperative"),
+    ce.KernelConfig((128, 256, 64), (2, 1), "cooperative"),
+    ce.KernelConfig((128, 128, 64), (1, 1), "pingpong"),
+    ce.KernelConfig((128, 128, 64), (2, 1), "pingpong"),
+]
+
+
+def design_graph():
+    import cases
+
+    return cases.design()
+
+
+def identity_graph():
+    import cases
+
+    return cases.identity()
+
+
+def build_items():
+    items = [(design_graph(), "bfloat16", c) for c in CONFIGS]
+    items += [(identity_graph(), "bfloat16", c) for c in CONFIGS[:2]]
+    return items
+
+
+def gpu_info() -> dict:
+    import torch
+
+    info = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cutlass": paths.cutlass_version(),
+        "nvcc": paths.nvcc_version(),
+        "commit": os.environ.get("CODA_COMMIT") or _git_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    try:
+        q = "clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        info["nvidia_smi"] = {"query": q, "value": out}
+    except Exception as e:  # nvidia-smi missing: record why
+        info["nvidia_smi"] = f"unavailable: {e}"
+    return info
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE,
+                              timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def time_interleaved(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:
+    """{name: [ms per round]}: every round runs every variant once, in order, on rotated inputs."""
+    import torch
+
+    times = {k: [] for k in variants}
+    for r in range(warmup + reps):
+        for name, fn in variants.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(r % 2)
+            end.record()
+            end.synchronize()
+            if r >= warmup:
+                times[name].append(start.elapsed_time(end))
+    return times
+
+
+def summarize(times: dict[str, list[float]], baseline: str) -> dict:
+    out = {}
+    for name, ts in times.items():
+        ratios = [t / b for t, b in zip(ts, times[baseline])]
+        out[name] = {"median_ms": statistics.median(ts), "median_ratio_to_cublas": statistics.median(ratios),
+                     "min_ms": min(ts)}
+    return out
+
+
+def bench_design(M: int, N: int, K: int, reps: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    dt = torch.bfloat16
+    sets = []
+    for s in range(2):
+        g = torch.Generator(device="cuda").manual_seed(s)
+        sets.append({
+            "A": (torch.randn(M, K, generator=g, device="cuda") * K ** -0.25).to(dt),
+            "W": (torch.randn(N, K, generator=g, device="cuda") * K ** -0.25).to(dt),
+            "aux": torch.randn(M, N, generator=g, device="cuda").to(dt),
+            "bias": torch.randn(N, generator=g, device="cuda").to(dt),
+        })
+
+    def eager(A, W, aux, bias):
+        d = F.silu(F.linear(A, W)) * aux + bias
+        return d, d.float().sum(dim=1)
+
+    compiled = torch.compile(eager)
+    variants = {"cublas_gemm": lambda i: F.linear(sets[i]["A"], sets[i]["W"])}
+    compile_seconds = {}
+    failed = {}
+    for cfg in CONFIGS:
+        t0 = time.monotonic()
+        try:
+            op = ce.compile(design_graph(), "bfloat16", cfg)
+        except ce.CompileError as e:
+            failed[cfg.tag] = str(e)[-2000:]
+            continue
+        compile_seconds[cfg.tag] = round(time.monotonic() - t0, 3)
+        variants[f"coda_{cfg.tag}"] = (lambda op: lambda i: op(sets[i]["A"], sets[i]["W"], aux=sets[i]["aux"],
+                                                               bias=sets[i]["bias"]))(op)
+    for cfg in CONFIGS[:2]:
+        if cfg.tag in failed:
+            continue
+        op = ce.compile(identity_graph(), "bfloat16", cfg)
+        variants[f"coda_identity_{cfg.tag}"] = (lambda op: lambda i: op(sets[i]["A"], sets[i]["W"]))(op)
+    variants["torch_compile"] = lambda i: compiled(**sets[i])
+    variants["eager"] = lambda i: eager(**sets[i])
+    for i in range(2):  # compile torch.compile's kernels before timing
+        compiled(**sets[i])
+    torch.cuda.synchronize()
+
+    # Correctness of the timed fused ops on the timed shape (vs fp32 PyTorch).
+    ref_d, ref_sum = eager(*(sets[0][k].float() for k in ("A", "W", "aux", "bias")))
+    checks = {}
+    for name, fn in variants.items():
+        if name.startswith("coda_") and "identity" not in name:
+            got = fn(0)
+            checks[name] = {"max_err_D": (got.out.float() - ref_d).abs().max().item(),
+                            "max_rel_err_rowsum": ((got.rowsum - ref_sum).abs() / ref_sum.abs().clamp_min(1)).max().item()}
+
+    times = time_interleaved(variants, reps)
+    flops = 2.0 * M * N * K
+    summary = summarize(times, "cublas_gemm")
+    for name, s in summary.items():
+        s["tflops"] = flops / (s["median_ms"] * 1e-3) / 1e12
+    return {"shape": {"M": M, "N": N, "K": K}, "graph": "D = silu(acc) * aux + bias[n]; rowsum[m] = sum_n D",
+            "results": summary, "correctness": checks, "warm_load_seconds": compile_seconds, "reps": reps,
+            "failed_configs": failed}
+
+
+def plot(result: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["results"])
+    ratios = [result["results"][n]["median_ratio_to_cublas"] for n in names]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.5))
+    ax.barh(names, ratios, color=["tab:green" if n.startswith("coda") else "tab:gray" for n in names])
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.axvline(1.10, color="tab:red", lw=0.8, ls="--", label="1.10x cuBLAS")
+    s = result["shape"]
+    ax.set_xlabel("time / bare cuBLAS GEMM time (median of interleaved pairs; lower is better)")
+    ax.set_title(f"{result['graph']}\n{s['M']}x{s['N']}x{s['K']} bf16 on {result['env']['gpu']}", fontsize=9)
+    for y, r in enumerate(ratios):
+        ax.text(r, y, f" {r:.3f}", va="center", fontsize=8)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", nargs=3, type=int, default=[8192, 8192, 4096], metavar=("M", "N", "K"))
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--out", default=str(HERE / "results" / "design_h100.json"))
+    args = p.parse_args()
+    result = bench_design(*args.shape, reps=args.reps)
+    result["env"] = gpu_info()
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    plot(result, out.with_suffix(".png"))
+    print(f"{'variant':36s} {'median ms':>10s} {'x cuBLAS':>9s} {'TFLOP/s':>8s}")
+    for name, s in result["results"].items():
+        print(f"{name:36s} {s['median_ms']:10.3f} {s['median_ratio_to_cublas']:9.3f} {s['tflops']:8.0f}")
+    print(json.dumps(result["correctness"], indent=1))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

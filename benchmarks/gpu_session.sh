@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One pass on an SM90 GPU machine: install, build every kernel in parallel, run the GPU test
+# suite, run the benchmark. Logs and results go to $LOGDIR (default: ./gpu-logs).
+#   WHEELS=.whl  - a folder of wheels to install first (e.g. nvidia-cutlass on a machine without network)
+#   CODA_EXT_CACHE_DIR - the kernel cache (prebuilt entries are reused when nvcc/CUTLASS match)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOGDIR=${LOGDIR:-gpu-logs}
+mkdir -p "$LOGDIR"
+export PYTHONUNBUFFERED=1
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-cache-dir "$WHEELS"/*.whl || exit 1
+fi
+python3 -m pip install -q --no-build-isolation --no-deps -e . > "$LOGDIR/install.log" 2>&1 || { cat "$LOGDIR/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$LOGDIR/gpu.txt"
+nvcc --version | tail -1
+start=$(date +%s)
+python3 -m coda_ext.prebuild tests/gpu/cases.py benchmarks/bench_epilogue.py -j "$(nproc)" 2>&1 | tail -5 | tee "$LOGDIR/prebuild.log"
+echo "prebuild took $(( $(date +%s) - start )) s"
+python3 -m pytest tests/gpu -q -rs --durations=5 2>&1 | tee "$LOGDIR/gpu-tests.log" | tail -n 120
+python3 benchmarks/bench_epilogue.py ${BENCH_ARGS:-} 2>&1 | tee "$LOGDIR/bench.log" | tail -n 40
+cp benchmarks/results/*.json benchmarks/results/*.png "$LOGDIR/" 2>/dev/null || true
