@@ -28,7 +28,7 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: tile {self.tile} unsupported; TILE_N in (64, 128, 192, 256), "
                                    "TILE_K in (64, 128)")
         if self.cluster not in ((1, 1), (2, 1), (1, 2), (2, 2)):
-            raise UnsupportedError(f"KernelConfig: cluster {self.cluster} unsupported; use (1,1), (2,1), (1,2)")
+            raise UnsupportedError(f"KernelConfig: cluster {self.cluster} unsupported; use (1,1), (2,1), (1,2) or (2,2)")
 
     @property
     def tag(self) -> str:

@@ -100,7 +100,7 @@ def test_source_change_changes_key():
 
 def test_key_fields_record_everything():
     fields = cache.key_fields(_source())
-    assert set(fields) == {"source", "headers", "nvcc", "flags", "cutlass", "arch", "abi"}
+    assert set(fields) == {"source", "headers", "nvcc", "flags", "cutlass", "arch", "abi", "nvcc_env"}
     assert fields["nvcc"] == FAKE_VERSION
     assert fields["arch"] == "sm_90a"
     assert "-gencode=arch=compute_90a,code=sm_90a" in fields["flags"]
@@ -212,10 +212,6 @@ def test_key_does_not_depend_on_cache_root(monkeypatch, tmp_path):
     assert cache.cache_key(src) == k1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cache key gap: nvcc reads NVCC_APPEND_FLAGS / NVCC_PREPEND_FLAGS from the environment and they change "
-    "the binary (e.g. -G, -lineinfo, -O0), but cache.key_fields does not include them, so a binary built "
-    "with them is later loaded for a plain build (and vice versa)"))
 def test_nvcc_environment_flags_change_key(monkeypatch):
     src = _source()
     before = cache.cache_key(src)
@@ -369,9 +365,6 @@ def test_nvcc_that_prints_no_version(tmp_path, monkeypatch):
         cache.cache_key(_source())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "paths.nvcc_path returns CODA_EXT_NVCC unchecked, so a wrong path surfaces as a bare FileNotFoundError "
-    "from subprocess (in nvcc_version) instead of a CompileError that names CODA_EXT_NVCC and the fix"))
 def test_missing_nvcc_raises_compile_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CODA_EXT_NVCC", str(tmp_path / "no" / "nvcc"))
     with pytest.raises(ce.CompileError, match="CODA_EXT_NVCC"):

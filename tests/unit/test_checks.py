@@ -210,3 +210,12 @@ def test_kernel_config_accepts(kwargs, tag):
 
 def test_default_config():
     assert ce.DEFAULT_CONFIG == ce.KernelConfig(tile=(128, 256, 64), cluster=(1, 1), schedule="cooperative")
+
+
+def test_row_align_relaxed_for_element_stores():
+    """Regression: half-width pair-store outputs (M, N/2) are written element by element, so
+    their rows need only element alignment (N/2 = 196 fp16 columns = 392-byte rows)."""
+    t = torch.empty(513, 196, dtype=torch.float16)
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        checks.check_tensor("y", t, dtype=torch.float16, device=None, shape=(513, 196))
+    assert checks.check_tensor("y", t, dtype=torch.float16, device=None, shape=(513, 196), row_align=2) is t

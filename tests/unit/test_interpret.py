@@ -394,10 +394,6 @@ def test_outputs_attribute_access():
 # --- known bug ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "builder bug: Graph._add dedups nodes through a dict, and ir.Node('scalar', value=0.0) == "
-    "ir.Node('scalar', value=-0.0) (0.0 == -0.0 and equal hashes), so a -0.0 constant created after a "
-    "0.0 constant is silently replaced by +0.0 (and vice versa): 1/(-0.0) becomes +inf"))
 def test_negative_zero_constant_is_not_merged_with_zero():
     A, W, _, _ = _operands(23, 5, 8, torch.float32)
     g = ce.Graph()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -24,13 +25,19 @@ def _cutlass_missing() -> str | None:
     return None
 
 
-_NO_NVCC = shutil.which("nvcc") is None
+def _nvcc_missing() -> bool:
+    """The test runs the real nvcc (CODA_EXT_NVCC is cleared): CUDA_HOME, CUDA_PATH or PATH."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    return shutil.which("nvcc") is None and not any(h and (pathlib.Path(h) / "bin" / "nvcc").is_file() for h in homes)
+
+
+_NO_NVCC = _nvcc_missing()
 _NO_CUTLASS = _cutlass_missing()
 _NO_NM = shutil.which("nm") is None
 
 pytestmark = [
     pytest.mark.nvcc,
-    pytest.mark.skipif(_NO_NVCC, reason="nvcc is not on PATH"),
+    pytest.mark.skipif(_NO_NVCC, reason="nvcc is not on PATH (nor under CUDA_HOME/CUDA_PATH)"),
     pytest.mark.skipif(_NO_CUTLASS is not None, reason=f"CUTLASS headers missing: {_NO_CUTLASS}"),
     pytest.mark.skipif(_NO_NM, reason="binutils' nm is not installed"),
 ]

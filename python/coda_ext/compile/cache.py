@@ -12,6 +12,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import os
 import pathlib
 
 from .paths import cache_root, csrc_dir, cutlass_version, nvcc_version
@@ -52,6 +53,8 @@ def key_fields(source: str) -> dict:
         "cutlass": cutlass_version(),
         "arch": ARCH,
         "abi": 1,
+        # nvcc reads these from the environment; they change the binary
+        "nvcc_env": [os.environ.get("NVCC_PREPEND_FLAGS", ""), os.environ.get("NVCC_APPEND_FLAGS", "")],
     }
 
 

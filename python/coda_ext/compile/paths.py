@@ -65,6 +65,8 @@ def cutlass_version() -> str:
 def nvcc_path() -> str:
     env = os.environ.get("CODA_EXT_NVCC")
     if env:
+        if not (os.path.isfile(env) and os.access(env, os.X_OK)):
+            raise CompileError(f"CODA_EXT_NVCC={env!r} is not an executable file; point it at nvcc or unset it")
         return env
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if home and (pathlib.Path(home) / "bin" / "nvcc").is_file():

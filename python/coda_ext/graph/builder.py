@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import struct
 from typing import Any, Union
 
 from ..errors import GraphError
@@ -103,7 +104,11 @@ class Graph:
             raise GraphError(f"{what} must be a coda_ext Value or a Python number, got {type(x).__name__}")
         if not math.isfinite(float(x)):
             raise GraphError(f"{what} is {x!r}: constants must be finite")
-        return self._add(ir.Node("scalar", (), ir.make_attrs(mode="constant", value=float(x))))
+        try:  # epilogue math is fp32: constants are fp32 values
+            value = struct.unpack("f", struct.pack("f", float(x)))[0]
+        except OverflowError:
+            raise GraphError(f"{what} is {x!r}, outside the fp32 range of epilogue math") from None
+        return self._add(ir.Node("scalar", (), ir.make_attrs(mode="constant", value=value)))
 
     # --- leaves ---------------------------------------------------------------------------
 

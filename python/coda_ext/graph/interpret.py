@@ -71,6 +71,17 @@ def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: to
     if A.dim() != 2 or W.dim() != 2 or A.shape[1] != W.shape[1]:
         raise ValueError(f"interpret: A must be (M, K) and W (N, K), got {tuple(A.shape)} and {tuple(W.shape)}")
 
+    M, N = A.shape[0], W.shape[0]
+    for i in g.input_nodes():
+        n = g[i]
+        if n.kind in ir.INPUT_KINDS:
+            want = {"tile": (M, N), "row_vector": (N,), "col_vector": (M,)}[n.kind]
+            got = tuple(getattr(inputs[n.name], "shape", ()))
+            if got != want:
+                raise ValueError(f"interpret: input {n.name!r} ({n.kind}) must have shape {want}, got {got}")
+    if g.find("pair_gate") and N % 2:
+        raise ValueError(f"interpret: the graph pairs adjacent columns, so N = {N} must be even")
+
     cd = compute_dtype
     vals: list[Any] = [None] * len(g)
     outs = Outputs()

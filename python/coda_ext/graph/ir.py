@@ -59,13 +59,25 @@ def make_attrs(**kwargs: Any) -> Attrs:
     return tuple(sorted((k, v) for k, v in kwargs.items() if v is not None))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Node:
-    """One operation: its kind, the positions of its inputs, and its attributes."""
+    """One operation: its kind, the positions of its inputs, and its attributes.
+
+    Equality and hashing go through repr(attrs), so constants that compare equal as floats
+    but differ in meaning (0.0 and -0.0) are different nodes."""
 
     kind: str
     inputs: tuple[int, ...] = ()
     attrs: Attrs = ()
+
+    def _key(self) -> tuple:
+        return (self.kind, self.inputs, repr(self.attrs))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Node) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:

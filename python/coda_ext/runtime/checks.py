@@ -23,8 +23,8 @@ def require_sm90(device: torch.device) -> None:
 
 
 def check_tensor(name: str, t: Any, *, dtype: torch.dtype, device: torch.device | None,
-                 shape: tuple[int, ...]) -> torch.Tensor:
-    """Type, device, dtype, shape, unit inner stride, 16-byte aligned base and rows."""
+                 shape: tuple[int, ...], row_align: int = _ALIGN) -> torch.Tensor:
+    """Type, device, dtype, shape, unit inner stride, 16-byte aligned base, rows `row_align`-byte aligned."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if device is not None and t.device != device:
@@ -44,10 +44,10 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype, device: torch.device 
         if t.stride(0) < t.shape[1]:
             raise ValueError(f"{name} has row stride {t.stride(0)} < {t.shape[1]} columns (overlapping rows); "
                              "call .contiguous()")
-        if (t.stride(0) * t.element_size()) % _ALIGN:
+        if (t.stride(0) * t.element_size()) % row_align:
             raise ValueError(f"{name}'s rows are {t.stride(0) * t.element_size()} bytes apart; they must be a "
-                             f"multiple of {_ALIGN} bytes (pad the last dimension to a multiple of "
-                             f"{_ALIGN // t.element_size()})")
+                             f"multiple of {row_align} bytes (pad the last dimension to a multiple of "
+                             f"{max(1, row_align // t.element_size())})")
     return t
 
 

@@ -93,9 +93,10 @@ class CompiledOp:
         checked_inputs: dict[str, torch.Tensor] = {"A": A, "W": W}
         outputs: dict[str, torch.Tensor] = {}
 
-        def output_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        def output_tensor(name: str, shape: tuple[int, ...], dtype: torch.dtype, row_align: int = 16) -> torch.Tensor:
             if name in out:
-                t = checks.check_tensor(f"out[{name!r}]", out[name], dtype=dtype, device=device, shape=shape)
+                t = checks.check_tensor(f"out[{name!r}]", out[name], dtype=dtype, device=device, shape=shape,
+                                        row_align=row_align)
             else:
                 t = torch.empty(shape, dtype=dtype, device=device)
             outputs[name] = t
@@ -119,7 +120,9 @@ class CompiledOp:
                 if s.kind == "pair_gated_store" and N % 2:
                     raise ValueError(f"output {s.name!r} pairs adjacent columns, so N = {N} must be even")
                 shape, dtype = self._output_shape(s, M, N)
-                t = output_tensor(s.name, shape, dtype)
+                # TMA-stored tiles need 16-byte rows; the pair store writes single elements.
+                row_align = dtype.itemsize if s.kind == "pair_gated_store" else 16
+                t = output_tensor(s.name, shape, dtype, row_align)
                 ld = t.stride(0) if t.dim() == 2 else 0
             tensors.append(t)
             lds.append(ld)
