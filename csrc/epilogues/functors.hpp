@@ -3,7 +3,10 @@
 // Sm90Compute<Fn, ...> instantiates Fn<Array<float, FragmentSize>> and calls it on whole
 // fragments, so every functor here is a one-parameter template whose call operator takes
 // arrays and maps a scalar rule over them. One scalar rule per graph op; the math is fp32
-// with accurate (non-fast-math) device functions, matching the fp32 interpreter.
+// fp32. The cooperative schedule does not overlap the epilogue with the mainloop, so every
+// instruction per element costs GEMM time: exp, log, division and the sigmoid family use the
+// hardware approximations (__expf, __logf, __fdividef; relative error ~1e-6, far below the
+// 16-bit rounding of every stored result), the rest are IEEE fp32.
 #pragma once
 
 #include <cutlass/array.h>
@@ -33,7 +36,31 @@ namespace scalar {
 struct Add { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a + b; } };
 struct Sub { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a - b; } };
 struct Mul { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a * b; } };
-struct Div { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a / b; } };
+// Fast math on the device, IEEE on the host (the functors are also host-callable).
+CUTLASS_HOST_DEVICE float fast_exp(float a) {
+#if defined(__CUDA_ARCH__)
+  return __expf(a);
+#else
+  return expf(a);
+#endif
+}
+CUTLASS_HOST_DEVICE float fast_log(float a) {
+#if defined(__CUDA_ARCH__)
+  return __logf(a);
+#else
+  return logf(a);
+#endif
+}
+CUTLASS_HOST_DEVICE float fast_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdividef(a, b);
+#else
+  return a / b;
+#endif
+}
+CUTLASS_HOST_DEVICE float fast_sigmoid(float a) { return fast_div(1.0f, 1.0f + fast_exp(-a)); }
+
+struct Div { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return fast_div(a, b); } };
 struct Max {  // NaN-propagating, like torch.maximum
   CUTLASS_HOST_DEVICE float operator()(float a, float b) const {
     return (a != a || b != b) ? (a + b) : (a > b ? a : b);
@@ -48,19 +75,27 @@ struct Fma { CUTLASS_HOST_DEVICE float operator()(float a, float b, float c) con
 struct Identity { CUTLASS_HOST_DEVICE float operator()(float a) const { return a; } };
 struct Neg { CUTLASS_HOST_DEVICE float operator()(float a) const { return -a; } };
 struct Abs { CUTLASS_HOST_DEVICE float operator()(float a) const { return fabsf(a); } };
-struct Exp { CUTLASS_HOST_DEVICE float operator()(float a) const { return expf(a); } };
-struct Log { CUTLASS_HOST_DEVICE float operator()(float a) const { return logf(a); } };
+struct Exp { CUTLASS_HOST_DEVICE float operator()(float a) const { return fast_exp(a); } };
+struct Log { CUTLASS_HOST_DEVICE float operator()(float a) const { return fast_log(a); } };
 struct Sqrt { CUTLASS_HOST_DEVICE float operator()(float a) const { return sqrtf(a); } };
-struct Rsqrt { CUTLASS_HOST_DEVICE float operator()(float a) const { return 1.0f / sqrtf(a); } };
+struct Rsqrt {
+  CUTLASS_HOST_DEVICE float operator()(float a) const {
+#if defined(__CUDA_ARCH__)
+    return rsqrtf(a);
+#else
+    return 1.0f / sqrtf(a);
+#endif
+  }
+};
 struct Square { CUTLASS_HOST_DEVICE float operator()(float a) const { return a * a; } };
 struct Tanh { CUTLASS_HOST_DEVICE float operator()(float a) const { return tanhf(a); } };
-struct Sigmoid { CUTLASS_HOST_DEVICE float operator()(float a) const { return 1.0f / (1.0f + expf(-a)); } };
-struct Silu { CUTLASS_HOST_DEVICE float operator()(float a) const { return a / (1.0f + expf(-a)); } };
+struct Sigmoid { CUTLASS_HOST_DEVICE float operator()(float a) const { return fast_sigmoid(a); } };
+struct Silu { CUTLASS_HOST_DEVICE float operator()(float a) const { return a * fast_sigmoid(a); } };
 struct Relu { CUTLASS_HOST_DEVICE float operator()(float a) const { return (a != a) ? a : (a > 0.f ? a : 0.f); } };
-struct GeluTanh {
+struct GeluTanh {  // 0.5 a (1 + tanh(y)) == a * sigmoid(2y)
   CUTLASS_HOST_DEVICE float operator()(float a) const {
-    constexpr float kAlpha = 0.7978845608028654f;  // sqrt(2 / pi)
-    return 0.5f * a * (1.0f + tanhf(kAlpha * (a + 0.044715f * a * a * a)));
+    constexpr float kTwoAlpha = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
+    return a * fast_sigmoid(kTwoAlpha * (a + 0.044715f * a * a * a));
   }
 };
 struct GeluErf {
