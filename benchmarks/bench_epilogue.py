@@ -28,12 +28,13 @@ from coda_ext.compile import paths  # noqa: E402
 
 #: Kernel configurations measured for the DESIGN.md graph.
 CONFIGS = [
-    ce.KernelConfig((128, 256, 64), (2, 1), "cooperative"),
     ce.KernelConfig((128, 256, 64), (1, 2), "cooperative"),
-    ce.KernelConfig((256, 128, 64), (1, 2), "cooperative"),
-    ce.KernelConfig((128, 128, 64), (2, 1), "pingpong"),
-    ce.KernelConfig((64, 256, 64), (1, 1), "pingpong"),
-    ce.KernelConfig((64, 256, 64), (2, 1), "pingpong"),
+    ce.KernelConfig((128, 256, 64), (1, 2), "cooperative", swizzle=2),
+    ce.KernelConfig((128, 256, 64), (1, 2), "cooperative", swizzle=4),
+    ce.KernelConfig((128, 256, 64), (1, 2), "cooperative", epilogue_tile=(128, 64)),
+    ce.KernelConfig((128, 256, 64), (2, 1), "cooperative", epilogue_tile=(128, 64)),
+    ce.KernelConfig((128, 128, 64), (1, 2), "pingpong"),
+    ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=2),
 ]
 
 

@@ -28,7 +28,9 @@ template <
   class ElementD_,      // element of the main output D
   int TileM, int TileN, int TileK,
   int ClusterM, int ClusterN,
-  class Schedule_       // Cooperative or Pingpong
+  class Schedule_,      // Cooperative or Pingpong
+  int EpiTileM = 0,     // epilogue subtile (0, 0): CUTLASS's choice (128x32 cooperative, 64x32 ping-pong)
+  int EpiTileN = 0
 >
 struct Config {
   using ElementAB = ElementAB_;
@@ -42,7 +44,9 @@ struct Config {
   using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // (N, K), K contiguous
   using LayoutD = cutlass::layout::RowMajor;     // (M, N), N contiguous
-  using EpilogueTileType = cutlass::epilogue::collective::EpilogueTileAuto;
+  using EpilogueTileType = cute::conditional_t<(EpiTileM > 0 && EpiTileN > 0),
+      cute::Shape<cute::Int<(EpiTileM > 0 ? EpiTileM : 1)>, cute::Int<(EpiTileN > 0 ? EpiTileN : 1)>>,
+      cutlass::epilogue::collective::EpilogueTileAuto>;
   using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
       TileShape, EpilogueTileType, ElementC, ElementD, typename Schedule::Epilogue>;
   static constexpr int kAlignmentAB = 128 / cutlass::sizeof_bits<ElementAB>::value;

@@ -105,6 +105,10 @@ struct EpilogueGemm {
     args.epilogue.dD = Stride{L.ldd, cute::_1{}, int64_t(0)};
     args.hw_info.device_id = 0;
     args.hw_info.sm_count = sm_count(L.sm_count);
+    using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
+    args.scheduler.max_swizzle_size = L.max_swizzle > 0 ? L.max_swizzle : 1;
+    args.scheduler.raster_order = L.raster_order == 1 ? Raster::AlongM
+                                  : L.raster_order == 2 ? Raster::AlongN : Raster::Heuristic;
     return args;
   }
 

@@ -8,13 +8,25 @@ from .errors import UnsupportedError
 SCHEDULES = ("cooperative", "pingpong")
 
 
+RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """tile = (TILE_M, TILE_N, TILE_K); cluster = (CLUSTER_M, CLUSTER_N); schedule = cooperative|pingpong."""
+    """How the fixed SM90 GEMM runs a graph.
+
+    Compiled into the kernel: tile = (TILE_M, TILE_N, TILE_K); cluster = (CLUSTER_M, CLUSTER_N);
+    schedule = cooperative | pingpong; epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice.
+    Launch arguments only (no recompile): swizzle (1, 2, 4, 8) and raster (heuristic, along_m, along_n)
+    of the persistent tile scheduler.
+    """
 
     tile: tuple[int, int, int] = (128, 256, 64)
     cluster: tuple[int, int] = (1, 1)
     schedule: str = "cooperative"
+    epilogue_tile: tuple[int, int] | None = None
+    swizzle: int = 1
+    raster: str = "heuristic"
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
@@ -27,6 +39,15 @@ class KernelConfig:
         if tn not in (64, 128, 192, 256) or tk not in (64, 128):
             raise UnsupportedError(f"KernelConfig: tile {self.tile} unsupported; TILE_N in (64, 128, 192, 256), "
                                    "TILE_K in (64, 128)")
+        if self.epilogue_tile is not None:
+            em, en = self.epilogue_tile
+            if tm % em or tn % en or em not in (64, 128) or en not in (16, 32, 64, 128):
+                raise UnsupportedError(f"KernelConfig: epilogue_tile {self.epilogue_tile} must divide the tile "
+                                       f"{self.tile} with EPI_M in (64, 128) and EPI_N in (16, 32, 64, 128)")
+        if self.swizzle not in (1, 2, 4, 8):
+            raise UnsupportedError(f"KernelConfig: swizzle must be 1, 2, 4 or 8, got {self.swizzle}")
+        if self.raster not in RASTER_ORDERS:
+            raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
         if self.cluster not in ((1, 1), (2, 1), (1, 2), (2, 2)):
             raise UnsupportedError(f"KernelConfig: cluster {self.cluster} unsupported; use (1,1), (2,1), (1,2) or (2,2)")
 
@@ -34,7 +55,14 @@ class KernelConfig:
     def tag(self) -> str:
         tm, tn, tk = self.tile
         cm, cn = self.cluster
-        return f"{self.schedule[:4]}_{tm}x{tn}x{tk}_c{cm}x{cn}"
+        tag = f"{self.schedule[:4]}_{tm}x{tn}x{tk}_c{cm}x{cn}"
+        if self.epilogue_tile:
+            tag += f"_e{self.epilogue_tile[0]}x{self.epilogue_tile[1]}"
+        if self.swizzle != 1:
+            tag += f"_s{self.swizzle}"
+        if self.raster != "heuristic":
+            tag += f"_{self.raster}"
+        return tag
 
 
 #: The configuration used when the caller gives none.

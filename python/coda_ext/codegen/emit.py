@@ -116,12 +116,14 @@ def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
 
     tm, tn, tk = config.tile
     cm, cn = config.cluster
+    em, en = config.epilogue_tile or (0, 0)
+    epi = f", {em}, {en}" if config.epilogue_tile else ""
     return _TEMPLATE.substitute(
         digest=graph.digest(),
         mode="tree" if p.is_tree else "topological",
         listing="\n".join(f"//   {line}" for line in graph.text().splitlines()),
         element_ab=CPP_TYPES[dtype], element_d=CPP_TYPES[dtype],
-        tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn, schedule=SCHEDULES[config.schedule],
+        tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn, schedule=SCHEDULES[config.schedule] + epi,
         node_aliases="\n".join(alias_lines),
         fusion_types="\n".join(fusion),
         argument_lines="\n".join("  " + line for line in arg_lines),

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..config import KernelConfig
+from ..config import RASTER_ORDERS, KernelConfig
 from ..errors import LaunchError
 from ..graph import ir
 from ..graph.interpret import Outputs, torch_dtype
@@ -132,7 +132,8 @@ class CompiledOp:
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream(device).cuda_stream
             try:
-                load_binding().launch(self._run, self._workspace, A, W, D, tensors, lds, values, stream)
+                load_binding().launch(self._run, self._workspace, A, W, D, tensors, lds, values,
+                                      self.config.swizzle, RASTER_ORDERS[self.config.raster], stream)
             except RuntimeError as e:
                 raise LaunchError(f"{self!r}: {e}") from e
         result = Outputs()
