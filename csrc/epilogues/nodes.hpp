@@ -63,7 +63,8 @@ struct ColVector {
 template <class Cfg, class T>
 struct TileLoad {
   using Desc = detail::AuxLoadDescriptor<typename Cfg::EpilogueDescriptor, typename Cfg::LayoutD, T>;
-  using Node = fusion::Sm90AuxLoad<Desc::Stages, typename Desc::EpilogueTile, T, typename Desc::Stride,
+  static constexpr int kStages = Cfg::kAuxLoadStages > 0 ? Cfg::kAuxLoadStages : Desc::Stages;
+  using Node = fusion::Sm90AuxLoad<kStages, typename Desc::EpilogueTile, T, typename Desc::Stride,
                                    typename Desc::SmemLayoutAtom, typename Desc::CopyOpS2R,
                                    128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
   static typename Node::Arguments args(CodaSlot const& s) {

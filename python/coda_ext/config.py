@@ -16,7 +16,9 @@ class KernelConfig:
     """How the fixed SM90 GEMM runs a graph.
 
     Compiled into the kernel: tile = (TILE_M, TILE_N, TILE_K); cluster = (CLUSTER_M, CLUSTER_N);
-    schedule = cooperative | pingpong; epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice.
+    schedule = cooperative | pingpong; epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice;
+    aux_stages = shared-memory stages of each TMA tile load (0: CUTLASS's choice; 2 leaves a
+    128x256x64 mainloop 4 stages instead of 3).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
     """
@@ -25,6 +27,7 @@ class KernelConfig:
     cluster: tuple[int, int] = (1, 1)
     schedule: str = "cooperative"
     epilogue_tile: tuple[int, int] | None = None
+    aux_stages: int = 0
     swizzle: int = 1
     raster: str = "heuristic"
 
@@ -44,6 +47,8 @@ class KernelConfig:
             if tm % em or tn % en or em not in (64, 128) or en not in (16, 32, 64, 128):
                 raise UnsupportedError(f"KernelConfig: epilogue_tile {self.epilogue_tile} must divide the tile "
                                        f"{self.tile} with EPI_M in (64, 128) and EPI_N in (16, 32, 64, 128)")
+        if self.aux_stages not in (0, 1, 2, 3, 4, 6, 8):
+            raise UnsupportedError(f"KernelConfig: aux_stages must be 0 (auto) or 1-4, 6, 8; got {self.aux_stages}")
         if self.swizzle not in (1, 2, 4, 8):
             raise UnsupportedError(f"KernelConfig: swizzle must be 1, 2, 4 or 8, got {self.swizzle}")
         if self.raster not in RASTER_ORDERS:
@@ -58,6 +63,8 @@ class KernelConfig:
         tag = f"{self.schedule[:4]}_{tm}x{tn}x{tk}_c{cm}x{cn}"
         if self.epilogue_tile:
             tag += f"_e{self.epilogue_tile[0]}x{self.epilogue_tile[1]}"
+        if self.aux_stages:
+            tag += f"_a{self.aux_stages}"
         if self.swizzle != 1:
             tag += f"_s{self.swizzle}"
         if self.raster != "heuristic":
