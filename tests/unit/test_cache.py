@@ -378,3 +378,24 @@ def test_missing_nvcc_on_path_raises_compile_error(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path / "empty_bin"))
     with pytest.raises(ce.CompileError, match=r"nvcc not found: .*CUDA_HOME or CODA_EXT_NVCC"):
         paths.nvcc_path()
+
+
+def test_libcoda_sources_do_not_enter_the_key(tmp_path, monkeypatch):
+    """Only headers a JIT kernel can include are hashed: editing libcoda's own sources
+    (csrc/kernels/ops, csrc/lib) keeps every JIT cache entry valid."""
+    import shutil
+
+    from coda_ext.compile.paths import csrc_dir
+
+    copy = tmp_path / "csrc"
+    shutil.copytree(csrc_dir(), copy)
+    before = cache.headers_digest(str(copy))
+    (copy / "kernels" / "ops").mkdir(exist_ok=True)
+    (copy / "kernels" / "ops" / "extra_op.cu").write_text("// a libcoda op\n")
+    (copy / "lib").mkdir(exist_ok=True)
+    (copy / "lib" / "extra.cpp").write_text("// libcoda host code\n")
+    cache.headers_digest.cache_clear()
+    assert cache.headers_digest(str(copy)) == before
+    (copy / "epilogues" / "new_node.hpp").write_text("// a new project node\n")
+    cache.headers_digest.cache_clear()
+    assert cache.headers_digest(str(copy)) != before

@@ -51,9 +51,12 @@ typedef struct coda_tensor {
   int64_t stride[2];  /* in elements; rank 1: {1, 0}; rank 2: {leading stride, 1} */
 } coda_tensor;
 
+/* Launch options; all zeros (or a NULL pointer) means the defaults. */
 typedef struct coda_options {
-  int32_t sm_count;       /* 0: all SMs of the current device */
-  int32_t check_pointers; /* nonzero: verify every pointer is device memory (default 1) */
+  int32_t sm_count;            /* 0: all SMs of the current device */
+  int32_t swizzle;             /* tile-scheduler swizzle 1, 2, 4 or 8; 0: 1 */
+  int32_t raster;              /* 0: heuristic, 1: along M, 2: along N */
+  int32_t skip_pointer_checks; /* nonzero: do not ask the CUDA runtime whether pointers are device memory */
 } coda_options;
 
 /* D = A·Bᵀ */

@@ -143,12 +143,17 @@ struct Problem {
   int64_t M = 0, N = 0, K = 0;
 };
 
-// Per-call launch options.
+// Order in which the persistent tile scheduler walks output tiles.
+enum class Raster : int32_t { kHeuristic = 0, kAlongM = 1, kAlongN = 2 };
+
+// Per-call launch options (none of them recompiles anything).
 struct Options {
-  int32_t sm_count = 0;        // SMs the persistent kernel may use; 0: all SMs of the current device
-  bool check_pointers = true;  // ask the CUDA runtime (about 1 µs per pointer) that every pointer is
-                               // device or managed memory of the current device, so a host pointer
-                               // is an error message rather than a fault that kills the context
+  int32_t sm_count = 0;               // SMs the persistent kernel may use; 0: all SMs of the current device
+  int32_t swizzle = 1;                // tile-scheduler swizzle: 1, 2, 4 or 8 (0 means 1)
+  Raster raster = Raster::kHeuristic;  // tile order of the persistent scheduler
+  bool check_pointers = true;         // ask the CUDA runtime (about 1 µs per pointer) that every pointer is
+                                      // device or managed memory of the current device, so a host pointer
+                                      // is an error message rather than a fault that kills the context
 };
 
 // The mainloop configuration every kernel of this libcoda was compiled with.

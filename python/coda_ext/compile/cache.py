@@ -27,16 +27,18 @@ NVCC_FLAGS = (
     "-Xcompiler=-fPIC",
     "-shared",
 )
-HEADER_DIRS = ("include", "kernels", "epilogues")
+#: What a kernel translation unit can include: the C seam, the kernel templates and every
+#: epilogue node. libcoda's own sources (kernels/ops/, lib/) are not reachable from a JIT kernel.
+HEADER_GLOBS = ("include/coda/abi.h", "kernels/*.cuh", "kernels/*.h", "epilogues/*")
 
 
 @functools.lru_cache(maxsize=None)
 def headers_digest(root: str | None = None) -> str:
-    """sha256 over every project header (relative path + bytes), fail-closed: all of them."""
+    """sha256 over every header a kernel can include (relative path + bytes)."""
     base = pathlib.Path(root) if root else csrc_dir()
     h = hashlib.sha256()
-    for d in HEADER_DIRS:
-        for path in sorted((base / d).rglob("*")):
+    for pattern in HEADER_GLOBS:
+        for path in sorted(base.glob(pattern)):
             if path.is_file():
                 h.update(str(path.relative_to(base)).encode())
                 h.update(b"\0")

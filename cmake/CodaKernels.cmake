@@ -1,0 +1,67 @@
+# cmake/CodaKernels.cmake — which of libcoda's kernel translation units to compile.
+#
+# Every kernel is csrc/kernels/ops/<op>_<dtype>.cu: one CUTLASS instantiation, about 60–80 s of
+# nvcc on one core and ~4 GB of memory, so they build in parallel (cmake --build -jN).
+# CODA_KERNELS = "all" (the default) compiles all of them; a ;-list compiles a subset (CI uses
+# two); CODA_BUILD_OPS=OFF compiles none. Ops whose kernel is missing return
+# coda::StatusCode::kNotBuilt after validating their arguments.
+
+# op name -> coda::Op enumerator, dtype -> coda::DType enumerator
+set(CODA_ALL_OPS gemm gemm_bias_act gemm_residual gemm_swiglu gemm_row_sumsq)
+set(CODA_OP_ENUM_gemm kGemm)
+set(CODA_OP_ENUM_gemm_bias_act kGemmBiasAct)
+set(CODA_OP_ENUM_gemm_residual kGemmResidual)
+set(CODA_OP_ENUM_gemm_swiglu kGemmSwiglu)
+set(CODA_OP_ENUM_gemm_row_sumsq kGemmRowSumSq)
+set(CODA_ALL_DTYPES bf16 fp16)
+set(CODA_DTYPE_ENUM_bf16 kBFloat16)
+set(CODA_DTYPE_ENUM_fp16 kFloat16)
+
+set(CODA_ALL_KERNELS "")
+foreach(op IN LISTS CODA_ALL_OPS)
+  foreach(dtype IN LISTS CODA_ALL_DTYPES)
+    list(APPEND CODA_ALL_KERNELS "${op}_${dtype}")
+  endforeach()
+endforeach()
+
+# Sets CODA_KERNEL_LIST (the kernels to compile), CODA_KERNEL_SOURCES, and the text blocks
+# CODA_KERNEL_DECLARATIONS / CODA_KERNEL_ROWS that csrc/lib/kernel_table.cpp.in expands.
+function(coda_resolve_kernels)
+  set(selected "")
+  if(CODA_BUILD_OPS)
+    if(CODA_KERNELS STREQUAL "all" OR CODA_KERNELS STREQUAL "")
+      set(selected ${CODA_ALL_KERNELS})
+    else()
+      foreach(k IN LISTS CODA_KERNELS)
+        if(NOT k IN_LIST CODA_ALL_KERNELS)
+          list(JOIN CODA_ALL_KERNELS ", " known)
+          message(FATAL_ERROR "coda: CODA_KERNELS names an unknown kernel '${k}'. Known: all, ${known}.")
+        endif()
+        list(APPEND selected "${k}")
+      endforeach()
+      list(REMOVE_DUPLICATES selected)
+    endif()
+  endif()
+
+  set(sources "")
+  set(decls "")
+  set(rows "")
+  foreach(op IN LISTS CODA_ALL_OPS)
+    foreach(dtype IN LISTS CODA_ALL_DTYPES)
+      set(k "${op}_${dtype}")
+      if(k IN_LIST selected)
+        list(APPEND sources "${PROJECT_SOURCE_DIR}/csrc/kernels/ops/${k}.cu")
+        string(APPEND decls "CODA_DECLARE_KERNEL(${k})\n")
+        string(APPEND rows "      CODA_KERNEL_ROW(${CODA_OP_ENUM_${op}}, ${CODA_DTYPE_ENUM_${dtype}}, ${k})\n")
+      endif()
+    endforeach()
+  endforeach()
+
+  list(LENGTH selected count)
+  list(JOIN selected ";" joined)
+  set(CODA_KERNEL_LIST "${joined}" PARENT_SCOPE)
+  set(CODA_KERNEL_COUNT ${count} PARENT_SCOPE)
+  set(CODA_KERNEL_SOURCES ${sources} PARENT_SCOPE)
+  set(CODA_KERNEL_DECLARATIONS "${decls}" PARENT_SCOPE)
+  set(CODA_KERNEL_ROWS "${rows}" PARENT_SCOPE)
+endfunction()

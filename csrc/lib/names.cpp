@@ -1,0 +1,68 @@
+// csrc/lib/names.cpp — names of libcoda's enums (messages, kernel names) and its version.
+#include "coda/coda.hpp"
+#include "detail.hpp"
+
+namespace coda {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16: return "bf16";
+    case DType::kFloat16: return "fp16";
+    case DType::kFloat32: return "fp32";
+  }
+  return "unknown";
+}
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16: return 2;
+    case DType::kFloat16: return 2;
+    case DType::kFloat32: return 4;
+  }
+  return 0;
+}
+
+const char* status_code_name(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "ok";
+    case StatusCode::kInvalidArgument: return "invalid argument";
+    case StatusCode::kCanImplement: return "CUTLASS cannot implement the problem";
+    case StatusCode::kBadWorkspace: return "bad workspace";
+    case StatusCode::kInitializeFailed: return "kernel initialization failed";
+    case StatusCode::kLaunchFailed: return "kernel launch failed";
+    case StatusCode::kNotBuilt: return "kernel not built";
+    case StatusCode::kUnsupportedDevice: return "unsupported device";
+    case StatusCode::kCudaError: return "CUDA error";
+  }
+  return "unknown status";
+}
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kGemm: return "gemm";
+    case Op::kGemmBiasAct: return "gemm_bias_act";
+    case Op::kGemmResidual: return "gemm_residual";
+    case Op::kGemmSwiglu: return "gemm_swiglu";
+    case Op::kGemmRowSumSq: return "gemm_row_sumsq";
+  }
+  return "unknown";
+}
+
+const char* activation_name(Activation act) {
+  switch (act) {
+    case Activation::kIdentity: return "identity";
+    case Activation::kRelu: return "relu";
+    case Activation::kSilu: return "silu";
+    case Activation::kGeluTanh: return "gelu_tanh";
+    case Activation::kGelu: return "gelu";
+  }
+  return "unknown";
+}
+
+const char* version_string() { return CODA_VERSION_STRING; }
+
+namespace detail {
+std::string kernel_name(Op op, DType dtype) { return cat(op_name(op), "_", dtype_name(dtype)); }
+}  // namespace detail
+
+}  // namespace coda
