@@ -13,6 +13,11 @@ if [ -n "${WHEELS:-}" ]; then
 fi
 python3 -m pip install -q --no-build-isolation --no-deps -e . > "$LOGDIR/install.log" 2>&1 || { cat "$LOGDIR/install.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$LOGDIR/gpu.txt"
+if [ -n "${LIBCODA:-}" ]; then   # build libcoda (all its kernels) alongside the JIT prebuild
+  ( cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCODA_BUILD_TESTS=ON -DPython3_EXECUTABLE="$(command -v python3)" \
+      && cmake --build build-gpu -j 8 ) > "$LOGDIR/libcoda-build.log" 2>&1 &
+  libcoda_pid=$!
+fi
 nvcc --version | tail -1
 start=$(date +%s)
 python3 -m coda_ext.prebuild tests/gpu/cases.py benchmarks/bench_epilogue.py -j "$(nproc)" 2>&1 | tail -5 | tee "$LOGDIR/prebuild.log"
@@ -20,3 +25,8 @@ echo "prebuild took $(( $(date +%s) - start )) s"
 python3 -m pytest tests/gpu -q -rs --durations=5 2>&1 | tee "$LOGDIR/gpu-tests.log" | tail -n 120
 python3 benchmarks/bench_epilogue.py ${BENCH_ARGS:-} 2>&1 | tee "$LOGDIR/bench.log" | tail -n 40
 cp benchmarks/results/*.json benchmarks/results/*.png "$LOGDIR/" 2>/dev/null || true
+if [ -n "${LIBCODA:-}" ]; then
+  wait "$libcoda_pid" || { echo "libcoda build failed:"; tail -30 "$LOGDIR/libcoda-build.log"; exit 1; }
+  ctest --test-dir build-gpu --output-on-failure 2>&1 | tee "$LOGDIR/libcoda-ctest.log" | tail -25
+  ./build-gpu/csrc/examples/coda_example 2>&1 | tee "$LOGDIR/libcoda-example.log" | tail -5
+fi
