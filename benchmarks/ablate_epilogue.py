@@ -22,8 +22,8 @@ import coda_ext as ce  # noqa: E402
 from bench_epilogue import gpu_info, summarize, time_interleaved  # noqa: E402
 
 CONFIGS = [
-    ce.KernelConfig((128, 256, 64), (1, 2), "cooperative", aux_stages=2, swizzle=4),
-    ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", aux_stages=2, swizzle=4),
+    ce.KernelConfig((128, 256, 64), (1, 2), "cooperative", swizzle=4),
+    ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4),
 ]
 
 

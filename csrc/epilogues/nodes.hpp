@@ -60,11 +60,12 @@ struct ColVector {
 };
 
 // A full M x N tile, TMA-loaded through shared memory by the epilogue producer warp.
+// Its stage count must be the collective's StagesC (the descriptor's): the node indexes its
+// buffers with the collective's load-pipeline index, so fewer stages read the wrong buffers.
 template <class Cfg, class T>
 struct TileLoad {
   using Desc = detail::AuxLoadDescriptor<typename Cfg::EpilogueDescriptor, typename Cfg::LayoutD, T>;
-  static constexpr int kStages = Cfg::kAuxLoadStages > 0 ? Cfg::kAuxLoadStages : Desc::Stages;
-  using Node = fusion::Sm90AuxLoad<kStages, typename Desc::EpilogueTile, T, typename Desc::Stride,
+  using Node = fusion::Sm90AuxLoad<Desc::Stages, typename Desc::EpilogueTile, T, typename Desc::Stride,
                                    typename Desc::SmemLayoutAtom, typename Desc::CopyOpS2R,
                                    128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
   static typename Node::Arguments args(CodaSlot const& s) {

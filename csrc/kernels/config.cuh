@@ -30,9 +30,7 @@ template <
   int ClusterM, int ClusterN,
   class Schedule_,      // Cooperative or Pingpong
   int EpiTileM = 0,     // epilogue subtile (0, 0): CUTLASS's choice (128x32 cooperative, 64x32 ping-pong)
-  int EpiTileN = 0,
-  int AuxLoadStages_ = 0  // shared-memory stages of each TMA tile load; 0: CUTLASS's choice (up to 4).
-                          // Fewer stages leave more shared memory to the mainloop's stage count.
+  int EpiTileN = 0
 >
 struct Config {
   using ElementAB = ElementAB_;
@@ -51,7 +49,6 @@ struct Config {
       cutlass::epilogue::collective::EpilogueTileAuto>;
   using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
       TileShape, EpilogueTileType, ElementC, ElementD, typename Schedule::Epilogue>;
-  static constexpr int kAuxLoadStages = AuxLoadStages_;
   static constexpr int kAlignmentAB = 128 / cutlass::sizeof_bits<ElementAB>::value;
   static constexpr int kAlignmentD = 128 / cutlass::sizeof_bits<ElementD>::value;
   // Stride types (M/N, K or N, L) with a unit inner stride and a runtime leading stride.

@@ -117,8 +117,7 @@ def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
     tm, tn, tk = config.tile
     cm, cn = config.cluster
     em, en = config.epilogue_tile or (0, 0)
-    epi = f", {em}, {en}" if config.epilogue_tile or config.aux_stages else ""
-    epi += f", {config.aux_stages}" if config.aux_stages else ""
+    epi = f", {em}, {en}" if config.epilogue_tile else ""
     return _TEMPLATE.substitute(
         digest=graph.digest(),
         mode="tree" if p.is_tree else "topological",
