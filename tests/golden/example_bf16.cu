@@ -16,7 +16,7 @@ using namespace coda::epi;
 using coda::kernels::ReduceAxis;
 using coda::kernels::ReduceCombine;
 
-using Cfg = coda::kernels::Config<cutlass::bfloat16_t, cutlass::bfloat16_t, 128, 256, 64, 1, 2, coda::kernels::Cooperative>;
+using Cfg = coda::kernels::Config<cutlass::bfloat16_t, cutlass::bfloat16_t, 128, 128, 64, 1, 1, coda::kernels::Pingpong>;
 
 // Visitor nodes, one per op.
 using n0 = RowVector<Cfg, cutlass::bfloat16_t>;  // %0 row_vector 'bias'

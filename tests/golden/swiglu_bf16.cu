@@ -10,7 +10,7 @@ using namespace coda::epi;
 using coda::kernels::ReduceAxis;
 using coda::kernels::ReduceCombine;
 
-using Cfg = coda::kernels::Config<cutlass::bfloat16_t, cutlass::bfloat16_t, 128, 256, 64, 1, 2, coda::kernels::Cooperative>;
+using Cfg = coda::kernels::Config<cutlass::bfloat16_t, cutlass::bfloat16_t, 128, 128, 64, 1, 1, coda::kernels::Pingpong>;
 
 // Visitor nodes, one per op.
 using n0 = Accumulator;                                             // %0 accumulator

@@ -209,9 +209,9 @@ def test_kernel_config_accepts(kwargs, tag):
 
 
 def test_default_config():
-    assert ce.DEFAULT_CONFIG == ce.KernelConfig(tile=(128, 256, 64), cluster=(1, 2), schedule="cooperative",
+    assert ce.DEFAULT_CONFIG == ce.KernelConfig(tile=(128, 128, 64), cluster=(1, 1), schedule="pingpong",
                                                 swizzle=4)
-    assert ce.DEFAULT_CONFIG.tag == "coop_128x256x64_c1x2_s4"
+    assert ce.DEFAULT_CONFIG.tag == "ping_128x128x64_c1x1_s4"
     # swizzle is a launch argument: it does not enter the emitted source
     import dataclasses
     g = ce.Graph()
