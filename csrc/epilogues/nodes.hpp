@@ -100,23 +100,26 @@ struct ReduceSumSq { template <class T> using Input = PlusSquare<T>; template <c
 // Per-row statistic (length M, reduced over N): writes one fp32 partial per (row, N-tile)
 // into a compact (round_up(M, TILE_M), ceil(N / TILE_N)) m-major buffer, no atomics;
 // finish with kernels::finalize_partials. Passes its input through.
-template <class Cfg, class Rule>
+// CheckOOB = false skips the per-element bounds test; the emitter chooses it only when the
+// reduced value is provably 0 beyond the problem's columns and 0 is the rule's identity.
+template <class Cfg, class Rule, bool CheckOOB = true>
 struct RowReduce {
   using Node = fusion::Sm90ColReduction<Rule::template Input, Rule::template Combine, Rule::template Combine, 0,
                                         typename Cfg::TileShape, float, float, kRound,
                                         cute::Stride<cute::_1, cute::_0, cute::_0>, 4,
-                                        /*EnableNullptr=*/false, /*FinalReduction=*/false>;
+                                        /*EnableNullptr=*/false, /*FinalReduction=*/false, CheckOOB>;
   static typename Node::Arguments args(float* partials, float identity) { return {partials, identity, {}}; }
 };
 
 // Per-column statistic (length N, reduced over M): one fp32 partial per (M-tile, column)
-// in a compact (ceil(M / TILE_M), round_up(N, TILE_N)) n-major buffer.
-template <class Cfg, class Rule>
+// in a compact (ceil(M / TILE_M), round_up(N, TILE_N)) n-major buffer. CheckOOB as above,
+// for rows beyond M.
+template <class Cfg, class Rule, bool CheckOOB = true>
 struct ColReduce {
   using Node = fusion::Sm90RowReduction<Rule::template Input, Rule::template Combine, Rule::template Combine, 0,
                                         typename Cfg::TileShape, float, float, kRound,
                                         cute::Stride<cute::_0, cute::_1, cute::_0>, 4,
-                                        /*EnableNullptr=*/false, /*FinalReduction=*/false>;
+                                        /*EnableNullptr=*/false, /*FinalReduction=*/false, CheckOOB>;
   static typename Node::Arguments args(float* partials, float identity) { return {partials, identity, {}}; }
 };
 

@@ -19,14 +19,14 @@ using coda::kernels::ReduceCombine;
 using Cfg = coda::kernels::Config<cutlass::bfloat16_t, cutlass::bfloat16_t, 128, 128, 64, 1, 1, coda::kernels::Pingpong>;
 
 // Visitor nodes, one per op.
-using n0 = RowVector<Cfg, cutlass::bfloat16_t>;  // %0 row_vector 'bias'
-using n1 = Accumulator;                          // %1 accumulator
-using n2 = Compute<Cfg, Add>;                    // %2 add
-using n3 = TileStore<Cfg, cutlass::bfloat16_t>;  // %7 store 'pre'
-using n4 = Compute<Cfg, Silu>;                   // %3 silu
-using n5 = TileLoad<Cfg, cutlass::bfloat16_t>;   // %4 tile 'residual'
-using n6 = Compute<Cfg, Mul>;                    // %5 mul
-using n7 = RowReduce<Cfg, ReduceSumSq>;          // %8 row_reduce 'sqsum'
+using n0 = RowVector<Cfg, cutlass::bfloat16_t>;              // %0 row_vector 'bias'
+using n1 = Accumulator;                                      // %1 accumulator
+using n2 = Compute<Cfg, Add>;                                // %2 add
+using n3 = TileStore<Cfg, cutlass::bfloat16_t>;              // %7 store 'pre'
+using n4 = Compute<Cfg, Silu>;                               // %3 silu
+using n5 = TileLoad<Cfg, cutlass::bfloat16_t>;               // %4 tile 'residual'
+using n6 = Compute<Cfg, Mul>;                                // %5 mul
+using n7 = RowReduce<Cfg, ReduceSumSq, /*CheckOOB=*/false>;  // %8 row_reduce 'sqsum'
 
 // The fusion.
 using t2 = fusion::Sm90EVT<n2::Node, n0::Node, n1::Node>;

@@ -14,6 +14,7 @@ import string
 
 from ..config import KernelConfig
 from ..graph import ir
+from .oob import reduction_needs_bounds_check
 from .plan import Op, Plan, plan
 
 _TEMPLATE = string.Template((pathlib.Path(__file__).parent / "kernel.cu.tmpl").read_text())
@@ -37,9 +38,10 @@ def float_literal(x: float) -> str:
     return f"{x!r}f" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0f"
 
 
-def node_alias(node: ir.Node) -> str:
+def node_alias(node: ir.Node, check_oob: bool = True) -> str:
     """The wrapper type (nodes.hpp) implementing one IR node."""
     k = node.kind
+    no_check = "" if check_oob else ", /*CheckOOB=*/false"
     t = CPP_TYPES.get(node.attr("dtype") or "", "")
     if k == "accumulator":
         return "Accumulator"
@@ -58,9 +60,9 @@ def node_alias(node: ir.Node) -> str:
     if k in FUNCTORS:
         return f"Compute<Cfg, {FUNCTORS[k]}>"
     if k == "row_reduce":
-        return f"RowReduce<Cfg, {REDUCE_RULES[node.attr('op')]}>"
+        return f"RowReduce<Cfg, {REDUCE_RULES[node.attr('op')]}{no_check}>"
     if k == "col_reduce":
-        return f"ColReduce<Cfg, {REDUCE_RULES[node.attr('op')]}>"
+        return f"ColReduce<Cfg, {REDUCE_RULES[node.attr('op')]}{no_check}>"
     if k == "pair_gated_store":
         act = FUNCTORS[node.attr("act")]
         return f"PairGatedStore<Cfg, {t}, scalar::{act}>"
@@ -95,7 +97,9 @@ def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
         what = f"%{op.node} {op.kind}" if op.node >= 0 else "root: D, then side outputs"
         if node.name:
             what += f" {node.name!r}"
-        aliases.append((f"using n{o} = {node_alias(node)};", what))
+        check = op.node < 0 or node.kind not in ("row_reduce", "col_reduce") or \
+            reduction_needs_bounds_check(graph, op.node)
+        aliases.append((f"using n{o} = {node_alias(node, check)};", what))
     width = max(len(a) for a, _ in aliases)
     alias_lines = [f"{a.ljust(width)}  // {w}" for a, w in aliases]
 
