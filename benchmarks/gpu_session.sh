@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# One pass on an SM90 GPU machine: install, build every kernel in parallel, run the GPU test
-# suite, run the benchmark. Logs and results go to $LOGDIR (default: ./gpu-logs).
+# One pass on an SM90 GPU machine: install, build every kernel in parallel, run the README's two
+# commands (the demo and the whole test suite), run the benchmark. Logs and results go to
+# $LOGDIR (default: ./gpu-logs).
 #   WHEELS=.whl  - a folder of wheels to install first (e.g. nvidia-cutlass on a machine without network)
 #   CODA_EXT_CACHE_DIR - the kernel cache (prebuilt entries are reused when nvcc/CUTLASS match)
+#   CACHE_SEED=dir - a kernel cache built elsewhere (e.g. on a machine without a GPU) to start from;
+#                    the prebuild line says how many kernels it supplied
+#   LIBCODA=1    - also build libcoda and run its CTests and example
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${LOGDIR:-gpu-logs}
@@ -19,10 +23,15 @@ if [ -n "${LIBCODA:-}" ]; then   # build libcoda (all its kernels) alongside the
   libcoda_pid=$!
 fi
 nvcc --version | tail -1
+if [ -n "${CACHE_SEED:-}" ]; then
+  mkdir -p "${CODA_EXT_CACHE_DIR:?set CODA_EXT_CACHE_DIR with CACHE_SEED}"
+  cp -r "$CACHE_SEED"/. "$CODA_EXT_CACHE_DIR"/
+fi
 start=$(date +%s)
-python3 -m coda_ext.prebuild tests/gpu/cases.py benchmarks/bench_epilogue.py -j "$(nproc)" 2>&1 | tail -5 | tee "$LOGDIR/prebuild.log"
+python3 -m coda_ext.prebuild tests/gpu/cases.py benchmarks/bench_epilogue.py -j "$(nproc)" 2>&1 | tail -3 | tee "$LOGDIR/prebuild.log"
 echo "prebuild took $(( $(date +%s) - start )) s"
-python3 -m pytest tests/gpu -q -rs --durations=5 2>&1 | tee "$LOGDIR/gpu-tests.log" | tail -n 120
+python3 -m coda_ext.demo 2>&1 | tee "$LOGDIR/demo.log" | tail -n 12
+python3 -m pytest tests -q -rs --durations=5 2>&1 | tee "$LOGDIR/tests.log" | tail -n 120
 python3 benchmarks/bench_epilogue.py ${BENCH_ARGS:-} 2>&1 | tee "$LOGDIR/bench.log" | tail -n 40
 cp benchmarks/results/*.json benchmarks/results/*.png "$LOGDIR/" 2>/dev/null || true
 if [ -n "${LIBCODA:-}" ]; then

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from . import prebuild
+from .compile import cached, kernel_source, prebuild
 
 
 def load_items(path: str):
@@ -34,9 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count(), help="parallel nvcc processes")
     args = parser.parse_args(argv)
     items = [item for f in args.files for item in load_items(f)]
+    distinct = {ks.source: ks for ks in (kernel_source(*item) for item in items)}
+    hits = sum(cached(ks) for ks in distinct.values())
     start = time.monotonic()
-    paths = prebuild(items, jobs=args.jobs)
-    print(f"coda_ext: {len(paths)} kernels ready in {time.monotonic() - start:.0f} s", file=sys.stderr)
+    prebuild(items, jobs=args.jobs)
+    print(f"coda_ext: {len(distinct)} kernels ready in {time.monotonic() - start:.0f} s "
+          f"({hits} already in the cache, {len(distinct) - hits} compiled)", file=sys.stderr)
     return 0
 
 

@@ -399,3 +399,26 @@ def test_libcoda_sources_do_not_enter_the_key(tmp_path, monkeypatch):
     (copy / "epilogues" / "new_node.hpp").write_text("// a new project node\n")
     cache.headers_digest.cache_clear()
     assert cache.headers_digest(str(copy)) != before
+
+
+def test_prebuild_cli_reports_cache_hits(tmp_path, monkeypatch, capsys):
+    """`python -m coda_ext.prebuild FILE` builds the listed kernels in parallel and says how many
+    came from the cache (e.g. a cache built on a machine without a GPU and copied over)."""
+    import importlib
+
+    cli = importlib.import_module("coda_ext.prebuild")  # the module (coda_ext.prebuild is the function)
+
+    calls = tmp_path / "ok_calls.txt"
+    monkeypatch.setenv("CODA_EXT_NVCC", str(_write_fake_nvcc(tmp_path / "nvcc_ok", calls, SUCCEEDING_BODY)))
+    items = tmp_path / "items.py"
+    items.write_text(
+        "import coda_ext as ce\n"
+        "def build_items():\n"
+        "    g = ce.Graph(); g.output(g.accumulator())\n"
+        "    h = ce.Graph(); h.output(ce.silu(h.accumulator()))\n"
+        "    return [(g, 'bfloat16', None), (h, 'bfloat16', None), (g, 'bfloat16', None)]\n")
+    assert cli.main([str(items), "-j", "2"]) == 0
+    assert "2 kernels ready" in capsys.readouterr().err and len(_compile_calls(calls)) == 2
+    assert cli.main([str(items)]) == 0
+    assert "(2 already in the cache, 0 compiled)" in capsys.readouterr().err
+    assert len(_compile_calls(calls)) == 2

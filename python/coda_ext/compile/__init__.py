@@ -65,6 +65,13 @@ def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | None = N
     return CompiledOp(ks.graph, ks.lowered, ks.dtype, ks.config, library, ks.source)
 
 
+def cached(source: KernelSource) -> bool:
+    """True if the kernel of `source` is already in the cache (no nvcc needed)."""
+    from .cache import cache_key, entry_dir
+
+    return (entry_dir(cache_key(source.source)) / nvcc.LIBRARY).is_file()
+
+
 def prebuild(items: Iterable[tuple[Any, Any, KernelConfig | None]], jobs: int | None = None) -> list[str]:
     """Builds (graph, dtype, config) kernels in parallel, one nvcc per translation unit.
     Needs nvcc, not a GPU; the cache entries load on any machine with the same nvcc/CUTLASS.
@@ -76,4 +83,4 @@ def prebuild(items: Iterable[tuple[Any, Any, KernelConfig | None]], jobs: int | 
         return [f.result() for f in futures]
 
 
-__all__ = ["KernelSource", "compile", "emit_source", "kernel_source", "prebuild"]
+__all__ = ["KernelSource", "cached", "compile", "emit_source", "kernel_source", "prebuild"]
