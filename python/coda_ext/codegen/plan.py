@@ -33,7 +33,6 @@ class Plan:
 
 def plan(graph: ir.Graph) -> Plan:
     nodes = graph.nodes
-    consumers = graph.consumers()
     out_node = graph.find("output")[0]
 
     # Sinks attached to each value node, in node order (the chain order).
@@ -67,17 +66,16 @@ def plan(graph: ir.Graph) -> Plan:
     d_end = value_op(nodes[out_node].inputs[0])
     for i in sorted(attached):        # side chains that D does not reach
         value_op(i)
-    value_consumers = [0] * len(ops)
-    for op in ops:
-        for c in op.children:
-            value_consumers[c] += 1
-    dangling = tuple(e for e in sorted(set(chain_end.values())) if value_consumers[e] == 0 and e != d_end)
+    dangling = tuple(e for e in sorted(set(chain_end.values())) if _uses(ops)[e] == 0 and e != d_end)
     if dangling:
         ops.append(Op(-1, "keep_first", (d_end,) + dangling))
+    return Plan(tuple(ops), is_tree=all(u <= 1 for u in _uses(ops)))
 
+
+def _uses(ops: list[Op]) -> list[int]:
+    """How many ops read each op."""
     uses = [0] * len(ops)
     for op in ops:
         for c in op.children:
             uses[c] += 1
-    is_tree = all(u <= 1 for u in uses)
-    return Plan(tuple(ops), is_tree)
+    return uses

@@ -56,10 +56,22 @@ def emit_source(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | None
     return kernel_source(graph, dtype, config).source
 
 
-def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | None = None):  # noqa: A001
-    """Returns a CompiledOp for `graph` with GEMM operands of `dtype`, building it on a cache miss."""
+def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | None = None):  # noqa: A001
+    """Returns a CompiledOp for `graph` with GEMM operands of `dtype`, building it on a cache miss.
+
+    config: a KernelConfig; None for the default; "auto" for an op that uses the config remembered
+    for each (N, K, M bucket, GPU) and the default otherwise; "tune" for one that measures the
+    candidate configs on the first call of an unknown shape (coda_ext.tuning)."""
     from ..runtime.op import CompiledOp
 
+    if isinstance(config, str):
+        from ..tuning import TunedOp
+
+        if config not in ("auto", "tune"):
+            from ..errors import UnsupportedError
+
+            raise UnsupportedError(f"config must be a KernelConfig, None, 'auto' or 'tune'; got {config!r}")
+        return TunedOp(graph, dtype, tune=config == "tune")
     ks = kernel_source(graph, dtype, config)
     library = nvcc.build(ks.source, ks.label)
     return CompiledOp(ks.graph, ks.lowered, ks.dtype, ks.config, library, ks.source)

@@ -1,0 +1,127 @@
+"""Config selection: a few candidate kernel configs per graph, a default, measured tuning on
+request, and the choice remembered on disk per (graph, dtype, N, K, M bucket, GPU).
+
+    op = coda_ext.compile(g, torch.bfloat16, config="auto")   # remembered choice, else the default
+    op = coda_ext.compile(g, torch.bfloat16, config="tune")   # measure unknown shapes on first call
+
+Every candidate computes the same graph; only tile shapes (and so the order of fp32 additions in
+reductions) differ, so a choice never changes results beyond rounding.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any, Callable
+
+from .compile.cache import locked
+from .compile.paths import cache_root
+from .config import DEFAULT_CONFIG, KernelConfig
+
+#: Candidates measured on an H100 for the DESIGN.md graph (docs/measured.md); the first is the default.
+CANDIDATES: tuple[KernelConfig, ...] = (
+    DEFAULT_CONFIG,
+    KernelConfig((128, 128, 64), (2, 1), "pingpong", swizzle=4),
+    KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4),
+    KernelConfig((128, 256, 64), (1, 2), "cooperative", swizzle=4),
+)
+MEMORY_FILE = "tuning.json"
+
+
+def m_bucket(M: int) -> int:
+    """Token counts share a choice within a power-of-two bucket (64, 128, ..., 16384, then 16384)."""
+    return min(max(64, 1 << max(0, M - 1).bit_length()), 16384)
+
+
+def memory_key(digest: str, dtype: str, N: int, K: int, M: int, gpu: str) -> str:
+    return f"{digest}|{dtype}|N={N}|K={K}|M<={m_bucket(M)}|{gpu}"
+
+
+def _config_by_tag(tag: str, candidates: tuple[KernelConfig, ...]) -> KernelConfig | None:
+    return next((c for c in candidates if c.tag == tag), None)
+
+
+def load_memory() -> dict[str, Any]:
+    path = cache_root() / MEMORY_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}  # a corrupt file is only a lost cache of choices
+
+
+def remember(key: str, tag: str, timings_ms: dict[str, float]) -> None:
+    """Stores one choice (read-modify-write under the cache lock, so processes do not clobber)."""
+    path = cache_root() / MEMORY_FILE
+    with locked("tuning-memory"):
+        memory = load_memory()
+        memory[key] = {"config": tag, "median_ms": timings_ms}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(memory, indent=1, sort_keys=True))
+        tmp.replace(path)
+
+
+def cuda_event_time_ms(fn: Callable[[], Any], reps: int) -> list[float]:
+    """Times fn() with CUDA events, one measurement per call (after one warm-up call)."""
+    import torch
+
+    fn()
+    out = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
+
+
+class TunedOp:
+    """Dispatches each call to the config chosen for its (N, K, M bucket) on this GPU."""
+
+    def __init__(self, graph: Any, dtype: Any, tune: bool, candidates: tuple[KernelConfig, ...] = CANDIDATES,
+                 reps: int = 20, time_fn: Callable[[Callable[[], Any], int], list[float]] = cuda_event_time_ms):
+        from .compile import kernel_source
+
+        self.graph, self.dtype, self.tune = graph, dtype, tune
+        self.candidates = candidates
+        self.reps, self.time_fn = reps, time_fn
+        first = kernel_source(graph, dtype, candidates[0])
+        self.digest, self.dtype_name = first.graph.digest(), first.dtype
+        self._ops: dict[str, Any] = {}
+
+    def op_for(self, config: KernelConfig):
+        from .compile import compile as compile_op
+
+        if config.tag not in self._ops:
+            self._ops[config.tag] = compile_op(self.graph, self.dtype, config)
+        return self._ops[config.tag]
+
+    def choose(self, A: Any, W: Any, inputs: dict[str, Any], gpu: str) -> KernelConfig:
+        M, K = A.shape
+        N = W.shape[0]
+        key = memory_key(self.digest, self.dtype_name, N, K, M, gpu)
+        known = load_memory().get(key)
+        if known and _config_by_tag(known["config"], self.candidates):
+            return _config_by_tag(known["config"], self.candidates)
+        if not self.tune:
+            return self.candidates[0]
+        from .compile import prebuild
+
+        prebuild([(self.graph, self.dtype, c) for c in self.candidates])  # all candidates, in parallel
+        timings = {c.tag: statistics.median(self.time_fn(lambda c=c: self.op_for(c)(A, W, **inputs), self.reps))
+                   for c in self.candidates}
+        best = min(self.candidates, key=lambda c: timings[c.tag])
+        remember(key, best.tag, timings)
+        return best
+
+    def __call__(self, A: Any, W: Any, **inputs: Any):
+        import torch
+
+        from .graph.interpret import torch_dtype
+        from .runtime import checks
+
+        checks.check_operands(A, W, torch_dtype(self.dtype_name))  # fail before any tuning work
+        gpu = torch.cuda.get_device_name(A.device)
+        return self.op_for(self.choose(A, W, inputs, gpu))(A, W, **inputs)

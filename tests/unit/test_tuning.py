@@ -1,0 +1,98 @@
+"""Config selection (coda_ext.tuning): buckets, the on-disk memory, and dispatch — on the CPU,
+with the compile step and the timer replaced by fakes."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+import coda_ext as ce
+from coda_ext import tuning
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CODA_EXT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _graph():
+    g = ce.Graph()
+    g.output(ce.silu(g.accumulator()))
+    return g
+
+
+def test_m_buckets():
+    assert [tuning.m_bucket(m) for m in (1, 64, 65, 128, 129, 1000, 16384, 10**6)] == \
+        [64, 64, 128, 128, 256, 1024, 16384, 16384]
+
+
+def test_memory_round_trip_and_key():
+    key = tuning.memory_key("abc", "bfloat16", 4096, 1024, 300, "NVIDIA H100 80GB HBM3")
+    assert key == "abc|bfloat16|N=4096|K=1024|M<=512|NVIDIA H100 80GB HBM3"
+    assert tuning.load_memory() == {}
+    tuning.remember(key, "ping_128x128x64_c1x1_s4", {"ping_128x128x64_c1x1_s4": 1.0})
+    tuning.remember("other", "x", {})
+    mem = tuning.load_memory()
+    assert mem[key]["config"] == "ping_128x128x64_c1x1_s4" and set(mem) == {key, "other"}
+
+
+def test_candidates_are_distinct_and_default_first():
+    tags = [c.tag for c in tuning.CANDIDATES]
+    assert len(set(tags)) == len(tags) and tuning.CANDIDATES[0] == ce.DEFAULT_CONFIG
+
+
+class _FakeOps:
+    """Stands in for compiled kernels: records which config ran; timings come from a table."""
+
+    def __init__(self, times):
+        self.times, self.ran = times, []
+
+    def compile(self, graph, dtype, config):
+        return lambda A, W, **kw: self.ran.append(config.tag) or config.tag
+
+    def time_fn(self, fn, reps):
+        tag = fn()
+        return [self.times[tag]] * reps
+
+
+def _tensors(M=300, N=256, K=128):
+    return types.SimpleNamespace(shape=(M, K)), types.SimpleNamespace(shape=(N, K))
+
+
+def test_tune_picks_the_fastest_and_remembers_it(monkeypatch):
+    times = {c.tag: 1.0 for c in tuning.CANDIDATES}
+    fastest = tuning.CANDIDATES[2].tag
+    times[fastest] = 0.5
+    fake = _FakeOps(times)
+    compile_module = sys.modules["coda_ext.compile"]  # (coda_ext.compile is also the function)
+    monkeypatch.setattr(compile_module, "compile", fake.compile)
+    monkeypatch.setattr(compile_module, "prebuild", lambda items, jobs=None: [])
+    op = tuning.TunedOp(_graph(), "bfloat16", tune=True, reps=3, time_fn=fake.time_fn)
+    A, W = _tensors()
+    assert op.choose(A, W, {}, "GPU-X").tag == fastest
+    key = tuning.memory_key(op.digest, "bfloat16", 256, 128, 300, "GPU-X")
+    assert tuning.load_memory()[key]["config"] == fastest
+    # remembered: another process (a fresh op) and another M in the same bucket do not re-measure
+    fake.ran.clear()
+    again = tuning.TunedOp(_graph(), "bfloat16", tune=True, reps=3, time_fn=fake.time_fn)
+    assert again.choose(*_tensors(M=400), {}, "GPU-X").tag == fastest and fake.ran == []
+    # "auto" uses the memory, and the default where nothing is known
+    auto = tuning.TunedOp(_graph(), "bfloat16", tune=False)
+    assert auto.choose(A, W, {}, "GPU-X").tag == fastest
+    assert auto.choose(A, W, {}, "GPU-Y") == ce.DEFAULT_CONFIG
+    assert auto.choose(*_tensors(M=5000), {}, "GPU-X") == ce.DEFAULT_CONFIG
+
+
+def test_compile_config_strings():
+    assert isinstance(ce.compile(_graph(), "bfloat16", config="auto"), tuning.TunedOp)
+    with pytest.raises(ce.UnsupportedError, match="'auto' or 'tune'"):
+        ce.compile(_graph(), "bfloat16", config="fastest")
+
+
+def test_tuned_op_checks_operands_before_any_work():
+    import torch
+
+    op = ce.compile(_graph(), "bfloat16", config="tune")
+    with pytest.raises(ValueError, match="cuda"):
+        op(torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(8, 8, dtype=torch.bfloat16))
