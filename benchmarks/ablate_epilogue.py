@@ -19,7 +19,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import coda_ext as ce  # noqa: E402
-from bench_epilogue import gpu_info, summarize, time_interleaved  # noqa: E402
+from harness import gpu_info, summarize, time_interleaved  # noqa: E402
 
 CONFIGS = [
     ce.KernelConfig((128, 256, 64), (1, 2), "cooperative", swizzle=4),

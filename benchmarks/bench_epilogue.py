@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
-import statistics
-import subprocess
 import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
+sys.path.insert(0, str(HERE))
 
 import coda_ext as ce  # noqa: E402
-from coda_ext.compile import paths  # noqa: E402
+from harness import gpu_info, summarize, time_interleaved  # noqa: E402
 
 #: Kernel configurations measured for the DESIGN.md graph.
 CONFIGS = [
@@ -56,69 +54,6 @@ def build_items():
     items = [(design_graph(), "bfloat16", c) for c in CONFIGS]
     items += [(identity_graph(), "bfloat16", c) for c in identity_configs()]
     return items
-
-
-def gpu_info() -> dict:
-    import torch
-
-    info = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cutlass": paths.cutlass_version(),
-        "nvcc": paths.nvcc_version(),
-        "commit": os.environ.get("CODA_COMMIT") or _git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
-    try:
-        q = "clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu"
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        info["nvidia_smi"] = {"query": q, "value": out}
-    except Exception as e:  # nvidia-smi missing: record why
-        info["nvidia_smi"] = f"unavailable: {e}"
-    return info
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE,
-                              timeout=10).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
-
-def time_interleaved(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:
-    """{name: [ms per round]}: every round runs every variant once on rotated input sets, starting
-    at a different variant each round; L2 is flushed (256 MB written) before every timed call, so
-    no variant inherits another's cached operands."""
-    import torch
-
-    names = list(variants)
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    times = {k: [] for k in names}
-    for r in range(warmup + reps):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            variants[name](r % 2)
-            end.record()
-            end.synchronize()
-            if r >= warmup:
-                times[name].append(start.elapsed_time(end))
-    return times
-
-
-def summarize(times: dict[str, list[float]], baseline: str) -> dict:
-    out = {}
-    for name, ts in times.items():
-        ratios = sorted(t / b for t, b in zip(ts, times[baseline]))
-        q = len(ratios) // 4
-        out[name] = {"median_ms": statistics.median(ts), "median_ratio_to_cublas": statistics.median(ratios),
-                     "ratio_iqr": [ratios[q], ratios[-q - 1]], "min_ms": min(ts)}
-    return out
 
 
 def bench_design(M: int, N: int, K: int, reps: int) -> dict:

@@ -166,7 +166,7 @@ def _topological(p: Plan, own_args) -> tuple[list[str], list[str]]:
         f"using Edges = cute::tuple<{edges}>;",
         f"using Fusion = fusion::Sm90TopologicalVisitor<float, Edges, {ops}>;",
     ]
-    lines = [f"return Fusion::Arguments{{"]
+    lines = ["return Fusion::Arguments{"]
     lines += [f"    {own_args(o, op)}," for o, op in enumerate(p.ops)]
     lines[-1] = lines[-1].rstrip(",")
     lines.append("};")

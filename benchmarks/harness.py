@@ -1,0 +1,80 @@
+"""Shared benchmark machinery: environment record, interleaved timing with L2 flushes, ratios.
+
+Method (shared/reference/anchors.md): every variant runs in one process, interleaved, each call
+timed with CUDA events on inputs rotated between two sets; L2 is flushed before every timed call;
+figures are medians of per-round ratios to the bare cuBLAS GEMM of the same shape.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import statistics
+import subprocess
+import time
+
+from coda_ext.compile import paths
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def gpu_info() -> dict:
+    import torch
+
+    info = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cutlass": paths.cutlass_version(),
+        "nvcc": paths.nvcc_version(),
+        "commit": os.environ.get("CODA_COMMIT") or _git_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    try:
+        q = "clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        info["nvidia_smi"] = {"query": q, "value": out}
+    except Exception as e:  # nvidia-smi missing: record why
+        info["nvidia_smi"] = f"unavailable: {e}"
+    return info
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE,
+                              timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def time_interleaved(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:
+    """{name: [ms per round]}: every round runs every variant once on rotated input sets, starting
+    at a different variant each round; L2 is flushed (256 MB written) before every timed call, so
+    no variant inherits another's cached operands."""
+    import torch
+
+    names = list(variants)
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    times = {k: [] for k in names}
+    for r in range(warmup + reps):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            variants[name](r % 2)
+            end.record()
+            end.synchronize()
+            if r >= warmup:
+                times[name].append(start.elapsed_time(end))
+    return times
+
+
+def summarize(times: dict[str, list[float]], baseline: str) -> dict:
+    out = {}
+    for name, ts in times.items():
+        ratios = sorted(t / b for t, b in zip(ts, times[baseline]))
+        q = len(ratios) // 4
+        out[name] = {"median_ms": statistics.median(ts), "median_ratio_to_cublas": statistics.median(ratios),
+                     "ratio_iqr": [ratios[q], ratios[-q - 1]], "min_ms": min(ts)}
+    return out
