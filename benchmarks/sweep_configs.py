@@ -1,0 +1,100 @@
+"""Sweeps kernel configs (tile, cluster, schedule; swizzle at launch) of one graph across shapes,
+against the bare cuBLAS GEMM: the measurements behind the config heuristic (coda_ext/tuning.py).
+
+    python benchmarks/sweep_configs.py [--case identity] [--shapes llama | M,N,K ...]
+        [--swizzles 1,4,8] [--reps 20] [--out FILE.json] [--dry-run]
+
+Kernels: `python -m coda_ext.prebuild benchmarks/sweep_configs.py` builds the sweep ahead.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import bench_graphs  # noqa: E402  (puts tests/gpu on the path)
+import cases  # noqa: E402
+
+import coda_ext as ce  # noqa: E402
+
+K = ce.KernelConfig
+#: Compiled variants (swizzle is a launch argument and varies without recompiling).
+SWEEP = (
+    K((128, 128, 64), (1, 1), "pingpong"), K((128, 128, 64), (2, 1), "pingpong"),
+    K((128, 128, 64), (1, 2), "pingpong"), K((64, 256, 64), (1, 1), "pingpong"),
+    K((64, 256, 64), (2, 1), "pingpong"), K((128, 128, 64), (2, 1), "cooperative"),
+    K((128, 256, 64), (1, 1), "cooperative"), K((128, 256, 64), (2, 1), "cooperative"),
+    K((128, 256, 64), (1, 2), "cooperative"), K((256, 128, 64), (1, 1), "cooperative"),
+    K((256, 128, 64), (2, 1), "cooperative"), K((256, 128, 64), (1, 2), "cooperative"),
+)
+SWEEP_CASES = ("identity",)
+
+
+def build_items(case_names=SWEEP_CASES):
+    return [(cases.CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in SWEEP]
+
+
+def sweep_case(name: str, shapes, swizzles, reps: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from harness import summarize, time_interleaved
+
+    graph = cases.CASES[name][0]().build()
+    # one kernel per compiled config; the swizzle variants load the same cached library
+    configs = [dataclasses.replace(cfg, swizzle=s) for cfg in SWEEP for s in swizzles]
+    ops = {c.tag: ce.compile(graph, "bfloat16", c) for c in configs}
+    first = next(iter(ops.values()))
+    out = {}
+    for M, N, Kd in shapes:
+        sets = [bench_graphs.make_inputs(first, M, N, Kd, seed) for seed in (0, 1)]
+        variants = {"cublas_gemm": lambda i: F.linear(sets[i][0], sets[i][1])}
+        for tag, op in ops.items():
+            variants[tag] = (lambda op: lambda i: op(sets[i][0], sets[i][1], **sets[i][2]))(op)
+        summary = summarize(time_interleaved(variants, reps), "cublas_gemm")
+        for s in summary.values():
+            s["tflops"] = 2.0 * M * N * Kd / (s["median_ms"] * 1e-3) / 1e12
+        best = min((t for t in summary if t != "cublas_gemm"), key=lambda t: summary[t]["median_ratio_to_cublas"])
+        print(f"{name} {M}x{N}x{Kd}: cuBLAS {summary['cublas_gemm']['median_ms']:.3f} ms "
+              f"({summary['cublas_gemm']['tflops']:.0f} TFLOP/s); best {best} "
+              f"{summary[best]['median_ratio_to_cublas']:.3f}x", flush=True)
+        out[f"{M}x{N}x{Kd}"] = {"best": best, "variants": summary}
+        sets = variants = None
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--case", default="identity", choices=list(cases.CASES))
+    p.add_argument("--shapes", nargs="+", default=["llama"], help="presets (llama, design) or M,N,K")
+    p.add_argument("--swizzles", default="1,4,8")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--out", default=None, help="default: results/sweep_<case>_h100.json")
+    p.add_argument("--dry-run", action="store_true")
+    args = p.parse_args(argv)
+    shapes = bench_graphs.parse_shapes(args.shapes)
+    swizzles = [int(s) for s in args.swizzles.split(",")]
+    if args.dry_run:
+        for cfg in SWEEP:
+            print(args.case, ", ".join(dataclasses.replace(cfg, swizzle=s).tag for s in swizzles))
+        print(f"shapes: {shapes}")
+        return 0
+    from harness import gpu_info
+
+    env = gpu_info()
+    result = sweep_case(args.case, shapes, swizzles, args.reps)
+    out = pathlib.Path(args.out or HERE / "results" / f"sweep_{args.case}_h100.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"env": env, "case": args.case, "reps": args.reps, "results": result}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
