@@ -1,14 +1,17 @@
-"""Times any epilogue graph, at many shapes, against the bare cuBLAS GEMM, eager PyTorch and
-torch.compile of the same math.
+"""Times epilogue graphs, at many shapes, against the bare cuBLAS GEMM, eager PyTorch and
+torch.compile of the same math, and checks each against its speed goal.
 
-    python benchmarks/bench_graphs.py [--cases design,example,swiglu] [--shapes llama | M,N,K ...]
-        [--configs default|candidates] [--max-autotune] [--reps 30] [--out FILE.json] [--dry-run]
+    python benchmarks/bench_graphs.py [--cases identity,swiglu,...] [--shapes llama | M,N,K ...]
+        [--configs auto|default|candidates] [--max-autotune] [--reps 30] [--out FILE.json] [--dry-run]
 
-Eager and torch.compile run the graph's own PyTorch reference (coda_ext.interpret in the op's
-dtype): the same unfused math for every graph, with no hand-written baseline to drift. Timing is
-interleaved with L2 flushes (harness.py); figures are medians of per-round ratios to cuBLAS.
-Writes JSON (GPU, clocks, versions, commit, cold compile and warm load seconds per config) and a
-PNG with one panel per case. `--dry-run` lists what would run without a GPU.
+Cases and goals: benchmarks/graphs.py (the speed goals are time / bare cuBLAS GEMM time).
+`--configs auto` (the default) runs config="auto": the shape heuristic of coda_ext.tuning picks
+the kernel config per shape; the JSON records which. Eager and torch.compile run the graph's own
+PyTorch reference (coda_ext.interpret in the op's dtype): the same unfused math for every graph,
+with no hand-written baseline to drift. Timing is interleaved with L2 flushes (harness.py);
+figures are medians of per-round ratios to cuBLAS. Writes JSON (GPU, clocks, versions, commit,
+cold compile seconds per config, the wall time to compile a graph's configs in parallel, warm
+load seconds) and a PNG with one panel per case. `--dry-run` lists what would run without a GPU.
 Kernels: `python -m coda_ext.prebuild benchmarks/bench_graphs.py` builds the default set ahead.
 """
 from __future__ import annotations
@@ -20,10 +23,9 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
 sys.path.insert(0, str(HERE))
 
-import cases  # noqa: E402
+import graphs  # noqa: E402
 
 import coda_ext as ce  # noqa: E402
 from coda_ext import tuning  # noqa: E402
@@ -36,15 +38,20 @@ SHAPES = {
               (1024, 28672, 4096), (1024, 4096, 14336), (1024, 6144, 4096)],
     "design": [(8192, 8192, 4096)],
 }
-DEFAULT_CASES = ("design", "example", "swiglu")
+DEFAULT_CASES = tuple(graphs.CASES)
 
 
-def configs(which: str) -> list[ce.KernelConfig]:
-    return [ce.DEFAULT_CONFIG] if which == "default" else list(tuning.CANDIDATES)
+def configs(which: str) -> list:
+    """What the coda variants are: "auto" (one op, config per shape), or fixed KernelConfigs."""
+    return {"auto": ["auto"], "default": [ce.DEFAULT_CONFIG], "candidates": list(tuning.CANDIDATES)}[which]
 
 
-def build_items(case_names=DEFAULT_CASES, which="default"):
-    return [(cases.CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in configs(which)]
+def variant_name(cfg) -> str:
+    return "coda_auto" if cfg == "auto" else f"coda_{cfg.tag}"
+
+
+def build_items(case_names=DEFAULT_CASES, which="auto"):
+    return [(graphs.CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in configs(which)]
 
 
 def make_inputs(op, M: int, N: int, K: int, seed: int):
@@ -70,22 +77,51 @@ def make_inputs(op, M: int, N: int, K: int, seed: int):
     return A, W, inputs
 
 
-def compile_costs(graph, dtype: str, cfgs) -> dict:
-    """Cold nvcc seconds (recorded in the cache entry when it was built) and warm load seconds."""
+def concrete_configs(cfgs) -> list[ce.KernelConfig]:
+    """The kernels behind the variants: "auto" stands for every config its heuristic picks."""
+    out = []
+    for cfg in cfgs:
+        for c in (tuning.HEURISTIC_CONFIGS if cfg == "auto" else (cfg,)):
+            if c not in out:
+                out.append(c)
+    return out
+
+
+def compile_costs(graph, dtype: str, cfgs, cold_set: bool) -> dict:
+    """Cold nvcc seconds per config (recorded in the cache entry when it was built), warm load
+    seconds, and with cold_set the wall time to build all of them in parallel into an empty cache."""
+    import os
+    import tempfile
+
     from coda_ext.compile.cache import cache_key, entry_dir
 
-    out = {}
+    out = {"configs": {}}
+    if cold_set:
+        saved = os.environ.get("CODA_EXT_CACHE_DIR")
+        with tempfile.TemporaryDirectory() as scratch:
+            os.environ["CODA_EXT_CACHE_DIR"] = scratch
+            try:
+                start = time.perf_counter()
+                ce.prebuild([(graph, dtype, c) for c in cfgs], jobs=len(cfgs))
+                out["set_parallel_compile_s"] = round(time.perf_counter() - start, 1)
+                out["set_jobs"] = len(cfgs)
+                out["machine_cpus"] = os.cpu_count()
+            finally:
+                if saved is None:
+                    os.environ.pop("CODA_EXT_CACHE_DIR", None)
+                else:
+                    os.environ["CODA_EXT_CACHE_DIR"] = saved
     for cfg in cfgs:
         start = time.perf_counter()
         op = ce.compile(graph, dtype, cfg)
         warm = time.perf_counter() - start
         meta = entry_dir(cache_key(op.source)) / "meta.json"
         cold = json.loads(meta.read_text()).get("compile_seconds") if meta.is_file() else None
-        out[cfg.tag] = {"cold_compile_s": cold, "warm_load_s": round(warm, 4)}
+        out["configs"][cfg.tag] = {"cold_compile_s": cold, "warm_load_s": round(warm, 4)}
     return out
 
 
-def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool) -> dict:
+def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set: bool = False) -> dict:
     import functools
 
     import torch
@@ -93,17 +129,20 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool) -> dict:
 
     from harness import summarize, time_interleaved
 
-    graph = cases.CASES[name][0]().build()
-    ops = {cfg.tag: ce.compile(graph, "bfloat16", cfg) for cfg in cfgs}
-    first = next(iter(ops.values()))
-    reference = functools.partial(ce.interpret, graph, compute_dtype=first.dtype)
+    graph = graphs.CASES[name][0]().build()
+    goal = graphs.CASES[name][1]
+    concrete = concrete_configs(cfgs)
+    result = {"graph": graph.text(), "goal_ratio": goal,
+              "compile": compile_costs(graph, "bfloat16", concrete, cold_set), "shapes": {}}
+    meta = ce.compile(graph, "bfloat16", concrete[0])  # slots and dtype (the same for every config)
+    ops = {variant_name(cfg): ce.compile(graph, "bfloat16", cfg) for cfg in cfgs}
+    reference = functools.partial(ce.interpret, graph, compute_dtype=meta.dtype)
     compiled = torch.compile(reference, mode="max-autotune" if max_autotune else None)
-    result = {"graph": graph.text(), "compile": compile_costs(graph, "bfloat16", cfgs), "shapes": {}}
     for M, N, K in shapes:
-        sets = [make_inputs(first, M, N, K, seed) for seed in (0, 1)]
+        sets = [make_inputs(meta, M, N, K, seed) for seed in (0, 1)]
         variants = {"cublas_gemm": lambda i: F.linear(sets[i][0], sets[i][1])}
-        for tag, op in ops.items():
-            variants[f"coda_{tag}"] = (lambda op: lambda i: op(sets[i][0], sets[i][1], **sets[i][2]))(op)
+        for vname, op in ops.items():
+            variants[vname] = (lambda op: lambda i: op(sets[i][0], sets[i][1], **sets[i][2]))(op)
         variants["torch_compile"] = lambda i: compiled(sets[i][0], sets[i][1], **sets[i][2])
         variants["eager"] = lambda i: reference(sets[i][0], sets[i][1], **sets[i][2])
         for i in (0, 1):
@@ -112,7 +151,20 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool) -> dict:
         summary = summarize(time_interleaved(variants, reps), "cublas_gemm")
         for s in summary.values():
             s["tflops"] = 2.0 * M * N * K / (s["median_ms"] * 1e-3) / 1e12
-        result["shapes"][f"{M}x{N}x{K}"] = summary
+        entry = {"variants": summary}
+        if "coda_auto" in ops:
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            entry["auto_config"] = tuning.heuristic(tuning.m_bucket(M), N, K, sms).tag
+        coda = [v for v in summary if v.startswith("coda_")]
+        best = min(coda, key=lambda v: summary[v]["median_ratio_to_cublas"])
+        entry["coda_ratio"] = summary[best]["median_ratio_to_cublas"]
+        entry["meets_goal"] = entry["coda_ratio"] <= goal
+        entry["beats_torch_compile"] = summary[best]["median_ratio_to_cublas"] < \
+            summary["torch_compile"]["median_ratio_to_cublas"]
+        result["shapes"][f"{M}x{N}x{K}"] = entry
+        print(f"{name:12s} {M}x{N}x{K}: " + "  ".join(
+            f"{v} {s['median_ratio_to_cublas']:.3f}" for v, s in summary.items() if v != "cublas_gemm")
+            + f"  (cuBLAS {summary['cublas_gemm']['median_ms']:.3f} ms)", flush=True)
         sets = variants = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
     return result
@@ -128,12 +180,13 @@ def plot(results: dict, path: pathlib.Path, gpu: str) -> None:
     fig, axes = plt.subplots(len(names), 1, figsize=(11, 3.2 * len(names)), squeeze=False)
     for ax, name in zip(axes[:, 0], names):
         shapes = list(results[name]["shapes"])
-        variants = [v for v in results[name]["shapes"][shapes[0]] if v != "cublas_gemm"]
+        variants = [v for v in results[name]["shapes"][shapes[0]]["variants"] if v != "cublas_gemm"]
         width = 0.8 / len(variants)
         for j, v in enumerate(variants):
-            ratios = [results[name]["shapes"][s][v]["median_ratio_to_cublas"] for s in shapes]
+            ratios = [results[name]["shapes"][s]["variants"][v]["median_ratio_to_cublas"] for s in shapes]
             ax.bar([i + j * width for i in range(len(shapes))], ratios, width, label=v)
         ax.axhline(1.0, color="k", lw=0.8)
+        ax.axhline(results[name]["goal_ratio"], color="g", ls="--", lw=0.8, label="goal")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes, fontsize=7, rotation=20)
         ax.set_ylabel("time / cuBLAS GEMM")
         ax.set_title(f"{name} (bf16, {gpu})", fontsize=9)
@@ -155,42 +208,47 @@ def parse_shapes(values: list[str]) -> list[tuple[int, int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"from tests/gpu/cases.py: {list(cases.CASES)}")
+    p.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"from benchmarks/graphs.py: {list(graphs.CASES)}")
     p.add_argument("--shapes", nargs="+", default=["llama"], help="presets (llama, design) or M,N,K")
-    p.add_argument("--configs", choices=("default", "candidates"), default="default")
+    p.add_argument("--configs", choices=("auto", "default", "candidates"), default="auto")
     p.add_argument("--max-autotune", action="store_true", help="torch.compile(mode='max-autotune')")
+    p.add_argument("--cold-set", action="store_true",
+                   help="also time building each graph's configs in parallel into an empty cache")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--out", default=str(HERE / "results" / "graphs_h100.json"))
     p.add_argument("--dry-run", action="store_true", help="list what would run; needs no GPU")
     args = p.parse_args(argv)
     names = [c for c in args.cases.split(",") if c]
-    unknown = [c for c in names if c not in cases.CASES]
+    unknown = [c for c in names if c not in graphs.CASES]
     if unknown:
-        p.error(f"unknown case(s) {unknown}; choose from {list(cases.CASES)}")
+        p.error(f"unknown case(s) {unknown}; choose from {list(graphs.CASES)}")
     shapes = parse_shapes(args.shapes)
     cfgs = configs(args.configs)
     if args.dry_run:
         for name in names:
-            digest = cases.CASES[name][0]().build().digest()
+            digest = graphs.CASES[name][0]().build().digest()
             for M, N, K in shapes:
                 print(f"{name} [{digest}] {M}x{N}x{K}: cublas_gemm, "
-                      + ", ".join(f"coda_{c.tag}" for c in cfgs) + ", torch_compile, eager")
+                      + ", ".join(variant_name(c) for c in cfgs) + ", torch_compile, eager")
         return 0
 
     from harness import gpu_info
 
     env = gpu_info()
-    results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune) for name in names}
+    results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune, args.cold_set) for name in names}
+    env["nvidia_smi_after"] = gpu_info()["nvidia_smi"]
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"env": env, "reps": args.reps, "max_autotune": args.max_autotune,
                                "results": results}, indent=1))
     plot(results, out.with_suffix(".png"), env["gpu"])
-    print(f"{'case':10s} {'shape':20s} {'variant':34s} {'ms':>8s} {'x cuBLAS':>9s}")
+    print(f"{'case':13s} {'shape':20s} {'goal':>6s} {'coda':>7s} {'compile':>8s} {'eager':>7s}  config")
     for name, r in results.items():
-        for shape, summary in r["shapes"].items():
-            for v, s in summary.items():
-                print(f"{name:10s} {shape:20s} {v:34s} {s['median_ms']:8.3f} {s['median_ratio_to_cublas']:9.3f}")
+        for shape, e in r["shapes"].items():
+            v = e["variants"]
+            print(f"{name:13s} {shape:20s} {r['goal_ratio']:6.3f} {e['coda_ratio']:7.3f} "
+                  f"{v['torch_compile']['median_ratio_to_cublas']:8.3f} {v['eager']['median_ratio_to_cublas']:7.3f}  "
+                  f"{e.get('auto_config', '')}{'' if e['meets_goal'] else '  (misses the goal)'}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

@@ -9,18 +9,29 @@
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
 #include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/kernel/tile_scheduler.hpp>
 
 namespace coda::kernels {
 
+// A schedule names the mainloop and epilogue policies and the persistent tile scheduler.
 struct Cooperative {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
   static constexpr int kEpilogueThreads = 256;
 };
 struct Pingpong {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+  using TileScheduler = cutlass::gemm::PersistentScheduler;
   static constexpr int kEpilogueThreads = 128;
+};
+// Cooperative with the stream-K scheduler, for problems with too few output tiles to fill the
+// GPU (small M, long K): the K loop of a tile is split across CTAs, their fp32 partial
+// accumulators meet in the GEMM workspace in a fixed order (deterministic), and the epilogue
+// runs once per output tile, after its last split.
+struct CooperativeStreamK : Cooperative {
+  using TileScheduler = cutlass::gemm::StreamKScheduler;
 };
 
 template <

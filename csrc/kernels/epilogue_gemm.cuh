@@ -73,7 +73,7 @@ struct EpilogueGemm {
       typename Cfg::Schedule::Mainloop>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue, cutlass::gemm::PersistentScheduler>;
+                                                      CollectiveEpilogue, typename Cfg::Schedule::TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using FusionArguments = typename Fusion::Arguments;
   using ElementAB = typename Cfg::ElementAB;

@@ -5,9 +5,10 @@ import dataclasses
 
 from .errors import UnsupportedError
 
-SCHEDULES = ("cooperative", "pingpong")
+SCHEDULES = ("cooperative", "pingpong", "streamk")
 
 
+_TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk"}
 RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
 
 
@@ -16,7 +17,9 @@ class KernelConfig:
     """How the fixed SM90 GEMM runs a graph.
 
     Compiled into the kernel: tile = (TILE_M, TILE_N, TILE_K); cluster = (CLUSTER_M, CLUSTER_N);
-    schedule = cooperative | pingpong; epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice.
+    schedule = cooperative | pingpong | streamk (cooperative with the stream-K tile scheduler: the K
+    loop of each output tile is split across CTAs when there are too few tiles to fill the GPU;
+    deterministic); epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice.
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
     """
@@ -32,7 +35,7 @@ class KernelConfig:
         tm, tn, tk = self.tile
         if self.schedule not in SCHEDULES:
             raise UnsupportedError(f"KernelConfig: schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        min_m = 128 if self.schedule == "cooperative" else 64
+        min_m = 64 if self.schedule == "pingpong" else 128
         if tm not in (64, 128, 256) or tm < min_m:
             raise UnsupportedError(f"KernelConfig: TILE_M={tm} is not supported by the {self.schedule} "
                                    f"schedule; use one of {[m for m in (64, 128, 256) if m >= min_m]}")
@@ -55,7 +58,7 @@ class KernelConfig:
     def tag(self) -> str:
         tm, tn, tk = self.tile
         cm, cn = self.cluster
-        tag = f"{self.schedule[:4]}_{tm}x{tn}x{tk}_c{cm}x{cn}"
+        tag = f"{_TAG_PREFIX[self.schedule]}_{tm}x{tn}x{tk}_c{cm}x{cn}"
         if self.epilogue_tile:
             tag += f"_e{self.epilogue_tile[0]}x{self.epilogue_tile[1]}"
         if self.swizzle != 1:

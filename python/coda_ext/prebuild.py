@@ -2,7 +2,8 @@
 
     python -m coda_ext.prebuild path/to/cases.py [-j JOBS]
 
-The file defines build_items() -> [(graph, dtype, config or None), ...]. The built kernels land
+The file defines build_items() -> [(graph, dtype, config), ...] (config: a KernelConfig, None for the
+default, or "auto"/"tune" for every config such an op may use). The built kernels land
 in the cache (CODA_EXT_CACHE_DIR or ~/.cache/coda_ext) and load on the GPU machine as long as
 nvcc and CUTLASS versions match.
 """
@@ -14,7 +15,7 @@ import os
 import sys
 import time
 
-from .compile import cached, kernel_source, prebuild
+from .compile import cached, expand_items, kernel_source, prebuild
 
 
 def load_items(path: str):
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="+", help="Python files defining build_items()")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count(), help="parallel nvcc processes")
     args = parser.parse_args(argv)
-    items = [item for f in args.files for item in load_items(f)]
+    items = list(expand_items(item for f in args.files for item in load_items(f)))
     distinct = {ks.source: ks for ks in (kernel_source(*item) for item in items)}
     hits = sum(cached(ks) for ks in distinct.values())
     start = time.monotonic()

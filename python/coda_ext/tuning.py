@@ -1,7 +1,7 @@
-"""Config selection: a few candidate kernel configs per graph, a default, measured tuning on
-request, and the choice remembered on disk per (graph, dtype, N, K, M bucket, GPU).
+"""Config selection: a few candidate kernel configs per graph, a shape heuristic, measured
+tuning on request, and the choice remembered on disk per (graph, dtype, N, K, M bucket, GPU).
 
-    op = coda_ext.compile(g, torch.bfloat16, config="auto")   # remembered choice, else the default
+    op = coda_ext.compile(g, torch.bfloat16, config="auto")   # remembered choice, else the heuristic
     op = coda_ext.compile(g, torch.bfloat16, config="tune")   # measure unknown shapes on first call
 
 Every candidate computes the same graph; only tile shapes (and so the order of fp32 additions in
@@ -17,13 +17,32 @@ from .compile.cache import locked
 from .compile.paths import cache_root
 from .config import DEFAULT_CONFIG, KernelConfig
 
-#: Candidates measured on an H100 for the DESIGN.md graph (docs/measured.md); the first is the default.
-CANDIDATES: tuple[KernelConfig, ...] = (
+#: What the heuristic chooses from (benchmarks/results/sweep_h100.json: tile x cluster x schedule x
+#: swizzle of the plain GEMM and the DESIGN.md graph at the Llama shapes).
+LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # two or more full waves
+MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # half a wave to two waves
+FEW_TILES = KernelConfig((128, 128, 64), (1, 1), "streamk", swizzle=1)    # fewer tiles than half the SMs
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, MEDIUM, FEW_TILES)
+#: What config="tune" measures: the heuristic's configs, the default and a ping-pong 64x256.
+CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (
     DEFAULT_CONFIG,
-    KernelConfig((128, 128, 64), (2, 1), "pingpong", swizzle=4),
-    KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4),
-    KernelConfig((128, 256, 64), (1, 2), "cooperative", swizzle=4),
+    KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8),
 )
+#: SMs assumed when no GPU is at hand (H100 SXM).
+DEFAULT_SMS = 132
+
+
+def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS) -> KernelConfig:
+    """The config for an (M, N, K) problem, from the number of 128x256 output tiles: clusters of
+    two along M when there are two waves or more, one CTA per tile down to half a wave, and
+    stream-K below that (few tiles, so the K loops are split to keep every SM busy)."""
+    tiles_m, tiles_n = -(-M // 128), -(-N // 256)
+    tiles = tiles_m * tiles_n
+    if tiles_m >= 2 and tiles >= 2 * sms:
+        return LARGE
+    if 2 * tiles >= sms:
+        return MEDIUM
+    return FEW_TILES
 MEMORY_FILE = "tuning.json"
 
 
@@ -90,6 +109,16 @@ class TunedOp:
         first = kernel_source(graph, dtype, candidates[0])
         self.digest, self.dtype_name = first.graph.digest(), first.dtype
         self._ops: dict[str, Any] = {}
+        self._chosen: dict[tuple, Any] = {}  # (M bucket, N, K, device) -> op, so a call reads no file
+
+    @staticmethod
+    def sms(A: Any) -> int:
+        try:
+            import torch
+
+            return torch.cuda.get_device_properties(A.device).multi_processor_count
+        except Exception:  # no CUDA device at hand (CPU tests): assume an H100
+            return DEFAULT_SMS
 
     def op_for(self, config: KernelConfig):
         from .compile import compile as compile_op
@@ -106,7 +135,7 @@ class TunedOp:
         if known and _config_by_tag(known["config"], self.candidates):
             return _config_by_tag(known["config"], self.candidates)
         if not self.tune:
-            return self.candidates[0]
+            return heuristic(m_bucket(M), N, K, self.sms(A))
         from .compile import prebuild
 
         prebuild([(self.graph, self.dtype, c) for c in self.candidates])  # all candidates, in parallel
@@ -122,6 +151,14 @@ class TunedOp:
         from .graph.interpret import torch_dtype
         from .runtime import checks
 
-        checks.check_operands(A, W, torch_dtype(self.dtype_name))  # fail before any tuning work
-        gpu = torch.cuda.get_device_name(A.device)
-        return self.op_for(self.choose(A, W, inputs, gpu))(A, W, **inputs)
+        M, N, K = checks.check_operands(A, W, torch_dtype(self.dtype_name))  # fail before any tuning work
+        where = (m_bucket(M), N, K, A.device.index)
+        op = self._chosen.get(where)
+        if op is None:  # first call of this shape class in this process
+            op = self._chosen[where] = self.op_for(self.choose(A, W, inputs, torch.cuda.get_device_name(A.device)))
+        return op(A, W, **inputs)
+
+    def prebuild_items(self) -> list[tuple[Any, Any, KernelConfig]]:
+        """What this op may compile: the heuristic's configs, or every candidate when tuning."""
+        configs = self.candidates if self.tune else HEURISTIC_CONFIGS
+        return [(self.graph, self.dtype, c) for c in configs]

@@ -113,6 +113,17 @@ CASES = {
 }
 
 
+def config_cases():
+    """(case, dtype, config) run at configs other than the default: every config the "auto"
+    heuristic picks (stream-K among them) with a tile load and a reduction, and stream-K with
+    the pair node and an aux store."""
+    from coda_ext import tuning
+
+    return ([("design", "bfloat16", c) for c in tuning.HEURISTIC_CONFIGS]
+            + [("swiglu", "float16", tuning.FEW_TILES), ("example", "bfloat16", tuning.FEW_TILES)])
+
+
 def build_items():
     """(graph, dtype, config) for coda_ext.prebuild."""
-    return [(fn(), dtype, None) for fn, dtypes in CASES.values() for dtype in dtypes]
+    return ([(fn(), dtype, None) for fn, dtypes in CASES.values() for dtype in dtypes]
+            + [(CASES[name][0](), dtype, cfg) for name, dtype, cfg in config_cases()])

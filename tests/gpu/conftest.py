@@ -21,7 +21,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def compiled_ops():
-    """{(case, dtype): CompiledOp} for every case of cases.py, built in parallel."""
+    """{(case, dtype): CompiledOp} for every case of cases.py and {(case, dtype, config tag): CompiledOp}
+    for cases.config_cases(), built in parallel."""
     import cases
 
     import coda_ext as ce
@@ -32,4 +33,7 @@ def compiled_ops():
         binding = pool.submit(load_binding)
         ce.prebuild(cases.build_items(), jobs=os.cpu_count())
         binding.result()
-    return {(name, dtype): ce.compile(cases.CASES[name][0](), dtype) for name, dtype in keys}
+    ops = {(name, dtype): ce.compile(cases.CASES[name][0](), dtype) for name, dtype in keys}
+    ops.update({(name, dtype, cfg.tag): ce.compile(cases.CASES[name][0](), dtype, cfg)
+                for name, dtype, cfg in cases.config_cases()})
+    return ops

@@ -183,9 +183,10 @@ def test_strided_view_extent_counts_its_last_element():
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
-    (dict(schedule="warpspecialized"), r"schedule must be one of \('cooperative', 'pingpong'\), got 'warpspecialized'"),
+    (dict(schedule="warpspecialized"), r"schedule must be one of \('cooperative', 'pingpong', 'streamk'\), got 'warpspecialized'"),
     (dict(tile=(64, 128, 64)), r"TILE_M=64 is not supported by the cooperative schedule; use one of \[128, 256\]"),
     (dict(tile=(32, 128, 64), schedule="pingpong"), r"TILE_M=32 is not supported by the pingpong schedule"),
+    (dict(tile=(64, 128, 64), schedule="streamk"), r"TILE_M=64 is not supported by the streamk schedule"),
     (dict(tile=(128, 96, 64)), r"tile \(128, 96, 64\) unsupported"),
     (dict(tile=(128, 128, 32)), r"tile \(128, 128, 32\) unsupported"),
     (dict(cluster=(4, 1)), r"cluster \(4, 1\) unsupported"),
@@ -201,6 +202,7 @@ def test_kernel_config_rejects(kwargs, pattern):
     (dict(tile=(64, 128, 64), schedule="pingpong"), "ping_64x128x64_c1x1"),
     (dict(tile=(256, 192, 128), cluster=(2, 2)), "coop_256x192x128_c2x2"),
     (dict(tile=(128, 64, 64), cluster=(1, 2), schedule="pingpong"), "ping_128x64x64_c1x2"),
+    (dict(tile=(128, 128, 64), cluster=(2, 1), schedule="streamk"), "sk_128x128x64_c2x1"),
 ])
 def test_kernel_config_accepts(kwargs, tag):
     cfg = ce.KernelConfig(**kwargs)

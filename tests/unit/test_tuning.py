@@ -37,9 +37,30 @@ def test_memory_round_trip_and_key():
     assert mem[key]["config"] == "ping_128x128x64_c1x1_s4" and set(mem) == {key, "other"}
 
 
-def test_candidates_are_distinct_and_default_first():
+def test_candidates_are_distinct_and_cover_the_heuristic():
     tags = [c.tag for c in tuning.CANDIDATES]
-    assert len(set(tags)) == len(tags) and tuning.CANDIDATES[0] == ce.DEFAULT_CONFIG
+    assert len(set(tags)) == len(tags) and ce.DEFAULT_CONFIG in tuning.CANDIDATES
+    assert set(tuning.HEURISTIC_CONFIGS) <= set(tuning.CANDIDATES)
+
+
+@pytest.mark.parametrize("M,N,K,expected", [
+    (16384, 28672, 4096, "LARGE"), (16384, 2048, 8192, "LARGE"), (8192, 128256, 4096, "LARGE"),
+    (1024, 28672, 4096, "LARGE"), (1024, 4096, 14336, "MEDIUM"), (1024, 6144, 4096, "MEDIUM"),
+    (128, 28672, 4096, "MEDIUM"), (128, 4096, 14336, "FEW_TILES"), (128, 6144, 4096, "FEW_TILES"),
+    (1, 4096, 4096, "FEW_TILES"),
+])
+def test_heuristic(M, N, K, expected):
+    assert tuning.heuristic(M, N, K) == getattr(tuning, expected)
+    assert tuning.heuristic(M, N, K) in tuning.HEURISTIC_CONFIGS
+
+
+def test_prebuild_expands_auto_and_tune():
+    from coda_ext.compile import expand_items
+
+    g = _graph()
+    assert [c for _, _, c in expand_items([(g, "bfloat16", "auto")])] == list(tuning.HEURISTIC_CONFIGS)
+    assert [c for _, _, c in expand_items([(g, "bfloat16", "tune"), (g, "float16", None)])] == \
+        list(tuning.CANDIDATES) + [None]
 
 
 class _FakeOps:
@@ -77,11 +98,11 @@ def test_tune_picks_the_fastest_and_remembers_it(monkeypatch):
     fake.ran.clear()
     again = tuning.TunedOp(_graph(), "bfloat16", tune=True, reps=3, time_fn=fake.time_fn)
     assert again.choose(*_tensors(M=400), {}, "GPU-X").tag == fastest and fake.ran == []
-    # "auto" uses the memory, and the default where nothing is known
+    # "auto" uses the memory, and the heuristic where nothing is known
     auto = tuning.TunedOp(_graph(), "bfloat16", tune=False)
     assert auto.choose(A, W, {}, "GPU-X").tag == fastest
-    assert auto.choose(A, W, {}, "GPU-Y") == ce.DEFAULT_CONFIG
-    assert auto.choose(*_tensors(M=5000), {}, "GPU-X") == ce.DEFAULT_CONFIG
+    assert auto.choose(A, W, {}, "GPU-Y") == tuning.heuristic(512, 256, 128)
+    assert auto.choose(*_tensors(M=5000), {}, "GPU-X") == tuning.heuristic(8192, 256, 128)
 
 
 def test_compile_config_strings():

@@ -29,7 +29,7 @@ FUNCTORS = {
 REDUCE_RULES = {"sum": "ReduceSum", "max": "ReduceMax", "sumsq": "ReduceSumSq"}
 REDUCE_COMBINE = {"sum": "Sum", "max": "Max", "sumsq": "Sum"}
 REDUCE_IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "sumsq": "0.0f"}
-SCHEDULES = {"cooperative": "Cooperative", "pingpong": "Pingpong"}
+SCHEDULES = {"cooperative": "Cooperative", "pingpong": "Pingpong", "streamk": "CooperativeStreamK"}
 
 
 def float_literal(x: float) -> str:

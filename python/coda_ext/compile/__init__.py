@@ -59,9 +59,11 @@ def emit_source(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | None
 def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | None = None):  # noqa: A001
     """Returns a CompiledOp for `graph` with GEMM operands of `dtype`, building it on a cache miss.
 
-    config: a KernelConfig; None for the default; "auto" for an op that uses the config remembered
-    for each (N, K, M bucket, GPU) and the default otherwise; "tune" for one that measures the
-    candidate configs on the first call of an unknown shape (coda_ext.tuning)."""
+    config: a KernelConfig; None for the default (coda_ext.DEFAULT_CONFIG, one kernel); "auto" for
+    an op that picks a config per (N, K, M bucket, GPU): the one remembered from tuning, else a
+    shape heuristic (coda_ext.tuning.heuristic) — the fast choice at any shape, compiling each
+    config on its first use; "tune" for one that measures the candidate configs on the first call
+    of an unknown shape. `prebuild([(graph, dtype, "auto")])` builds what "auto" may use."""
     from ..runtime.op import CompiledOp
 
     if isinstance(config, str):
@@ -87,12 +89,22 @@ def cached(source: KernelSource) -> bool:
 def prebuild(items: Iterable[tuple[Any, Any, KernelConfig | None]], jobs: int | None = None) -> list[str]:
     """Builds (graph, dtype, config) kernels in parallel, one nvcc per translation unit.
     Needs nvcc, not a GPU; the cache entries load on any machine with the same nvcc/CUTLASS.
+    A config of "auto" or "tune" stands for every config such an op may use.
     Returns the library paths in order."""
-    sources = [kernel_source(g, d, c) for g, d, c in items]
+    sources = [kernel_source(g, d, c) for g, d, c in expand_items(items)]
     jobs = jobs or max(1, min(len(sources), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(nvcc.build, ks.source, ks.label) for ks in sources]
         return [f.result() for f in futures]
 
 
-__all__ = ["KernelSource", "cached", "compile", "emit_source", "kernel_source", "prebuild"]
+def expand_items(items):
+    """(graph, dtype, config) items with "auto"/"tune" configs replaced by the configs they stand for."""
+    for graph, dtype, config in items:
+        if isinstance(config, str):
+            yield from compile(graph, dtype, config).prebuild_items()
+        else:
+            yield graph, dtype, config
+
+
+__all__ = ["KernelSource", "cached", "compile", "emit_source", "expand_items", "kernel_source", "prebuild"]

@@ -1,0 +1,84 @@
+"""The epilogue graphs the speed goals are stated for, each with its goal (time / bare cuBLAS GEMM).
+
+Shared by bench_graphs.py and `python -m coda_ext.prebuild benchmarks/graphs.py`.
+"""
+from __future__ import annotations
+
+import coda_ext as ce
+
+
+def identity():
+    """A plain GEMM through coda_ext."""
+    g = ce.Graph()
+    g.output(g.accumulator())
+    return g
+
+
+def bias_silu():
+    """D = silu(acc + bias[n])."""
+    g = ce.Graph()
+    g.output(ce.silu(g.accumulator() + g.row_vector("bias")))
+    return g
+
+
+def bias_gelu():
+    """D = gelu_tanh(acc + bias[n])."""
+    g = ce.Graph()
+    g.output(ce.gelu(g.accumulator() + g.row_vector("bias"), approximate="tanh"))
+    return g
+
+
+def residual():
+    """D = acc + residual (a tile load)."""
+    g = ce.Graph()
+    g.output(g.accumulator() + g.tile("residual"))
+    return g
+
+
+def rstd_scale():
+    """D = acc * rstd[m] * gamma[n]: an RMSNorm folded into the GEMM that follows it."""
+    g = ce.Graph()
+    g.output(g.accumulator() * g.col_vector("rstd", dtype="float32") * g.row_vector("gamma"))
+    return g
+
+
+def swiglu():
+    """Z = acc (interleaved gate/up columns) and y = silu(Z[:, 0::2]) * Z[:, 1::2] at half width."""
+    g = ce.Graph()
+    z = g.accumulator()
+    g.output(z)
+    g.store("y", ce.swiglu_pairs(z))
+    return g
+
+
+def store_rowsum():
+    """D = acc + bias[n], stored; rowsum[m] = sum_n D; colsq[n] = sum_m D^2."""
+    g = ce.Graph()
+    d = g.accumulator() + g.row_vector("bias")
+    g.output(d)
+    g.row_reduce("rowsum", d, "sum")
+    g.col_reduce("colsq", d, "sumsq")
+    return g
+
+
+def design():
+    """DESIGN.md constraint 4: D = silu(acc) * aux + bias[n];  rowsum[m] = sum_n D."""
+    g = ce.Graph()
+    acc = g.accumulator()
+    d = ce.silu(acc) * g.tile("aux") + g.row_vector("bias")
+    g.output(d)
+    g.row_reduce("rowsum", d, "sum")
+    return g
+
+
+#: name -> (builder, goal as time / bare cuBLAS GEMM time)
+CASES = {
+    "identity": (identity, 1 / 0.98),   # >= 0.98x cuBLAS throughput
+    "bias_silu": (bias_silu, 1.02),
+    "bias_gelu": (bias_gelu, 1.02),
+    "residual": (residual, 1.02),
+    "rstd_scale": (rstd_scale, 1.02),
+    "swiglu": (swiglu, 1.02),
+    "store_rowsum": (store_rowsum, 1.04),
+    "design": (design, 1.04),
+}
