@@ -1,7 +1,7 @@
 """Sweeps kernel configs (tile, cluster, schedule; swizzle at launch) of one graph across shapes,
 against the bare cuBLAS GEMM: the measurements behind the config heuristic (coda_ext/tuning.py).
 
-    python benchmarks/sweep_configs.py [--case identity] [--shapes llama | M,N,K ...]
+    python benchmarks/sweep_configs.py [--cases identity,design] [--shapes llama | M,N,K ...]
         [--swizzles 1,4,8] [--reps 20] [--out FILE.json] [--dry-run]
 
 Kernels: `python -m coda_ext.prebuild benchmarks/sweep_configs.py` builds the sweep ahead.
@@ -32,7 +32,7 @@ SWEEP = (
     K((128, 256, 64), (1, 2), "cooperative"), K((256, 128, 64), (1, 1), "cooperative"),
     K((256, 128, 64), (2, 1), "cooperative"), K((256, 128, 64), (1, 2), "cooperative"),
 )
-SWEEP_CASES = ("identity",)
+SWEEP_CASES = ("identity", "design")
 
 
 def build_items(case_names=SWEEP_CASES):
@@ -71,27 +71,28 @@ def sweep_case(name: str, shapes, swizzles, reps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--case", default="identity", choices=list(cases.CASES))
+    p.add_argument("--cases", default="identity", help=f"comma-separated, from {list(cases.CASES)}")
     p.add_argument("--shapes", nargs="+", default=["llama"], help="presets (llama, design) or M,N,K")
     p.add_argument("--swizzles", default="1,4,8")
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--out", default=None, help="default: results/sweep_<case>_h100.json")
+    p.add_argument("--out", default=str(HERE / "results" / "sweep_h100.json"))
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
     shapes = bench_graphs.parse_shapes(args.shapes)
     swizzles = [int(s) for s in args.swizzles.split(",")]
+    names = [c for c in args.cases.split(",") if c]
     if args.dry_run:
         for cfg in SWEEP:
-            print(args.case, ", ".join(dataclasses.replace(cfg, swizzle=s).tag for s in swizzles))
+            print(names, ", ".join(dataclasses.replace(cfg, swizzle=s).tag for s in swizzles))
         print(f"shapes: {shapes}")
         return 0
     from harness import gpu_info
 
     env = gpu_info()
-    result = sweep_case(args.case, shapes, swizzles, args.reps)
-    out = pathlib.Path(args.out or HERE / "results" / f"sweep_{args.case}_h100.json")
+    result = {name: sweep_case(name, shapes, swizzles, args.reps) for name in names}
+    out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": env, "case": args.case, "reps": args.reps, "results": result}, indent=1))
+    out.write_text(json.dumps({"env": env, "reps": args.reps, "results": result}, indent=1))
     print(f"wrote {out}")
     return 0
 
