@@ -31,6 +31,7 @@ SWEEP = (
     K((128, 256, 64), (1, 1), "cooperative"), K((128, 256, 64), (2, 1), "cooperative"),
     K((128, 256, 64), (1, 2), "cooperative"), K((256, 128, 64), (1, 1), "cooperative"),
     K((256, 128, 64), (2, 1), "cooperative"), K((256, 128, 64), (1, 2), "cooperative"),
+    K((128, 128, 64), (1, 1), "streamk"), K((128, 256, 64), (1, 1), "streamk"),
 )
 SWEEP_CASES = ("identity", "design")
 
