@@ -47,10 +47,17 @@ def _git_commit() -> str:
         return "unknown"
 
 
+#: GPU cycles of busy-waiting queued between the L2 flush and the start event (~0.2 ms), so the
+#: CPU has queued the timed call before its start event fires: the events then time GPU work
+#: only, not Python and launch overhead (which differs between variants at small shapes).
+LEAD_CYCLES = 400_000
+
+
 def time_interleaved(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:
     """{name: [ms per round]}: every round runs every variant once on rotated input sets, starting
     at a different variant each round; L2 is flushed (256 MB written) before every timed call, so
-    no variant inherits another's cached operands."""
+    no variant inherits another's cached operands; a queued GPU wait (LEAD_CYCLES) keeps host
+    overhead out of the timed span."""
     import torch
 
     names = list(variants)
@@ -60,6 +67,7 @@ def time_interleaved(variants: dict, reps: int, warmup: int = 5) -> dict[str, li
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             flush.zero_()
+            torch.cuda._sleep(LEAD_CYCLES)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             variants[name](r % 2)

@@ -17,8 +17,8 @@ import sys
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bench_graphs  # noqa: E402  (puts tests/gpu on the path)
-import cases  # noqa: E402
+import bench_graphs  # noqa: E402
+import graphs  # noqa: E402
 
 import coda_ext as ce  # noqa: E402
 
@@ -37,18 +37,23 @@ SWEEP_CASES = ("identity", "design")
 
 
 def build_items(case_names=SWEEP_CASES):
-    return [(cases.CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in SWEEP]
+    return [(graphs.CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in SWEEP]
 
 
-def sweep_case(name: str, shapes, swizzles, reps: int) -> dict:
+def selected(only: str | None):
+    """SWEEP, or the configs whose tag contains one of the comma-separated parts of `only`."""
+    return [c for c in SWEEP if not only or any(part in c.tag for part in only.split(","))]
+
+
+def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP) -> dict:
     import torch
     import torch.nn.functional as F
 
     from harness import summarize, time_interleaved
 
-    graph = cases.CASES[name][0]().build()
+    graph = graphs.CASES[name][0]().build()
     # one kernel per compiled config; the swizzle variants load the same cached library
-    configs = [dataclasses.replace(cfg, swizzle=s) for cfg in SWEEP for s in swizzles]
+    configs = [dataclasses.replace(cfg, swizzle=s) for cfg in sweep for s in swizzles]
     ops = {c.tag: ce.compile(graph, "bfloat16", c) for c in configs}
     first = next(iter(ops.values()))
     out = {}
@@ -72,10 +77,11 @@ def sweep_case(name: str, shapes, swizzles, reps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default="identity", help=f"comma-separated, from {list(cases.CASES)}")
+    p.add_argument("--cases", default="identity", help=f"comma-separated, from {list(graphs.CASES)}")
     p.add_argument("--shapes", nargs="+", default=["llama"], help="presets (llama, design) or M,N,K")
     p.add_argument("--swizzles", default="1,4,8")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--only", default=None, help="comma-separated parts of config tags to keep, e.g. sk_,coop_128x256")
     p.add_argument("--out", default=str(HERE / "results" / "sweep_h100.json"))
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
@@ -83,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     swizzles = [int(s) for s in args.swizzles.split(",")]
     names = [c for c in args.cases.split(",") if c]
     if args.dry_run:
-        for cfg in SWEEP:
+        for cfg in selected(args.only):
             print(names, ", ".join(dataclasses.replace(cfg, swizzle=s).tag for s in swizzles))
         print(f"shapes: {shapes}")
         return 0
     from harness import gpu_info
 
     env = gpu_info()
-    result = {name: sweep_case(name, shapes, swizzles, args.reps) for name in names}
+    result = {name: sweep_case(name, shapes, swizzles, args.reps, selected(args.only)) for name in names}
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"env": env, "reps": args.reps, "results": result}, indent=1))

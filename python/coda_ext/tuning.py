@@ -21,29 +21,39 @@ from .config import DEFAULT_CONFIG, KernelConfig
 #: swizzle of the plain GEMM and the DESIGN.md graph at the Llama shapes).
 LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # two or more full waves
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # half a wave to two waves
-FEW_TILES = KernelConfig((128, 128, 64), (1, 1), "streamk", swizzle=1)    # fewer tiles than half the SMs
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, MEDIUM, FEW_TILES)
-#: What config="tune" measures: the heuristic's configs, the default and a ping-pong 64x256.
+SMALL_TILES = DEFAULT_CONFIG                                              # 128x128 fills the waves better
+FEW_TILES = KernelConfig((128, 128, 64), (1, 1), "streamk", swizzle=1)    # few tiles, long K loop
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, MEDIUM, SMALL_TILES, FEW_TILES)
+#: What config="tune" measures: the heuristic's configs and a ping-pong 64x256.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (
-    DEFAULT_CONFIG,
     KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8),
 )
 #: SMs assumed when no GPU is at hand (H100 SXM).
 DEFAULT_SMS = 132
+MEMORY_FILE = "tuning.json"
+
+
+def _waves(tiles: int, sms: int) -> float:
+    """Fraction of the SM-slots of the last wave's round-up that do work (1.0: no idle tail)."""
+    return tiles / (-(-tiles // sms) * sms)
 
 
 def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS) -> KernelConfig:
-    """The config for an (M, N, K) problem, from the number of 128x256 output tiles: clusters of
-    two along M when there are two waves or more, one CTA per tile down to half a wave, and
-    stream-K below that (few tiles, so the K loops are split to keep every SM busy)."""
-    tiles_m, tiles_n = -(-M // 128), -(-N // 256)
-    tiles = tiles_m * tiles_n
-    if tiles_m >= 2 and tiles >= 2 * sms:
+    """The config for an (M, N, K) problem (a few integer operations, no measurement):
+    - fewer 128x128 tiles than half the SMs and a long K loop: stream-K splits the K loops;
+    - 128x128 ping-pong where it fills the waves clearly better than 128x256 (e.g. 192 tiles of
+      128x256 on 132 SMs leave a 73 % full second wave; 384 of 128x128 fill 97 %);
+    - else 128x256 cooperative, in clusters of two along M from two full waves on."""
+    tiles_m = -(-M // 128)
+    tiles_128 = tiles_m * -(-N // 128)
+    tiles_256 = tiles_m * -(-N // 256)
+    if 2 * tiles_128 < sms:
+        return FEW_TILES if K >= 8192 else SMALL_TILES
+    if _waves(tiles_128, sms) > _waves(tiles_256, sms) + 0.1:
+        return SMALL_TILES
+    if tiles_m >= 2 and tiles_256 >= 2 * sms:
         return LARGE
-    if 2 * tiles >= sms:
-        return MEDIUM
-    return FEW_TILES
-MEMORY_FILE = "tuning.json"
+    return MEDIUM
 
 
 def m_bucket(M: int) -> int:

@@ -39,15 +39,15 @@ def test_memory_round_trip_and_key():
 
 def test_candidates_are_distinct_and_cover_the_heuristic():
     tags = [c.tag for c in tuning.CANDIDATES]
-    assert len(set(tags)) == len(tags) and ce.DEFAULT_CONFIG in tuning.CANDIDATES
+    assert len(set(tags)) == len(tags) and ce.DEFAULT_CONFIG in tuning.HEURISTIC_CONFIGS
     assert set(tuning.HEURISTIC_CONFIGS) <= set(tuning.CANDIDATES)
 
 
 @pytest.mark.parametrize("M,N,K,expected", [
     (16384, 28672, 4096, "LARGE"), (16384, 2048, 8192, "LARGE"), (8192, 128256, 4096, "LARGE"),
-    (1024, 28672, 4096, "LARGE"), (1024, 4096, 14336, "MEDIUM"), (1024, 6144, 4096, "MEDIUM"),
-    (128, 28672, 4096, "MEDIUM"), (128, 4096, 14336, "FEW_TILES"), (128, 6144, 4096, "FEW_TILES"),
-    (1, 4096, 4096, "FEW_TILES"),
+    (16384, 6144, 4096, "LARGE"), (1024, 28672, 4096, "LARGE"), (1024, 4096, 14336, "MEDIUM"),
+    (1024, 6144, 4096, "SMALL_TILES"), (128, 28672, 4096, "MEDIUM"), (128, 4096, 14336, "FEW_TILES"),
+    (128, 6144, 4096, "SMALL_TILES"), (1, 4096, 4096, "SMALL_TILES"), (1, 4096, 14336, "FEW_TILES"),
 ])
 def test_heuristic(M, N, K, expected):
     assert tuning.heuristic(M, N, K) == getattr(tuning, expected)
