@@ -2,7 +2,8 @@
 against the bare cuBLAS GEMM: the measurements behind the config heuristic (coda_ext/tuning.py).
 
     python benchmarks/sweep_configs.py [--cases identity,design] [--shapes llama | M,N,K ...]
-        [--swizzles 1,4,8] [--reps 20] [--out FILE.json] [--dry-run]
+        [--swizzles 1,4,8] [--rasters heuristic,along_m,along_n] [--only TAG,...] [--reps 20]
+        [--out FILE.json] [--dry-run]
 
 Kernels: `python -m coda_ext.prebuild benchmarks/sweep_configs.py` builds the sweep ahead.
 """
@@ -32,6 +33,7 @@ SWEEP = (
     K((128, 256, 64), (1, 2), "cooperative"), K((256, 128, 64), (1, 1), "cooperative"),
     K((256, 128, 64), (2, 1), "cooperative"), K((256, 128, 64), (1, 2), "cooperative"),
     K((128, 128, 64), (1, 1), "streamk"), K((128, 256, 64), (1, 1), "streamk"),
+    K((64, 128, 64), (1, 1), "pingpong"), K((128, 128, 64), (1, 1), "cooperative"),
 )
 SWEEP_CASES = ("identity", "design")
 
@@ -45,7 +47,7 @@ def selected(only: str | None):
     return [c for c in SWEEP if not only or any(part in c.tag for part in only.split(","))]
 
 
-def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP) -> dict:
+def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP, rasters=("heuristic",)) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -53,7 +55,7 @@ def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP) -> dict:
 
     graph = graphs.CASES[name][0]().build()
     # one kernel per compiled config; the swizzle variants load the same cached library
-    configs = [dataclasses.replace(cfg, swizzle=s) for cfg in sweep for s in swizzles]
+    configs = [dataclasses.replace(cfg, swizzle=s, raster=r) for cfg in sweep for s in swizzles for r in rasters]
     ops = {c.tag: ce.compile(graph, "bfloat16", c) for c in configs}
     first = next(iter(ops.values()))
     out = {}
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="identity", help=f"comma-separated, from {list(graphs.CASES)}")
     p.add_argument("--shapes", nargs="+", default=["llama"], help="presets (llama, design) or M,N,K")
     p.add_argument("--swizzles", default="1,4,8")
+    p.add_argument("--rasters", default="heuristic", help="comma-separated: heuristic, along_m, along_n")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--only", default=None, help="comma-separated parts of config tags to keep, e.g. sk_,coop_128x256")
     p.add_argument("--out", default=str(HERE / "results" / "sweep_h100.json"))
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     from harness import gpu_info
 
     env = gpu_info()
-    result = {name: sweep_case(name, shapes, swizzles, args.reps, selected(args.only)) for name in names}
+    rasters = args.rasters.split(",")
+    result = {name: sweep_case(name, shapes, swizzles, args.reps, selected(args.only), rasters) for name in names}
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"env": env, "reps": args.reps, "results": result}, indent=1))
