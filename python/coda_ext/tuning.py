@@ -17,16 +17,20 @@ from .compile.cache import locked
 from .compile.paths import cache_root
 from .config import DEFAULT_CONFIG, KernelConfig
 
-#: What the heuristic chooses from (benchmarks/results/sweep_h100.json: tile x cluster x schedule x
-#: swizzle of the plain GEMM and the DESIGN.md graph at the Llama shapes).
-LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # two or more full waves
-MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # half a wave to two waves
-SMALL_TILES = DEFAULT_CONFIG                                              # 128x128 fills the waves better
-FEW_TILES = KernelConfig((128, 128, 64), (1, 1), "streamk", swizzle=1)    # few tiles, long K loop
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, MEDIUM, SMALL_TILES, FEW_TILES)
-#: What config="tune" measures: the heuristic's configs and a ping-pong 64x256.
+#: What the heuristic chooses from (benchmarks/results/sweep_*_h100.json: tile x cluster x schedule x
+#: swizzle x raster of the plain GEMM and of pointwise, tile-load and reduction graphs at the
+#: Llama shapes). Ping-pong overlaps one warp group's epilogue with the other's MMAs.
+LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles, N > 16384 or K > 4096
+PINGPONG = DEFAULT_CONFIG                                                 # many tiles, N <= 16384, K <= 4096
+MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
+WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
+SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <= 128: more CTAs stream W
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, PINGPONG, MEDIUM, WAVE_FILL, SKINNY)
+STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
+#: What config="tune" measures: the heuristic's configs, stream-K and a ping-pong 64x256.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (
-    KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8),
+    STREAMK,
+    KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n"),
 )
 #: SMs assumed when no GPU is at hand (H100 SXM).
 DEFAULT_SMS = 132
@@ -40,19 +44,21 @@ def _waves(tiles: int, sms: int) -> float:
 
 def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS) -> KernelConfig:
     """The config for an (M, N, K) problem (a few integer operations, no measurement):
-    - fewer 128x128 tiles than half the SMs and a long K loop: stream-K splits the K loops;
-    - 128x128 ping-pong where it fills the waves clearly better than 128x256 (e.g. 192 tiles of
-      128x256 on 132 SMs leave a 73 % full second wave; 384 of 128x128 fill 97 %);
-    - else 128x256 cooperative, in clusters of two along M from two full waves on."""
+    - M <= 128: 64x128 ping-pong tiles, so twice as many CTAs stream W (memory-bound shapes);
+    - 128x128 ping-pong where it fills the waves clearly better than 128x256 (192 tiles of
+      128x256 on 132 SMs leave the second wave 45 % full; 384 of 128x128 fill 97 % of three);
+    - two waves or more of 128x256: ping-pong 128x128 (its epilogue overlaps the other warp
+      group's MMAs) when N <= 16384 and K <= 4096, else cooperative 128x256 in clusters of two;
+    - else one wave or so: cooperative 128x256."""
     tiles_m = -(-M // 128)
+    if tiles_m == 1:
+        return SKINNY
     tiles_128 = tiles_m * -(-N // 128)
     tiles_256 = tiles_m * -(-N // 256)
-    if 2 * tiles_128 < sms:
-        return FEW_TILES if K >= 8192 else SMALL_TILES
     if _waves(tiles_128, sms) > _waves(tiles_256, sms) + 0.1:
-        return SMALL_TILES
-    if tiles_m >= 2 and tiles_256 >= 2 * sms:
-        return LARGE
+        return WAVE_FILL
+    if tiles_256 >= 2 * sms:
+        return PINGPONG if N <= 16384 and K <= 4096 else LARGE
     return MEDIUM
 
 

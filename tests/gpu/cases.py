@@ -115,12 +115,13 @@ CASES = {
 
 def config_cases():
     """(case, dtype, config) run at configs other than the default: every config the "auto"
-    heuristic picks (stream-K among them) with a tile load and a reduction, and stream-K with
-    the pair node and an aux store."""
+    heuristic picks, with a tile load and a reduction, and stream-K with those, the pair node
+    and an aux store."""
     from coda_ext import tuning
 
     return ([("design", "bfloat16", c) for c in tuning.HEURISTIC_CONFIGS]
-            + [("swiglu", "float16", tuning.FEW_TILES), ("example", "bfloat16", tuning.FEW_TILES)])
+            + [("design", "bfloat16", tuning.STREAMK), ("swiglu", "float16", tuning.STREAMK),
+               ("example", "bfloat16", tuning.STREAMK)])
 
 
 def build_items():

@@ -44,10 +44,11 @@ def test_candidates_are_distinct_and_cover_the_heuristic():
 
 
 @pytest.mark.parametrize("M,N,K,expected", [
-    (16384, 28672, 4096, "LARGE"), (16384, 2048, 8192, "LARGE"), (8192, 128256, 4096, "LARGE"),
-    (16384, 6144, 4096, "LARGE"), (1024, 28672, 4096, "LARGE"), (1024, 4096, 14336, "MEDIUM"),
-    (1024, 6144, 4096, "SMALL_TILES"), (128, 28672, 4096, "MEDIUM"), (128, 4096, 14336, "FEW_TILES"),
-    (128, 6144, 4096, "SMALL_TILES"), (1, 4096, 4096, "SMALL_TILES"), (1, 4096, 14336, "FEW_TILES"),
+    (16384, 28672, 4096, "LARGE"), (16384, 4096, 14336, "LARGE"), (16384, 2048, 8192, "LARGE"),
+    (8192, 128256, 4096, "LARGE"), (1024, 28672, 4096, "LARGE"), (16384, 6144, 4096, "PINGPONG"),
+    (16384, 16384, 2048, "PINGPONG"), (8192, 8192, 4096, "PINGPONG"), (1024, 4096, 14336, "MEDIUM"),
+    (1024, 6144, 4096, "WAVE_FILL"), (128, 28672, 4096, "SKINNY"), (128, 4096, 14336, "SKINNY"),
+    (1, 4096, 4096, "SKINNY"),
 ])
 def test_heuristic(M, N, K, expected):
     assert tuning.heuristic(M, N, K) == getattr(tuning, expected)
