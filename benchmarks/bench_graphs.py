@@ -77,11 +77,12 @@ def make_inputs(op, M: int, N: int, K: int, seed: int):
     return A, W, inputs
 
 
-def concrete_configs(cfgs) -> list[ce.KernelConfig]:
-    """The kernels behind the variants: "auto" stands for every config its heuristic picks."""
+def concrete_configs(graph, cfgs) -> list[ce.KernelConfig]:
+    """The kernels behind the variants: "auto" stands for every config its heuristic may pick."""
     out = []
     for cfg in cfgs:
-        for c in (tuning.HEURISTIC_CONFIGS if cfg == "auto" else (cfg,)):
+        auto = [c for _, _, c in ce.compile(graph, "bfloat16", "auto").prebuild_items()] if cfg == "auto" else []
+        for c in (auto if cfg == "auto" else (cfg,)):
             if c not in out:
                 out.append(c)
     return out
@@ -131,7 +132,7 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
 
     graph = graphs.CASES[name][0]().build()
     goal = graphs.CASES[name][1]
-    concrete = concrete_configs(cfgs)
+    concrete = concrete_configs(graph, cfgs)
     result = {"graph": graph.text(), "goal_ratio": goal,
               "compile": compile_costs(graph, "bfloat16", concrete, cold_set), "shapes": {}}
     meta = ce.compile(graph, "bfloat16", concrete[0])  # slots and dtype (the same for every config)
@@ -154,7 +155,7 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
         entry = {"variants": summary}
         if "coda_auto" in ops:
             sms = torch.cuda.get_device_properties(0).multi_processor_count
-            entry["auto_config"] = tuning.heuristic(tuning.m_bucket(M), N, K, sms).tag
+            entry["auto_config"] = ops["coda_auto"].config_for(M, N, K, sms).tag
         coda = [v for v in summary if v.startswith("coda_")]
         best = min(coda, key=lambda v: summary[v]["median_ratio_to_cublas"])
         entry["coda_ratio"] = summary[best]["median_ratio_to_cublas"]

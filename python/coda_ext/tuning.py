@@ -25,7 +25,10 @@ PINGPONG = DEFAULT_CONFIG                                                 # many
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
 WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
 SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <= 128: more CTAs stream W
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, PINGPONG, MEDIUM, WAVE_FILL, SKINNY)
+#: Column reductions (over M) are slow in the ping-pong epilogue (1.2-1.8x the GEMM at the Llama
+#: shapes, benchmarks/results/graphs_h100.json): graphs with one use cooperative tiles instead.
+COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, PINGPONG, MEDIUM, WAVE_FILL, SKINNY, COOP_SMALL)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 #: What config="tune" measures: the heuristic's configs, stream-K and a ping-pong 64x256.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (
@@ -42,23 +45,25 @@ def _waves(tiles: int, sms: int) -> float:
     return tiles / (-(-tiles // sms) * sms)
 
 
-def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS) -> KernelConfig:
+def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, col_reduce: bool = False) -> KernelConfig:
     """The config for an (M, N, K) problem (a few integer operations, no measurement):
     - M <= 128: 64x128 ping-pong tiles, so twice as many CTAs stream W (memory-bound shapes);
     - 128x128 ping-pong where it fills the waves clearly better than 128x256 (192 tiles of
       128x256 on 132 SMs leave the second wave 45 % full; 384 of 128x128 fill 97 % of three);
     - two waves or more of 128x256: ping-pong 128x128 (its epilogue overlaps the other warp
       group's MMAs) when N <= 16384 and K <= 4096, else cooperative 128x256 in clusters of two;
-    - else one wave or so: cooperative 128x256."""
+    - else one wave or so: cooperative 128x256.
+    col_reduce (the graph reduces over M): cooperative schedules only (COOP_SMALL for the 128x128
+    and 64x128 ping-pong cases, LARGE for the ping-pong 128x128 one)."""
     tiles_m = -(-M // 128)
     if tiles_m == 1:
-        return SKINNY
+        return COOP_SMALL if col_reduce else SKINNY
     tiles_128 = tiles_m * -(-N // 128)
     tiles_256 = tiles_m * -(-N // 256)
     if _waves(tiles_128, sms) > _waves(tiles_256, sms) + 0.1:
-        return WAVE_FILL
+        return COOP_SMALL if col_reduce else WAVE_FILL
     if tiles_256 >= 2 * sms:
-        return PINGPONG if N <= 16384 and K <= 4096 else LARGE
+        return PINGPONG if N <= 16384 and K <= 4096 and not col_reduce else LARGE
     return MEDIUM
 
 
@@ -124,6 +129,7 @@ class TunedOp:
         self.reps, self.time_fn = reps, time_fn
         first = kernel_source(graph, dtype, candidates[0])
         self.digest, self.dtype_name = first.graph.digest(), first.dtype
+        self.col_reduce = bool(first.lowered.find("col_reduce"))
         self._ops: dict[str, Any] = {}
         self._chosen: dict[tuple, Any] = {}  # (M bucket, N, K, device) -> op, so a call reads no file
 
@@ -135,6 +141,10 @@ class TunedOp:
             return torch.cuda.get_device_properties(A.device).multi_processor_count
         except Exception:  # no CUDA device at hand (CPU tests): assume an H100
             return DEFAULT_SMS
+
+    def config_for(self, M: int, N: int, K: int, sms: int = DEFAULT_SMS) -> KernelConfig:
+        """The heuristic's choice for this graph (used where tuning has remembered nothing)."""
+        return heuristic(m_bucket(M), N, K, sms, self.col_reduce)
 
     def op_for(self, config: KernelConfig):
         from .compile import compile as compile_op
@@ -151,7 +161,7 @@ class TunedOp:
         if known and _config_by_tag(known["config"], self.candidates):
             return _config_by_tag(known["config"], self.candidates)
         if not self.tune:
-            return heuristic(m_bucket(M), N, K, self.sms(A))
+            return self.config_for(M, N, K, self.sms(A))
         from .compile import prebuild
 
         prebuild([(self.graph, self.dtype, c) for c in self.candidates])  # all candidates, in parallel
@@ -176,5 +186,10 @@ class TunedOp:
 
     def prebuild_items(self) -> list[tuple[Any, Any, KernelConfig]]:
         """What this op may compile: the heuristic's configs, or every candidate when tuning."""
-        configs = self.candidates if self.tune else HEURISTIC_CONFIGS
+        if self.tune:
+            configs = self.candidates
+        elif self.col_reduce:
+            configs = tuple(c for c in HEURISTIC_CONFIGS if c.schedule != "pingpong")
+        else:
+            configs = tuple(c for c in HEURISTIC_CONFIGS if c != COOP_SMALL)
         return [(self.graph, self.dtype, c) for c in configs]

@@ -120,7 +120,8 @@ def config_cases():
     from coda_ext import tuning
 
     return ([("design", "bfloat16", c) for c in tuning.HEURISTIC_CONFIGS]
-            + [("design", "bfloat16", tuning.STREAMK), ("swiglu", "float16", tuning.STREAMK),
+            + [("reductions", "bfloat16", tuning.COOP_SMALL), ("reductions", "bfloat16", tuning.LARGE),
+               ("design", "bfloat16", tuning.STREAMK), ("swiglu", "float16", tuning.STREAMK),
                ("example", "bfloat16", tuning.STREAMK)])
 
 
