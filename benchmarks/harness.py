@@ -47,10 +47,12 @@ def _git_commit() -> str:
         return "unknown"
 
 
-#: GPU cycles of busy-waiting queued between the L2 flush and the start event (~0.2 ms), so the
-#: CPU has queued the timed call before its start event fires: the events then time GPU work
-#: only, not Python and launch overhead (which differs between variants at small shapes).
-LEAD_CYCLES = 400_000
+#: GPU cycles of busy-waiting queued between the L2 flush and the start event (~1 ms), so the
+#: CPU has queued all kernels of the timed call before its start event fires: the events then
+#: time GPU work only, not Python, guard and launch overhead (which differs between variants and
+#: between host machines, and dominates at small shapes). 0.2 ms proved too short on a slow host
+#: for torch.compile and for ops that launch a finalize kernel after the GEMM.
+LEAD_CYCLES = 2_000_000
 
 
 def time_interleaved(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:

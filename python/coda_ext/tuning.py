@@ -25,14 +25,14 @@ PINGPONG = DEFAULT_CONFIG                                                 # many
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
 WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
 SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <= 128: more CTAs stream W
-#: Column reductions (over M) are slow in the ping-pong epilogue (1.2-1.8x the GEMM at the Llama
-#: shapes, benchmarks/results/graphs_h100.json): graphs with one use cooperative tiles instead.
-COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, PINGPONG, MEDIUM, WAVE_FILL, SKINNY, COOP_SMALL)
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, PINGPONG, MEDIUM, WAVE_FILL, SKINNY)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
-#: What config="tune" measures: the heuristic's configs, stream-K and a ping-pong 64x256.
+COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
+#: What config="tune" measures: the heuristic's configs, stream-K, cooperative 128x128 and a
+#: ping-pong 64x256.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (
     STREAMK,
+    COOP_SMALL,
     KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n"),
 )
 #: SMs assumed when no GPU is at hand (H100 SXM).
@@ -53,15 +53,16 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, col_reduce: bool =
     - two waves or more of 128x256: ping-pong 128x128 (its epilogue overlaps the other warp
       group's MMAs) when N <= 16384 and K <= 4096, else cooperative 128x256 in clusters of two;
     - else one wave or so: cooperative 128x256.
-    col_reduce (the graph reduces over M): cooperative schedules only (COOP_SMALL for the 128x128
-    and 64x128 ping-pong cases, LARGE for the ping-pong 128x128 one)."""
+    col_reduce (the graph reduces over M): LARGE instead of PINGPONG — with many tiles the
+    column reduction costs the ping-pong epilogue up to 1.8x the GEMM (16384x16384x2048:
+    1.76x vs 1.14x cooperative, benchmarks/results/graphs_h100.json)."""
     tiles_m = -(-M // 128)
     if tiles_m == 1:
-        return COOP_SMALL if col_reduce else SKINNY
+        return SKINNY
     tiles_128 = tiles_m * -(-N // 128)
     tiles_256 = tiles_m * -(-N // 256)
     if _waves(tiles_128, sms) > _waves(tiles_256, sms) + 0.1:
-        return COOP_SMALL if col_reduce else WAVE_FILL
+        return WAVE_FILL
     if tiles_256 >= 2 * sms:
         return PINGPONG if N <= 16384 and K <= 4096 and not col_reduce else LARGE
     return MEDIUM
@@ -186,10 +187,5 @@ class TunedOp:
 
     def prebuild_items(self) -> list[tuple[Any, Any, KernelConfig]]:
         """What this op may compile: the heuristic's configs, or every candidate when tuning."""
-        if self.tune:
-            configs = self.candidates
-        elif self.col_reduce:
-            configs = tuple(c for c in HEURISTIC_CONFIGS if c.schedule != "pingpong")
-        else:
-            configs = tuple(c for c in HEURISTIC_CONFIGS if c != COOP_SMALL)
+        configs = self.candidates if self.tune else HEURISTIC_CONFIGS
         return [(self.graph, self.dtype, c) for c in configs]

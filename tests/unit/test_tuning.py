@@ -53,9 +53,9 @@ def test_candidates_are_distinct_and_cover_the_heuristic():
 def test_heuristic(M, N, K, expected):
     assert tuning.heuristic(M, N, K) == getattr(tuning, expected)
     assert tuning.heuristic(M, N, K) in tuning.HEURISTIC_CONFIGS
-    # a column reduction keeps to cooperative schedules
+    # a column reduction avoids the many-tile ping-pong config
     with_col = tuning.heuristic(M, N, K, col_reduce=True)
-    assert with_col.schedule == "cooperative" and with_col in tuning.HEURISTIC_CONFIGS
+    assert with_col == (tuning.LARGE if expected == "PINGPONG" else getattr(tuning, expected))
 
 
 def test_auto_knows_the_graph_has_a_column_reduction():
@@ -64,19 +64,16 @@ def test_auto_knows_the_graph_has_a_column_reduction():
     g.output(acc)
     g.col_reduce("c", acc, "sum")
     op = tuning.TunedOp(g, "bfloat16", tune=False)
-    assert op.col_reduce and op.config_for(128, 4096, 4096) == tuning.COOP_SMALL
-    assert all(c.schedule == "cooperative" for _, _, c in op.prebuild_items())
+    assert op.col_reduce and op.config_for(16384, 6144, 4096) == tuning.LARGE
     plain = tuning.TunedOp(_graph(), "bfloat16", tune=False)
-    assert not plain.col_reduce and plain.config_for(128, 4096, 4096) == tuning.SKINNY
-    assert tuning.COOP_SMALL not in [c for _, _, c in plain.prebuild_items()]
+    assert not plain.col_reduce and plain.config_for(16384, 6144, 4096) == tuning.PINGPONG
 
 
 def test_prebuild_expands_auto_and_tune():
     from coda_ext.compile import expand_items
 
     g = _graph()
-    assert [c for _, _, c in expand_items([(g, "bfloat16", "auto")])] == \
-        [c for c in tuning.HEURISTIC_CONFIGS if c != tuning.COOP_SMALL]
+    assert [c for _, _, c in expand_items([(g, "bfloat16", "auto")])] == list(tuning.HEURISTIC_CONFIGS)
     assert [c for _, _, c in expand_items([(g, "bfloat16", "tune"), (g, "float16", None)])] == \
         list(tuning.CANDIDATES) + [None]
 
