@@ -4,14 +4,13 @@ Shared by bench_graphs.py and `python -m coda_ext.prebuild benchmarks/graphs.py`
 """
 from __future__ import annotations
 
+import pathlib
+import sys
+
 import coda_ext as ce
 
-
-def identity():
-    """A plain GEMM through coda_ext."""
-    g = ce.Graph()
-    g.output(g.accumulator())
-    return g
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "gpu"))
+from cases import design, identity  # noqa: E402  (one home for the graphs the GPU suite also checks)
 
 
 def bias_silu():
@@ -58,16 +57,6 @@ def store_rowsum():
     g.output(d)
     g.row_reduce("rowsum", d, "sum")
     g.col_reduce("colsq", d, "sumsq")
-    return g
-
-
-def design():
-    """DESIGN.md constraint 4: D = silu(acc) * aux + bias[n];  rowsum[m] = sum_n D."""
-    g = ce.Graph()
-    acc = g.accumulator()
-    d = ce.silu(acc) * g.tile("aux") + g.row_vector("bias")
-    g.output(d)
-    g.row_reduce("rowsum", d, "sum")
     return g
 
 
