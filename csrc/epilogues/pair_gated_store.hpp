@@ -5,8 +5,10 @@
 // A CUTLASS SM90 epilogue visitor node (the node contract of sm90_visitor_*.hpp). It is a
 // sink that passes its input through unchanged, so it can sit anywhere in a tree.
 // The wgmma accumulator layout gives every thread adjacent column pairs (2c, 2c + 1) in
-// consecutive fragment slots, so each pair is combined in registers; results are written
-// with predicated per-thread stores at the end of each epilogue subtile.
+// consecutive fragment slots, so each pair is combined in registers. At the end of each
+// epilogue subtile the results are written with 4-element vector stores after a transpose
+// within each quad of lanes (when the subtile has the wgmma layout, checked at run time), else
+// with predicated per-element stores.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -93,9 +95,23 @@ struct Sm90PairGatedStore {
     }
 
     CUTLASS_DEVICE void end_loop(int epi_m, int epi_n) {
+      cute::Tensor coords = tC_cOut(cute::_, cute::_, cute::_, epi_m, epi_n);
+      using Size = decltype(cute::size(tC_rOut));
+      if constexpr (cute::is_static<Size>::value) {
+        if constexpr (Size::value == 16) {  // 8 pairs per thread: the wgmma layout of a 32-column subtile
+          if (store_quad_transposed(coords)) {
+            return;
+          }
+        }
+      }
+      store_elementwise(coords);
+    }
+
+    // One predicated store per output element (any layout).
+    template <class Coords>
+    CUTLASS_DEVICE void store_elementwise(Coords const& coords) {
       Element* ptr = params_ptr->ptr_out;
       int64_t ld = params_ptr->ld_out;
-      cute::Tensor coords = tC_cOut(cute::_, cute::_, cute::_, epi_m, epi_n);
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < cute::size(tC_rOut); i += 2) {
         auto c = coords(i);
@@ -105,6 +121,105 @@ struct Sm90PairGatedStore {
           ptr[int64_t(row) * ld + (col >> 1)] = tC_rOut(i);
         }
       }
+    }
+
+    template <class T>
+    CUTLASS_DEVICE static T shfl(T x, int src_lane) {
+      static_assert(sizeof(T) == 4, "shuffles move 32-bit words");
+      uint32_t bits;
+      memcpy(&bits, &x, 4);
+      bits = __shfl_sync(0xffffffffu, bits, src_lane);
+      memcpy(&x, &bits, 4);
+      return x;
+    }
+
+    // Vector stores through a transpose inside each quad of lanes. In the wgmma accumulator
+    // layout the 4 lanes of a quad share two rows (r, r + 8) and lane q holds the outputs
+    // (r, 4j + q), j = 0..3, of a 16-output (32-column) subtile row: after the transpose lane q
+    // holds (r, 4q + k), k = 0..3, and writes them with one 4-element store. The layout is
+    // checked from the coordinates first: if any lane of the warp sees another layout, the
+    // warp returns false and stores element by element.
+    template <class Coords>
+    CUTLASS_DEVICE bool store_quad_transposed(Coords const& coords) {
+      int row0 = cute::get<0>(coords(0));
+      int oc0 = cute::get<1>(coords(0)) >> 1;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 2; i < 16; i += 2) {
+        row0 = cute::min(row0, int(cute::get<0>(coords(i))));
+        oc0 = cute::min(oc0, int(cute::get<1>(coords(i))) >> 1);
+      }
+      Element v[2][4];
+      unsigned filled = 0;
+      bool ok = true;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 16; i += 2) {
+        int dr = int(cute::get<0>(coords(i))) - row0;
+        int doc = (int(cute::get<1>(coords(i))) >> 1) - oc0;
+        ok = ok && (dr == 0 || dr == 8) && (doc & 3) == 0 && doc < 16;
+        int slot = (dr >> 3) * 4 + (doc >> 2);
+        filled |= 1u << (slot & 7);
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < 8; ++s) {
+          if (slot == s) v[s / 4][s % 4] = tC_rOut(i);
+        }
+      }
+      int lane = int(threadIdx.x) & 31;
+      int q = lane & 3;
+      int leader = lane & ~3;
+      int lead_row = __shfl_sync(0xffffffffu, row0, leader);
+      int lead_oc = __shfl_sync(0xffffffffu, oc0, leader);
+      ok = ok && filled == 0xffu && row0 == lead_row && oc0 == lead_oc + q && (lead_oc & 3) == 0;
+      if (!__all_sync(0xffffffffu, ok)) {
+        return false;
+      }
+      // Transpose: in round s lane q sends its value for column group (q - s) & 3 and receives
+      // lane ((q + s) & 3)'s value for group q, which is output 4q + ((q + s) & 3).
+      Element w[2][4];
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < 4; ++s) {
+        int send = (q - s) & 3;
+        int from = (q + s) & 3;
+        cutlass::Array<Element, 2> out;
+        out[0] = send == 0 ? v[0][0] : send == 1 ? v[0][1] : send == 2 ? v[0][2] : v[0][3];
+        out[1] = send == 0 ? v[1][0] : send == 1 ? v[1][1] : send == 2 ? v[1][2] : v[1][3];
+        cutlass::Array<Element, 2> in;
+        if constexpr (sizeof(Element) == 2) {
+          in = shfl(out, leader | from);
+        } else {
+          in[0] = shfl(out[0], leader | from);
+          in[1] = shfl(out[1], leader | from);
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          if (from == k) {
+            w[0][k] = in[0];
+            w[1][k] = in[1];
+          }
+        }
+      }
+      Element* ptr = params_ptr->ptr_out;
+      int64_t ld = params_ptr->ld_out;
+      int out_cols = cute::get<1>(shape_mn) >> 1;
+      int oc = lead_oc + 4 * q;
+      bool vector_ok = (ld % 4 == 0) && (reinterpret_cast<uintptr_t>(ptr) % (4 * sizeof(Element)) == 0);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        int row = row0 + 8 * r;
+        if (row >= cute::get<0>(shape_mn)) continue;
+        Element* dst = ptr + int64_t(row) * ld + oc;
+        if (vector_ok && oc + 3 < out_cols) {
+          cutlass::AlignedArray<Element, 4> vec;
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < 4; ++k) vec[k] = w[r][k];
+          *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dst) = vec;
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < 4; ++k) {
+            if (oc + k < out_cols) dst[k] = w[r][k];
+          }
+        }
+      }
+      return true;
     }
   };
 
