@@ -157,6 +157,23 @@ def test_auto_dispatches_by_shape(compiled_ops):
                                 f"auto/{M}x{N}x{K}")
 
 
+@pytest.mark.parametrize("pad", [3, 4])
+def test_pair_store_with_padded_rows(compiled_ops, pad):
+    """Half-width output rows with a padded stride: pad 3 (stride not a multiple of 4) takes the
+    element-wise stores, pad 4 the vector stores; the padding between rows stays untouched."""
+    op = compiled_ops[("swiglu", "bfloat16")]
+    M, N, K = 77, 200, 136
+    gen = torch.Generator(device="cuda").manual_seed(17 + pad)
+    A, W, inputs = make_inputs(op, M, N, K, gen)
+    out = poisoned_outputs(op, M, N)
+    buf = torch.full((M, N // 2 + pad), float("nan"), dtype=out["y"].dtype, device="cuda")
+    out["y"] = buf[:, : N // 2]
+    got = op(A, W, out=out, **inputs)
+    torch.cuda.synchronize()
+    check_against_reference(op, cases.swiglu(), A, W, inputs, got, f"pair-store-pad{pad}")
+    assert torch.isnan(buf[:, N // 2:]).all(), "the pair store wrote into the row padding"
+
+
 def test_m_is_a_runtime_argument(compiled_ops):
     """One compiled op serves every M; the cache entry is the same."""
     op = compiled_ops[("design", "bfloat16")]
