@@ -55,7 +55,7 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, col_reduce: bool =
     - else one wave or so: cooperative 128x256.
     col_reduce (the graph reduces over M): LARGE instead of PINGPONG — with many tiles the
     column reduction costs the ping-pong epilogue up to 1.8x the GEMM (16384x16384x2048:
-    1.76x vs 1.14x cooperative, benchmarks/results/graphs_h100.json)."""
+    1.76x vs 1.10-1.14x cooperative, benchmarks/results/earlier/graphs_h100_*.json)."""
     tiles_m = -(-M // 128)
     if tiles_m == 1:
         return SKINNY
