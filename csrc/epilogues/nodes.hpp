@@ -99,7 +99,7 @@ struct ReduceSumSq { template <class T> using Input = PlusSquare<T>; template <c
 
 // Per-row statistic (length M, reduced over N): writes one fp32 partial per (row, N-tile)
 // into a compact (round_up(M, TILE_M), ceil(N / TILE_N)) m-major buffer, no atomics;
-// finish with kernels::finalize_partials. Passes its input through.
+// finish with kernels::launch_finalize. Passes its input through.
 // CheckOOB = false skips the per-element bounds test; the emitter chooses it only when the
 // reduced value is provably 0 beyond the problem's columns and 0 is the rule's identity.
 template <class Cfg, class Rule, bool CheckOOB = true>

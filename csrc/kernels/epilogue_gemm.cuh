@@ -34,7 +34,7 @@ struct ReductionSpec {
 };
 
 // The reductions of one graph, in the order their partial buffers are laid out.
-constexpr int kMaxReductions = 8;
+constexpr int kMaxReductions = kMaxFinalizeItems;
 struct ReductionList {
   int count;
   ReductionSpec items[kMaxReductions];
@@ -176,15 +176,18 @@ struct EpilogueGemm {
       return fail(CODA_ERROR_LAUNCH, "GEMM launch failed",
                   cuda_status != cudaSuccess ? cudaGetErrorString(cuda_status) : cutlassGetStatusString(status));
 
+    FinalizeBatch batch{};
+    batch.n_items = reductions.count;
     for (int i = 0; i < reductions.count; ++i) {
       ReductionSpec const& r = reductions.items[i];
-      int64_t length, count;
-      partial_extent<Cfg>(r, L.M, L.N, length, count);
-      int64_t n_out = r.axis == ReduceAxis::Rows ? L.M : L.N;
-      launch_finalize(partials[i], static_cast<float*>(L.slots[r.slot].ptr), n_out, length, count, r.combine,
-                      stream);
+      FinalizeItem& item = batch.items[i];
+      partial_extent<Cfg>(r, L.M, L.N, item.length, item.count);
+      item.partials = partials[i];
+      item.out = static_cast<float*>(L.slots[r.slot].ptr);
+      item.n_out = r.axis == ReduceAxis::Rows ? L.M : L.N;
+      item.combine = r.combine;
     }
-    cuda_status = cudaGetLastError();
+    cuda_status = launch_finalize(batch, stream);
     if (cuda_status != cudaSuccess)
       return fail(CODA_ERROR_LAUNCH, "reduction finalize launch failed", cudaGetErrorString(cuda_status));
     return CODA_OK;

@@ -1,11 +1,16 @@
 // coda/kernels/finalize.cuh — finishes per-tile reduction partials into vectors.
 //
 // A reduction in an epilogue writes one fp32 partial per (output index, tile) without
-// atomics; this small kernel combines the `count` partials of every output index in a
-// fixed order, so results are deterministic run to run and need no pre-filled output.
+// atomics; one small launch finishes every reduction of a graph. Each output index is
+// combined by a column of `slices` threads: thread s folds partials s, s + slices, ... into
+// four independent accumulators, and the slices are folded in index order. The order
+// depends only on the partial count, so results are deterministic run to run, and the
+// loads of one output are spread over many threads (a latency-bound loop of hundreds of
+// dependent loads per output, at small M, cost more than the GEMM's epilogue).
 #pragma once
 
 #include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
 
 namespace coda::kernels {
@@ -13,33 +18,86 @@ namespace coda::kernels {
 enum class ReduceAxis : int { Rows = 0, Cols = 1 };       // Rows: length M; Cols: length N
 enum class ReduceCombine : int { Sum = 0, Max = 1 };      // how partials combine
 
-template <ReduceCombine Combine>
-__global__ void finalize_partials_kernel(float const* __restrict__ partials, float* __restrict__ out,
-                                         int64_t n_out, int64_t length, int64_t count) {
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n_out) return;
-  float acc = partials[i];
-  for (int64_t j = 1; j < count; ++j) {
-    float v = partials[i + j * length];
-    if constexpr (Combine == ReduceCombine::Sum) {
-      acc += v;
-    } else {
-      acc = (acc != acc || v != v) ? acc + v : (v > acc ? v : acc);
-    }
-  }
-  out[i] = acc;
+// One reduction to finish: `count` vectors of `length` floats (length >= n_out), vector j at
+// partials + j * length; the result (n_out floats) goes to `out`.
+struct FinalizeItem {
+  float const* partials;
+  float* out;
+  int64_t n_out;
+  int64_t length;
+  int64_t count;
+  ReduceCombine combine;
+};
+
+constexpr int kMaxFinalizeItems = 8;
+struct FinalizeBatch {
+  int n_items;
+  FinalizeItem items[kMaxFinalizeItems];
+};
+
+constexpr int kFinalizeLanes = 32;       // output indices per block (one coalesced 128-byte row)
+constexpr int kFinalizeMaxSlices = 32;   // threads per output index
+constexpr int kFinalizeLoadsPerThread = 8;
+
+__device__ __forceinline__ float combine_partial(ReduceCombine c, float a, float b) {
+  if (c == ReduceCombine::Sum) return a + b;
+  return (a != a || b != b) ? a + b : (b > a ? b : a);  // max that propagates NaN
 }
 
-// partials: `count` vectors of `length` floats (length >= n_out), vector j at partials + j * length.
-inline void launch_finalize(float const* partials, float* out, int64_t n_out, int64_t length, int64_t count,
-                            ReduceCombine combine, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  unsigned blocks = unsigned((n_out + kThreads - 1) / kThreads);
-  if (combine == ReduceCombine::Sum) {
-    finalize_partials_kernel<ReduceCombine::Sum><<<blocks, kThreads, 0, stream>>>(partials, out, n_out, length, count);
-  } else {
-    finalize_partials_kernel<ReduceCombine::Max><<<blocks, kThreads, 0, stream>>>(partials, out, n_out, length, count);
+__global__ void finalize_partials_kernel(FinalizeBatch batch) {
+  __shared__ float folded[kFinalizeMaxSlices][kFinalizeLanes + 1];
+  FinalizeItem const& item = batch.items[blockIdx.y];
+  int64_t first = int64_t(blockIdx.x) * kFinalizeLanes;
+  if (first >= item.n_out) return;  // whole block: no thread reaches the barrier
+  int64_t i = first + threadIdx.x;
+  int slice = threadIdx.y, slices = blockDim.y;
+  ReduceCombine c = item.combine;
+  float identity = c == ReduceCombine::Sum ? 0.0f : -INFINITY;
+  float acc[4] = {identity, identity, identity, identity};
+  if (i < item.n_out) {
+    float const* p = item.partials + i;
+    int64_t j = slice;
+    for (; j + 3 * slices < item.count; j += 4 * slices) {
+      float v0 = p[j * item.length], v1 = p[(j + slices) * item.length];
+      float v2 = p[(j + 2 * slices) * item.length], v3 = p[(j + 3 * slices) * item.length];
+      acc[0] = combine_partial(c, acc[0], v0);
+      acc[1] = combine_partial(c, acc[1], v1);
+      acc[2] = combine_partial(c, acc[2], v2);
+      acc[3] = combine_partial(c, acc[3], v3);
+    }
+    for (int k = 0; j < item.count; j += slices, ++k) acc[k] = combine_partial(c, acc[k], p[j * item.length]);
   }
+  folded[slice][threadIdx.x] = combine_partial(c, combine_partial(c, acc[0], acc[1]), combine_partial(c, acc[2], acc[3]));
+  __syncthreads();
+  if (slice == 0 && i < item.n_out) {
+    float r = folded[0][threadIdx.x];
+    for (int s = 1; s < slices; ++s) r = combine_partial(c, r, folded[s][threadIdx.x]);
+    item.out[i] = r;
+  }
+}
+
+// Threads per output index: enough that each loads at most kFinalizeLoadsPerThread partials
+// (up to kFinalizeMaxSlices), a power of two.
+inline int finalize_slices(int64_t max_count) {
+  int slices = 1;
+  while (slices < kFinalizeMaxSlices && int64_t(slices) * kFinalizeLoadsPerThread < max_count) slices *= 2;
+  return slices;
+}
+
+// One launch finishes every item of the batch (none: no launch).
+inline cudaError_t launch_finalize(FinalizeBatch const& batch, cudaStream_t stream) {
+  if (batch.n_items <= 0) return cudaSuccess;
+  if (batch.n_items > kMaxFinalizeItems) return cudaErrorInvalidValue;
+  int64_t max_out = 0, max_count = 0;
+  for (int k = 0; k < batch.n_items; ++k) {
+    max_out = batch.items[k].n_out > max_out ? batch.items[k].n_out : max_out;
+    max_count = batch.items[k].count > max_count ? batch.items[k].count : max_count;
+  }
+  if (max_out <= 0) return cudaSuccess;
+  dim3 block(kFinalizeLanes, finalize_slices(max_count));
+  dim3 grid(unsigned((max_out + kFinalizeLanes - 1) / kFinalizeLanes), unsigned(batch.n_items));
+  finalize_partials_kernel<<<grid, block, 0, stream>>>(batch);
+  return cudaGetLastError();
 }
 
 }  // namespace coda::kernels

@@ -9,6 +9,7 @@ reductions) differ, so a choice never changes results beyond rounding.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from typing import Any, Callable
@@ -20,24 +21,39 @@ from .config import DEFAULT_CONFIG, KernelConfig
 #: What the heuristic chooses from (benchmarks/results/sweep_*_h100.json: tile x cluster x schedule x
 #: swizzle x raster of the plain GEMM and of pointwise, tile-load and reduction graphs at the
 #: Llama shapes). Ping-pong overlaps one warp group's epilogue with the other's MMAs.
-LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles, N > 16384 or K > 4096
-PINGPONG = DEFAULT_CONFIG                                                 # many tiles, N <= 16384, K <= 4096
+LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles: plain, tile loads, col reductions
+PINGPONG = DEFAULT_CONFIG                                                 # many tiles, N <= 16384
+WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")  # many tiles, N > 16384
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
 WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
 SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <= 128: more CTAs stream W
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, PINGPONG, MEDIUM, WAVE_FILL, SKINNY)
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, PINGPONG, WIDE, MEDIUM, WAVE_FILL, SKINNY)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
-#: What config="tune" measures: the heuristic's configs, stream-K, cooperative 128x128 and a
-#: ping-pong 64x256.
-CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (
-    STREAMK,
-    COOP_SMALL,
-    KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n"),
-)
+#: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
+CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
 #: SMs assumed when no GPU is at hand (H100 SXM).
 DEFAULT_SMS = 132
 MEMORY_FILE = "tuning.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Epilogue:
+    """What of a graph's epilogue the config choice depends on.
+
+    plain: the output is the accumulator (at most a cast): nothing to overlap, the mainloop decides;
+    tile_load: the epilogue reads an M x N tile (its loads compete with the operands for DRAM and L2);
+    col_reduce: it reduces over M (per-tile partials of every column)."""
+
+    plain: bool = False
+    tile_load: bool = False
+    col_reduce: bool = False
+
+    @classmethod
+    def of(cls, lowered: Any) -> "Epilogue":
+        kinds = {n.kind for n in lowered.nodes}
+        return cls(plain=kinds <= {"accumulator", "output", "cast"}, tile_load="tile" in kinds,
+                   col_reduce="col_reduce" in kinds)
 
 
 def _waves(tiles: int, sms: int) -> float:
@@ -45,17 +61,22 @@ def _waves(tiles: int, sms: int) -> float:
     return tiles / (-(-tiles // sms) * sms)
 
 
-def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, col_reduce: bool = False) -> KernelConfig:
-    """The config for an (M, N, K) problem (a few integer operations, no measurement):
+def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue = Epilogue()) -> KernelConfig:
+    """The config for an (M, N, K) problem and a kind of epilogue (a few integer operations):
     - M <= 128: 64x128 ping-pong tiles, so twice as many CTAs stream W (memory-bound shapes);
     - 128x128 ping-pong where it fills the waves clearly better than 128x256 (192 tiles of
       128x256 on 132 SMs leave the second wave 45 % full; 384 of 128x128 fill 97 % of three);
-    - two waves or more of 128x256: ping-pong 128x128 (its epilogue overlaps the other warp
-      group's MMAs) when N <= 16384 and K <= 4096, else cooperative 128x256 in clusters of two;
-    - else one wave or so: cooperative 128x256.
-    col_reduce (the graph reduces over M): LARGE instead of PINGPONG — with many tiles the
-    column reduction costs the ping-pong epilogue up to 1.8x the GEMM (16384x16384x2048:
-    1.76x vs 1.10-1.14x cooperative, benchmarks/results/earlier/graphs_h100_*.json)."""
+    - two waves or more of 128x256 (ping-pong hides the epilogue behind the other warp group's MMAs,
+      cooperative 128x256 in clusters of two has the best mainloop):
+      - a column reduction: cooperative (with many tiles the ping-pong epilogue's column reduction
+        cost up to 1.76x the GEMM at 16384x16384x2048, cooperative 1.10-1.14x);
+      - N > 16384 and M >= 4096: ping-pong 64x256 rastered along N with swizzle 8, which keeps a
+        wave's operands in L2 (bias+SiLU 1.013-1.020x cuBLAS vs 1.049-1.069x cooperative at
+        N = 28672 and 128256); cooperative for a plain GEMM, with a tile load (residual 0.996-1.037x
+        vs 1.035-1.050x) and at smaller M, where A stays in L2 anyway (M = 1024: 1.048x vs 1.104x);
+      - N <= 16384: ping-pong 128x128, except with K > 4096 for a plain GEMM or N < 4096, where
+        cooperative 128x256 was as fast or faster (16384x2048x8192: residual 1.031x vs 1.112x);
+    - else one wave or so: cooperative 128x256."""
     tiles_m = -(-M // 128)
     if tiles_m == 1:
         return SKINNY
@@ -64,7 +85,13 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, col_reduce: bool =
     if _waves(tiles_128, sms) > _waves(tiles_256, sms) + 0.1:
         return WAVE_FILL
     if tiles_256 >= 2 * sms:
-        return PINGPONG if N <= 16384 and K <= 4096 and not col_reduce else LARGE
+        if epilogue.col_reduce:
+            return LARGE
+        if N > 16384:
+            return WIDE if tiles_m >= 32 and not (epilogue.plain or epilogue.tile_load) else LARGE
+        if K <= 4096 or (not epilogue.plain and N >= 4096):
+            return PINGPONG
+        return LARGE
     return MEDIUM
 
 
@@ -130,7 +157,7 @@ class TunedOp:
         self.reps, self.time_fn = reps, time_fn
         first = kernel_source(graph, dtype, candidates[0])
         self.digest, self.dtype_name = first.graph.digest(), first.dtype
-        self.col_reduce = bool(first.lowered.find("col_reduce"))
+        self.epilogue = Epilogue.of(first.lowered)
         self._ops: dict[str, Any] = {}
         self._chosen: dict[tuple, Any] = {}  # (M bucket, N, K, device) -> op, so a call reads no file
 
@@ -145,7 +172,7 @@ class TunedOp:
 
     def config_for(self, M: int, N: int, K: int, sms: int = DEFAULT_SMS) -> KernelConfig:
         """The heuristic's choice for this graph (used where tuning has remembered nothing)."""
-        return heuristic(m_bucket(M), N, K, sms, self.col_reduce)
+        return heuristic(m_bucket(M), N, K, sms, self.epilogue)
 
     def op_for(self, config: KernelConfig):
         from .compile import compile as compile_op

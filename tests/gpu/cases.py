@@ -122,6 +122,7 @@ def config_cases():
     return ([("design", "bfloat16", c) for c in tuning.HEURISTIC_CONFIGS]
             + [("reductions", "bfloat16", tuning.COOP_SMALL), ("reductions", "bfloat16", tuning.LARGE),
                ("design", "bfloat16", tuning.STREAMK), ("swiglu", "float16", tuning.STREAMK),
+               ("swiglu", "bfloat16", tuning.WIDE),
                ("example", "bfloat16", tuning.STREAMK)])
 
 

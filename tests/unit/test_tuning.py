@@ -43,30 +43,61 @@ def test_candidates_are_distinct_and_cover_the_heuristic():
     assert set(tuning.HEURISTIC_CONFIGS) <= set(tuning.CANDIDATES)
 
 
-@pytest.mark.parametrize("M,N,K,expected", [
-    (16384, 28672, 4096, "LARGE"), (16384, 4096, 14336, "LARGE"), (16384, 2048, 8192, "LARGE"),
-    (8192, 128256, 4096, "LARGE"), (1024, 28672, 4096, "LARGE"), (16384, 6144, 4096, "PINGPONG"),
-    (16384, 16384, 2048, "PINGPONG"), (8192, 8192, 4096, "PINGPONG"), (1024, 4096, 14336, "MEDIUM"),
-    (1024, 6144, 4096, "WAVE_FILL"), (128, 28672, 4096, "SKINNY"), (128, 4096, 14336, "SKINNY"),
-    (1, 4096, 4096, "SKINNY"),
+PLAIN = tuning.Epilogue(plain=True)
+POINTWISE = tuning.Epilogue()
+TILE = tuning.Epilogue(tile_load=True)
+COLRED = tuning.Epilogue(col_reduce=True)
+
+
+@pytest.mark.parametrize("M,N,K,plain,pointwise,tile,colred", [
+    # the shapes: many tiles
+    (16384, 28672, 4096, "LARGE", "WIDE", "LARGE", "LARGE"),
+    (8192, 128256, 4096, "LARGE", "WIDE", "LARGE", "LARGE"),
+    (16384, 4096, 14336, "LARGE", "PINGPONG", "PINGPONG", "LARGE"),
+    (16384, 2048, 8192, "LARGE", "LARGE", "LARGE", "LARGE"),
+    (16384, 6144, 4096, "PINGPONG", "PINGPONG", "PINGPONG", "LARGE"),
+    (16384, 16384, 2048, "PINGPONG", "PINGPONG", "PINGPONG", "LARGE"),
+    (8192, 8192, 4096, "PINGPONG", "PINGPONG", "PINGPONG", "LARGE"),
+    # a wave or so, and M <= 128
+    (1024, 28672, 4096, "LARGE", "LARGE", "LARGE", "LARGE"),
+    (1024, 4096, 14336, "MEDIUM", "MEDIUM", "MEDIUM", "MEDIUM"),
+    (1024, 6144, 4096, "WAVE_FILL", "WAVE_FILL", "WAVE_FILL", "WAVE_FILL"),
+    (128, 28672, 4096, "SKINNY", "SKINNY", "SKINNY", "SKINNY"),
+    (128, 4096, 14336, "SKINNY", "SKINNY", "SKINNY", "SKINNY"),
+    (1, 4096, 4096, "SKINNY", "SKINNY", "SKINNY", "SKINNY"),
 ])
-def test_heuristic(M, N, K, expected):
-    assert tuning.heuristic(M, N, K) == getattr(tuning, expected)
-    assert tuning.heuristic(M, N, K) in tuning.HEURISTIC_CONFIGS
-    # a column reduction avoids the many-tile ping-pong config
-    with_col = tuning.heuristic(M, N, K, col_reduce=True)
-    assert with_col == (tuning.LARGE if expected == "PINGPONG" else getattr(tuning, expected))
+def test_heuristic(M, N, K, plain, pointwise, tile, colred):
+    for epilogue, expected in ((PLAIN, plain), (POINTWISE, pointwise), (TILE, tile), (COLRED, colred)):
+        got = tuning.heuristic(M, N, K, epilogue=epilogue)
+        assert got == getattr(tuning, expected), (epilogue, got.tag)
+        assert got in tuning.HEURISTIC_CONFIGS
 
 
-def test_auto_knows_the_graph_has_a_column_reduction():
+def test_epilogue_kind_of_a_graph():
+    from coda_ext.compile import kernel_source
+
+    def kind(build):
+        g = ce.Graph()
+        build(g, g.accumulator())
+        return tuning.Epilogue.of(kernel_source(g, "bfloat16").lowered)
+
+    assert kind(lambda g, acc: g.output(acc)) == PLAIN
+    assert kind(lambda g, acc: g.output(ce.cast(acc, "float32"))) == PLAIN
+    assert kind(lambda g, acc: g.output(ce.silu(acc + g.row_vector("b")))) == POINTWISE
+    assert kind(lambda g, acc: g.output(acc + g.tile("r"))) == TILE
+    assert kind(lambda g, acc: (g.output(acc), g.col_reduce("c", acc, "sum"))) == COLRED
+
+
+def test_auto_uses_the_graph_epilogue():
     g = ce.Graph()
     acc = g.accumulator()
     g.output(acc)
     g.col_reduce("c", acc, "sum")
     op = tuning.TunedOp(g, "bfloat16", tune=False)
-    assert op.col_reduce and op.config_for(16384, 6144, 4096) == tuning.LARGE
-    plain = tuning.TunedOp(_graph(), "bfloat16", tune=False)
-    assert not plain.col_reduce and plain.config_for(16384, 6144, 4096) == tuning.PINGPONG
+    assert op.epilogue == COLRED and op.config_for(16384, 6144, 4096) == tuning.LARGE
+    pointwise = tuning.TunedOp(_graph(), "bfloat16", tune=False)
+    assert pointwise.epilogue == POINTWISE and pointwise.config_for(16384, 6144, 4096) == tuning.PINGPONG
+    assert pointwise.config_for(16384, 28672, 4096) == tuning.WIDE
 
 
 def test_prebuild_expands_auto_and_tune():
