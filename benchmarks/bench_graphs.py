@@ -3,6 +3,7 @@ torch.compile of the same math, and checks each against its speed goal.
 
     python benchmarks/bench_graphs.py [--cases identity,swiglu,...] [--shapes llama | M,N,K ...]
         [--configs auto|default|candidates] [--max-autotune] [--reps 30] [--out FILE.json] [--dry-run]
+    python benchmarks/bench_graphs.py --merge PART1.json PART2.json ... --out FILE.json
 
 Cases and goals: benchmarks/graphs.py (the speed goals are time / bare cuBLAS GEMM time).
 `--configs auto` (the default) runs config="auto": the shape heuristic of coda_ext.tuning picks
@@ -128,7 +129,7 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
     import torch
     import torch.nn.functional as F
 
-    from harness import summarize, time_interleaved
+    from harness import compile_for_one_shape, summarize, time_interleaved
 
     graph = graphs.CASES[name][0]().build()
     goal = graphs.CASES[name][1]
@@ -138,8 +139,8 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
     meta = ce.compile(graph, "bfloat16", concrete[0])  # slots and dtype (the same for every config)
     ops = {variant_name(cfg): ce.compile(graph, "bfloat16", cfg) for cfg in cfgs}
     reference = functools.partial(ce.interpret, graph, compute_dtype=meta.dtype)
-    compiled = torch.compile(reference, mode="max-autotune" if max_autotune else None)
     for M, N, K in shapes:
+        compiled = compile_for_one_shape(reference, max_autotune)
         sets = [make_inputs(meta, M, N, K, seed) for seed in (0, 1)]
         variants = {"cublas_gemm": lambda i: F.linear(sets[i][0], sets[i][1])}
         for vname, op in ops.items():
@@ -196,6 +197,40 @@ def plot(results: dict, path: pathlib.Path, gpu: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def merge(paths: list[str]):
+    """One result set from runs split by --cases (each run within one process, one GPU):
+    the parts must come from the same GPU model, commit and settings; each part's env is kept."""
+    parts = [json.loads(pathlib.Path(p).read_text()) for p in paths]
+    first = parts[0]
+    for p, part in zip(paths, parts):
+        for key in ("gpu", "commit", "torch"):
+            if part["env"].get(key) != first["env"].get(key):
+                raise SystemExit(f"--merge: {p} has {key}={part['env'].get(key)!r}, "
+                                 f"{paths[0]} has {first['env'].get(key)!r}")
+        if (part["reps"], part["max_autotune"]) != (first["reps"], first["max_autotune"]):
+            raise SystemExit(f"--merge: {p} was run with other --reps/--max-autotune than {paths[0]}")
+    results = {}
+    for p, part in zip(paths, parts):
+        dup = set(results) & set(part["results"])
+        if dup:
+            raise SystemExit(f"--merge: case(s) {sorted(dup)} appear twice (again in {p})")
+        results.update(part["results"])
+    env = dict(first["env"])
+    env["parts"] = [{"cases": list(part["results"]), "env": part["env"]} for part in parts]
+    env["merge_note"] = "cases measured in separate processes (one per part), each interleaved within itself"
+    return env, results, first["reps"], first["max_autotune"]
+
+
+def print_table(results: dict) -> None:
+    print(f"{'case':13s} {'shape':20s} {'goal':>6s} {'coda':>7s} {'compile':>8s} {'eager':>7s}  config")
+    for name, r in results.items():
+        for shape, e in r["shapes"].items():
+            v = e["variants"]
+            print(f"{name:13s} {shape:20s} {r['goal_ratio']:6.3f} {e['coda_ratio']:7.3f} "
+                  f"{v['torch_compile']['median_ratio_to_cublas']:8.3f} {v['eager']['median_ratio_to_cublas']:7.3f}  "
+                  f"{e.get('auto_config', '')}{'' if e['meets_goal'] else '  (misses the goal)'}")
+
+
 def parse_shapes(values: list[str]) -> list[tuple[int, int, int]]:
     out = []
     for v in values:
@@ -218,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--out", default=str(HERE / "results" / "graphs_h100.json"))
     p.add_argument("--dry-run", action="store_true", help="list what would run; needs no GPU")
+    p.add_argument("--merge", nargs="+", metavar="FILE",
+                   help="combine the JSON files of runs split by --cases into --out (and its PNG); no GPU")
     args = p.parse_args(argv)
     names = [c for c in args.cases.split(",") if c]
     unknown = [c for c in names if c not in graphs.CASES]
@@ -233,23 +270,20 @@ def main(argv: list[str] | None = None) -> int:
                       + ", ".join(variant_name(c) for c in cfgs) + ", torch_compile, eager")
         return 0
 
-    from harness import gpu_info
+    if args.merge:
+        env, results, reps, max_autotune = merge(args.merge)
+    else:
+        from harness import gpu_info
 
-    env = gpu_info()
-    results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune, args.cold_set) for name in names}
-    env["nvidia_smi_after"] = gpu_info()["nvidia_smi"]
+        env = gpu_info()
+        results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune, args.cold_set) for name in names}
+        env["nvidia_smi_after"] = gpu_info()["nvidia_smi"]
+        reps, max_autotune = args.reps, args.max_autotune
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": env, "reps": args.reps, "max_autotune": args.max_autotune,
-                               "results": results}, indent=1))
+    out.write_text(json.dumps({"env": env, "reps": reps, "max_autotune": max_autotune, "results": results}, indent=1))
     plot(results, out.with_suffix(".png"), env["gpu"])
-    print(f"{'case':13s} {'shape':20s} {'goal':>6s} {'coda':>7s} {'compile':>8s} {'eager':>7s}  config")
-    for name, r in results.items():
-        for shape, e in r["shapes"].items():
-            v = e["variants"]
-            print(f"{name:13s} {shape:20s} {r['goal_ratio']:6.3f} {e['coda_ratio']:7.3f} "
-                  f"{v['torch_compile']['median_ratio_to_cublas']:8.3f} {v['eager']['median_ratio_to_cublas']:7.3f}  "
-                  f"{e.get('auto_config', '')}{'' if e['meets_goal'] else '  (misses the goal)'}")
+    print_table(results)
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

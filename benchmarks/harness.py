@@ -55,6 +55,19 @@ def _git_commit() -> str:
 LEAD_CYCLES = 2_000_000
 
 
+def compile_for_one_shape(fn, max_autotune: bool = False, backend=None):
+    """torch.compile of `fn` for the calls of one shape: dynamo is reset first and shapes are
+    static. Dynamo counts recompilations per code object for the whole process, so one compiled
+    reference reused across shapes and graphs silently runs eagerly once the recompile limit
+    (8) is reached. `backend` replaces inductor (tests)."""
+    import torch
+
+    torch._dynamo.reset()
+    if backend is not None:
+        return torch.compile(fn, dynamic=False, backend=backend)
+    return torch.compile(fn, dynamic=False, mode="max-autotune" if max_autotune else None)
+
+
 def time_interleaved(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:
     """{name: [ms per round]}: every round runs every variant once on rotated input sets, starting
     at a different variant each round; L2 is flushed (256 MB written) before every timed call, so

@@ -5,7 +5,8 @@
 // plain launch description (`X::args(...)`), so emitted code never spells CUTLASS argument
 // structs. Naming: a *row* reduction here produces one value per row (length M, reducing
 // over N) — CUTLASS calls that node Sm90ColReduction; a *column* reduction produces one
-// value per column (length N) — CUTLASS's Sm90RowReduction.
+// value per column (length N) — the project's Sm90ColumnPartials (CUTLASS's
+// Sm90RowReduction keeps its state in local memory).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,6 +16,7 @@
 
 #include "coda/abi.h"
 #include "functors.hpp"
+#include "column_partials.hpp"
 #include "pair_gated_store.hpp"
 
 namespace coda::epi {
@@ -93,9 +95,25 @@ struct Compute {
 };
 
 // Reduction rules: the per-element rule, and the rule that combines partial results.
-struct ReduceSum { template <class T> using Input = Add<T>; template <class T> using Combine = Add<T>; };
-struct ReduceMax { template <class T> using Input = Max<T>; template <class T> using Combine = Max<T>; };
-struct ReduceSumSq { template <class T> using Input = PlusSquare<T>; template <class T> using Combine = Add<T>; };
+// Input/Combine: array rules for CUTLASS's nodes; ScalarInput/ScalarCombine: scalar rules for the project's.
+struct ReduceSum {
+  template <class T> using Input = Add<T>;
+  template <class T> using Combine = Add<T>;
+  using ScalarInput = scalar::Add;
+  using ScalarCombine = scalar::Add;
+};
+struct ReduceMax {
+  template <class T> using Input = Max<T>;
+  template <class T> using Combine = Max<T>;
+  using ScalarInput = scalar::Max;
+  using ScalarCombine = scalar::Max;
+};
+struct ReduceSumSq {
+  template <class T> using Input = PlusSquare<T>;
+  template <class T> using Combine = Add<T>;
+  using ScalarInput = scalar::PlusSquare;
+  using ScalarCombine = scalar::Add;
+};
 
 // Per-row statistic (length M, reduced over N): writes one fp32 partial per (row, N-tile)
 // into a compact (round_up(M, TILE_M), ceil(N / TILE_N)) m-major buffer, no atomics;
@@ -112,15 +130,14 @@ struct RowReduce {
 };
 
 // Per-column statistic (length N, reduced over M): one fp32 partial per (M-tile, column)
-// in a compact (ceil(M / TILE_M), round_up(N, TILE_N)) n-major buffer. CheckOOB as above,
-// for rows beyond M.
+// in a compact (ceil(M / TILE_M), round_up(N, TILE_N)) n-major buffer (the project node of
+// column_partials.hpp: registers, lane shuffles and one shared-memory pass per tile). CheckOOB
+// as above, for rows beyond M.
 template <class Cfg, class Rule, bool CheckOOB = true>
 struct ColReduce {
-  using Node = fusion::Sm90RowReduction<Rule::template Input, Rule::template Combine, Rule::template Combine, 0,
-                                        typename Cfg::TileShape, float, float, kRound,
-                                        cute::Stride<cute::_0, cute::_1, cute::_0>, 4,
-                                        /*EnableNullptr=*/false, /*FinalReduction=*/false, CheckOOB>;
-  static typename Node::Arguments args(float* partials, float identity) { return {partials, identity, {}}; }
+  using Node = Sm90ColumnPartials<typename Rule::ScalarInput, typename Rule::ScalarCombine, typename Cfg::TileShape,
+                                  CheckOOB>;
+  static typename Node::Arguments args(float* partials, float identity) { return {partials, identity}; }
 };
 
 // out[:, i] = Act(x[:, 2i]) * x[:, 2i+1], stored at half width; passes x through.

@@ -42,3 +42,67 @@ def test_every_case_has_a_goal_and_builds():
     for name, (build, goal) in bench_graphs.graphs.CASES.items():
         assert 1.0 < goal <= 1.04, name
         bench_graphs.ce.emit_source(build(), "bfloat16", bench_graphs.tuning.LARGE)
+
+
+def test_torch_compile_baseline_compiles_every_shape(monkeypatch):
+    """Regression: one torch.compile'd reference reused across shapes hit dynamo's recompile
+    limit and ran eagerly for every later shape and graph; the baseline is now compiled per
+    shape (dynamo reset, static shapes)."""
+    import torch
+
+    import harness
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2, raising=False)
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 2, raising=False)
+    compiled_graphs = []
+
+    def counting_backend(gm, example_inputs):
+        compiled_graphs.append([tuple(t.shape) for t in example_inputs if isinstance(t, torch.Tensor)])
+        return gm.forward
+
+    def reference(a, b):
+        return torch.nn.functional.silu(a @ b.t()) * 2.0
+
+    shapes = [(m, 8, 16) for m in range(3, 9)]
+    for M, N, K in shapes:
+        fn = harness.compile_for_one_shape(reference, backend=counting_backend)
+        a, b = torch.randn(M, K), torch.randn(N, K)
+        for _ in range(2):
+            torch.testing.assert_close(fn(a, b), reference(a, b))
+    assert len(compiled_graphs) == len(shapes)  # one static graph per shape, none fell back to eager
+    assert all((M, K) in g for g, (M, _, K) in zip(compiled_graphs, shapes))
+
+
+def _part(cases, commit="abc", reps=30):
+    env = {"gpu": "NVIDIA H100 80GB HBM3", "commit": commit, "torch": "2.11.0+cu130"}
+    results = {c: {"graph": c, "goal_ratio": 1.02, "shapes": {"128x256x64": {
+        "variants": {v: {"median_ratio_to_cublas": 1.0, "median_ms": 1.0} for v in
+                     ("cublas_gemm", "coda_auto", "torch_compile", "eager")},
+        "coda_ratio": 1.0, "meets_goal": True, "auto_config": "x"}}} for c in cases}
+    return {"env": env, "reps": reps, "max_autotune": False, "results": results}
+
+
+def test_merge_combines_runs_split_by_case(tmp_path, monkeypatch, capsys):
+    import json
+
+    monkeypatch.setattr(bench_graphs, "plot", lambda *a, **k: None)
+    a, b, out = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "all.json"
+    a.write_text(json.dumps(_part(["identity", "swiglu"])))
+    b.write_text(json.dumps(_part(["design"])))
+    assert bench_graphs.main(["--merge", str(a), str(b), "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert list(merged["results"]) == ["identity", "swiglu", "design"]
+    assert [p["cases"] for p in merged["env"]["parts"]] == [["identity", "swiglu"], ["design"]]
+    assert "design" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("other", [_part(["design"], commit="def"), _part(["design"], reps=5), _part(["identity"])])
+def test_merge_refuses_parts_that_do_not_belong_together(tmp_path, monkeypatch, other):
+    import json
+
+    monkeypatch.setattr(bench_graphs, "plot", lambda *a, **k: None)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_part(["identity"])))
+    b.write_text(json.dumps(other))
+    with pytest.raises(SystemExit):
+        bench_graphs.main(["--merge", str(a), str(b), "--out", str(tmp_path / "x.json")])
