@@ -105,8 +105,9 @@ struct Sm90ColumnPartials {
                         sizeof(float) * Warps * TileN,
                     "the store buffer of one epilogue subtile must hold one fp32 row per warp; use a larger epilogue tile");
       if (!is_last_iteration) return;
-      // A CTA of a cluster whose tile lies wholly beyond M has no partial row to write.
-      if (m_tile * TileM >= M) return;
+      // A tile wholly beyond the problem (the scheduler pads the grid to whole clusters and
+      // swizzle strips) has no partials: writing them would overrun the buffer.
+      if (m_tile * TileM >= M || n_tile * TileN >= N) return;
 
       // One register per distinct column, and the (relative) coordinate of each at M-index 0.
       Tensor r = filter_zeros(tC_rCol);
