@@ -6,6 +6,14 @@
 // CODA_DEFINE_ENTRY_POINTS(...) exports coda_workspace_size / coda_run.
 #pragma once
 
+// Programmatic dependent launch: the GEMM kernels signal once their last tile's mainloop is
+// done, so the reduction finalize (launched as a programmatic dependent, and waiting for the
+// whole GEMM grid before it reads) is set up while the last epilogues run. Must precede
+// every CUTLASS include.
+#ifndef CUTLASS_ENABLE_GDC_FOR_SM90
+#define CUTLASS_ENABLE_GDC_FOR_SM90 1
+#endif
+
 #include <cuda_runtime.h>
 
 #include <cstdio>

@@ -46,6 +46,11 @@ __device__ __forceinline__ float combine_partial(ReduceCombine c, float a, float
 
 __global__ void finalize_partials_kernel(FinalizeBatch batch) {
   __shared__ float folded[kFinalizeMaxSlices][kFinalizeLanes + 1];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the GEMM: wait until that grid has completed and
+  // its partials are visible (a no-op when launched normally).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   FinalizeItem const& item = batch.items[blockIdx.y];
   int64_t first = int64_t(blockIdx.x) * kFinalizeLanes;
   if (first >= item.n_out) return;  // whole block: no thread reaches the barrier
@@ -84,7 +89,8 @@ inline int finalize_slices(int64_t max_count) {
   return slices;
 }
 
-// One launch finishes every item of the batch (none: no launch).
+// One launch finishes every item of the batch (none: no launch), as a programmatic dependent
+// of the kernel before it in the stream.
 inline cudaError_t launch_finalize(FinalizeBatch const& batch, cudaStream_t stream) {
   if (batch.n_items <= 0) return cudaSuccess;
   if (batch.n_items > kMaxFinalizeItems) return cudaErrorInvalidValue;
@@ -96,8 +102,19 @@ inline cudaError_t launch_finalize(FinalizeBatch const& batch, cudaStream_t stre
   if (max_out <= 0) return cudaSuccess;
   dim3 block(kFinalizeLanes, finalize_slices(max_count));
   dim3 grid(unsigned((max_out + kFinalizeLanes - 1) / kFinalizeLanes), unsigned(batch.n_items));
-  finalize_partials_kernel<<<grid, block, 0, stream>>>(batch);
-  return cudaGetLastError();
+  // Programmatic stream serialization: the launch may begin before the GEMM before it in the
+  // stream has finished (the kernel waits for it first), which hides the launch latency.
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, finalize_partials_kernel, batch);
 }
 
 }  // namespace coda::kernels

@@ -74,8 +74,9 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
         wave's operands in L2 (bias+SiLU 1.013-1.020x cuBLAS vs 1.049-1.069x cooperative at
         N = 28672 and 128256); cooperative for a plain GEMM, with a tile load (residual 0.996-1.037x
         vs 1.035-1.050x) and at smaller M, where A stays in L2 anyway (M = 1024: 1.048x vs 1.104x);
-      - N <= 16384: ping-pong 128x128, except with K > 4096 for a plain GEMM or N < 4096, where
-        cooperative 128x256 was as fast or faster (16384x2048x8192: residual 1.031x vs 1.112x);
+      - N <= 16384: ping-pong 128x128 when K <= 4096; with a longer K loop the epilogue matters
+        less than the mainloop, and cooperative 128x256 was faster (16384x4096x14336, one run:
+        bias+SiLU 1.023x vs 1.067x, residual 1.002x vs 1.077x, SwiGLU 1.034x vs 1.081x);
     - else one wave or so: cooperative 128x256."""
     tiles_m = -(-M // 128)
     if tiles_m == 1:
@@ -89,9 +90,7 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
             return LARGE
         if N > 16384:
             return WIDE if tiles_m >= 32 and not (epilogue.plain or epilogue.tile_load) else LARGE
-        if K <= 4096 or (not epilogue.plain and N >= 4096):
-            return PINGPONG
-        return LARGE
+        return PINGPONG if K <= 4096 else LARGE
     return MEDIUM
 
 

@@ -53,7 +53,7 @@ COLRED = tuning.Epilogue(col_reduce=True)
     # the shapes: many tiles
     (16384, 28672, 4096, "LARGE", "WIDE", "LARGE", "LARGE"),
     (8192, 128256, 4096, "LARGE", "WIDE", "LARGE", "LARGE"),
-    (16384, 4096, 14336, "LARGE", "PINGPONG", "PINGPONG", "LARGE"),
+    (16384, 4096, 14336, "LARGE", "LARGE", "LARGE", "LARGE"),
     (16384, 2048, 8192, "LARGE", "LARGE", "LARGE", "LARGE"),
     (16384, 6144, 4096, "PINGPONG", "PINGPONG", "PINGPONG", "LARGE"),
     (16384, 16384, 2048, "PINGPONG", "PINGPONG", "PINGPONG", "LARGE"),
