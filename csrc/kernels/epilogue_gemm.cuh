@@ -9,8 +9,9 @@
 // Programmatic dependent launch: the GEMM kernels signal once their last tile's mainloop is
 // done, so the reduction finalize (launched as a programmatic dependent, and waiting for the
 // whole GEMM grid before it reads) is set up while the last epilogues run. Must precede
-// every CUTLASS include.
-#ifndef CUTLASS_ENABLE_GDC_FOR_SM90
+// every CUTLASS include. A translation unit defines CODA_NO_PDL first to build without the
+// hooks (the finalize then starts when the GEMM has finished, as any launch would).
+#if !defined(CODA_NO_PDL) && !defined(CUTLASS_ENABLE_GDC_FOR_SM90)
 #define CUTLASS_ENABLE_GDC_FOR_SM90 1
 #endif
 

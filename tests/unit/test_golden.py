@@ -132,3 +132,18 @@ def test_project_kernel_headers_are_torch_free():
     for path in headers:
         for inc in _INCLUDE.findall(path.read_text()):
             assert not _FORBIDDEN.search(inc), f"{path.relative_to(root)} includes {inc}"
+
+
+def test_stream_k_kernels_are_built_without_pdl_hooks():
+    """Regression: CUTLASS 4.2's stream-K scheduler does not compile with its programmatic-
+    dependent-launch hooks, which every other schedule enables (epilogue_gemm.cuh)."""
+    import coda_ext as ce
+    from coda_ext import tuning
+    from coda_ext.compile import emit_source
+
+    g = ce.Graph()
+    g.output(g.accumulator())
+    for config in tuning.CANDIDATES:
+        src = emit_source(g, "bfloat16", config)
+        prelude = src[:src.index('#include "kernels/epilogue_gemm.cuh"')]
+        assert ("#define CODA_NO_PDL" in prelude) == (config.schedule == "streamk"), config.tag

@@ -30,6 +30,10 @@ REDUCE_RULES = {"sum": "ReduceSum", "max": "ReduceMax", "sumsq": "ReduceSumSq"}
 REDUCE_COMBINE = {"sum": "Sum", "max": "Max", "sumsq": "Sum"}
 REDUCE_IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "sumsq": "0.0f"}
 SCHEDULES = {"cooperative": "Cooperative", "pingpong": "Pingpong", "streamk": "CooperativeStreamK"}
+#: Schedules whose kernels are built without CUTLASS's programmatic-dependent-launch hooks:
+#: CUTLASS 4.2's stream-K scheduler does not compile with them (is_last_tile binds a const member).
+NO_PDL_SCHEDULES = ("streamk",)
+NO_PDL_PRELUDE = "#define CODA_NO_PDL 1  // this schedule does not compile with CUTLASS's PDL hooks\n"
 
 
 def float_literal(x: float) -> str:
@@ -123,6 +127,7 @@ def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
     em, en = config.epilogue_tile or (0, 0)
     epi = f", {em}, {en}" if config.epilogue_tile else ""
     return _TEMPLATE.substitute(
+        prelude=NO_PDL_PRELUDE if config.schedule in NO_PDL_SCHEDULES else "",
         digest=graph.digest(),
         mode="tree" if p.is_tree else "topological",
         listing="\n".join(f"//   {line}" for line in graph.text().splitlines()),
