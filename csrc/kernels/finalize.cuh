@@ -44,7 +44,8 @@ __device__ __forceinline__ float combine_partial(ReduceCombine c, float a, float
   return (a != a || b != b) ? a + b : (b > a ? b : a);  // max that propagates NaN
 }
 
-__global__ void finalize_partials_kernel(FinalizeBatch batch) {
+// static: one private copy per translation unit (libcoda links several that include this header).
+static __global__ void finalize_partials_kernel(FinalizeBatch batch) {
   __shared__ float folded[kFinalizeMaxSlices][kFinalizeLanes + 1];
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the GEMM: wait until that grid has completed and
