@@ -21,9 +21,9 @@ from .config import DEFAULT_CONFIG, KernelConfig
 #: What the heuristic chooses from (benchmarks/results/sweep_*_h100.json: tile x cluster x schedule x
 #: swizzle x raster of the plain GEMM and of pointwise, tile-load and reduction graphs at the
 #: Llama shapes). Ping-pong overlaps one warp group's epilogue with the other's MMAs.
-LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles: plain, tile loads, col reductions
-PINGPONG = DEFAULT_CONFIG                                                 # many tiles, N <= 16384
-WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")  # many tiles, N > 16384
+LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles otherwise (see heuristic)
+PINGPONG = DEFAULT_CONFIG                                                 # many tiles, N <= 16384, K <= 4096
+WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")  # compute-only, N > 16384, M >= 4096
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
 WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
 SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <= 128: more CTAs stream W
