@@ -10,7 +10,7 @@ import sys
 import coda_ext as ce
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "gpu"))
-from cases import design, identity  # noqa: E402  (one home for the graphs the GPU suite also checks)
+from cases import design, identity, swiglu_pairs as swiglu  # noqa: E402  (one home for the graphs the GPU suite also checks)
 
 
 def bias_silu():
@@ -38,15 +38,6 @@ def rstd_scale():
     """D = acc * rstd[m] * gamma[n]: an RMSNorm folded into the GEMM that follows it."""
     g = ce.Graph()
     g.output(g.accumulator() * g.col_vector("rstd", dtype="float32") * g.row_vector("gamma"))
-    return g
-
-
-def swiglu():
-    """Z = acc (interleaved gate/up columns) and y = silu(Z[:, 0::2]) * Z[:, 1::2] at half width."""
-    g = ce.Graph()
-    z = g.accumulator()
-    g.output(z)
-    g.store("y", ce.swiglu_pairs(z))
     return g
 
 

@@ -83,6 +83,15 @@ def reductions():
     return g
 
 
+def swiglu_pairs():
+    """SwiGLU on interleaved gate/up columns: Z = acc and y = silu(Z[:, 0::2]) * Z[:, 1::2] at half width."""
+    g = ce.Graph()
+    z = g.accumulator()
+    g.output(z)
+    g.store("y", ce.swiglu_pairs(z))
+    return g
+
+
 def swiglu():
     """The project node: gated activation on interleaved gate/up columns, half-width stores."""
     g = ce.Graph()

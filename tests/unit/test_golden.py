@@ -21,7 +21,7 @@ import coda_ext as ce
 from coda_ext.compile.paths import csrc_dir
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
-from cases import example, identity  # noqa: E402  (the graphs the GPU suite runs)
+from cases import example, identity, swiglu_pairs as swiglu  # noqa: E402  (one home for shared graphs)
 
 GOLDEN_DIR = pathlib.Path(__file__).resolve().parent.parent / "golden"
 UPDATE = os.environ.get("CODA_UPDATE_GOLDEN") == "1"
@@ -35,15 +35,6 @@ def dag():
     y = acc * g.scalar("alpha") + g.row_vector("bias")
     g.output(ce.silu(y) * y)
     g.col_reduce("colmax", y * g.scalar("scale", pointer=True), "max")
-    return g
-
-
-def swiglu():
-    """The project node: SwiGLU on interleaved gate/up columns, a half-width store."""
-    g = ce.Graph()
-    z = g.accumulator()
-    g.output(z)
-    g.store("y", ce.swiglu_pairs(z))
     return g
 
 
