@@ -11,6 +11,7 @@
 
 #include <cutlass/array.h>
 #include <cutlass/cutlass.h>
+#include <cutlass/numeric_conversion.h>
 
 namespace coda::epi {
 
@@ -105,6 +106,55 @@ struct GeluErf {
 };
 // Reduction input rule of a sum-of-squares reduction: acc + x * x.
 struct PlusSquare { CUTLASS_HOST_DEVICE float operator()(float acc, float x) const { return acc + x * x; } };
+
+// Comparisons: 1.0 where true, 0.0 where false (IEEE: a NaN compares false, except for !=).
+struct Eq { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a == b ? 1.0f : 0.0f; } };
+struct Ne { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a != b ? 1.0f : 0.0f; } };
+struct Lt { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a < b ? 1.0f : 0.0f; } };
+struct Le { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a <= b ? 1.0f : 0.0f; } };
+struct Gt { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a > b ? 1.0f : 0.0f; } };
+struct Ge { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a >= b ? 1.0f : 0.0f; } };
+// a where c != 0, else b.
+struct Where { CUTLASS_HOST_DEVICE float operator()(float c, float a, float b) const { return c != 0.0f ? a : b; } };
+
+// frac(pos * (hi + lo)) in [-0.5, 0.5]: an angle in turns, reduced exactly. fmaf recovers the
+// rounding error of pos * hi, and p - rint(p) is exact (Sterbenz), so the result keeps fp32
+// precision of the fraction even where pos * hi is ~1e5 turns.
+struct Turns {
+  CUTLASS_HOST_DEVICE float operator()(float pos, float hi, float lo) const {
+    float p = pos * hi;
+    float err = fmaf(pos, hi, -p);
+    float frac = p - rintf(p);
+    return frac + fmaf(pos, lo, err);
+  }
+};
+// cos(2 pi t), sin(2 pi t): exact argument reduction in half-turns (cospif / sinpif).
+struct CosTurns {
+  CUTLASS_HOST_DEVICE float operator()(float t) const {
+#if defined(__CUDA_ARCH__)
+    return cospif(2.0f * t);
+#else
+    return float(cos(2.0 * 3.14159265358979323846 * double(t)));
+#endif
+  }
+};
+struct SinTurns {
+  CUTLASS_HOST_DEVICE float operator()(float t) const {
+#if defined(__CUDA_ARCH__)
+    return sinpif(2.0f * t);
+#else
+    return float(sin(2.0 * 3.14159265358979323846 * double(t)));
+#endif
+  }
+};
+// Rounds to the storage type S and back: a cast inside fp32 math (the value stays fp32, so a
+// cast to any 16-bit type can feed any node, the main output included).
+template <class S>
+struct RoundVia {
+  CUTLASS_HOST_DEVICE float operator()(float a) const {
+    return cutlass::NumericConverter<float, S>{}(cutlass::NumericConverter<S, float>{}(a));
+  }
+};
 }  // namespace scalar
 
 // One-parameter templates for Sm90Compute (the parameter is the fragment type, unused).
@@ -132,7 +182,41 @@ CODA_EPI_FUNCTOR(Relu)
 CODA_EPI_FUNCTOR(GeluTanh)
 CODA_EPI_FUNCTOR(GeluErf)
 CODA_EPI_FUNCTOR(PlusSquare)
+CODA_EPI_FUNCTOR(Eq)
+CODA_EPI_FUNCTOR(Ne)
+CODA_EPI_FUNCTOR(Lt)
+CODA_EPI_FUNCTOR(Le)
+CODA_EPI_FUNCTOR(Gt)
+CODA_EPI_FUNCTOR(Ge)
+CODA_EPI_FUNCTOR(Where)
+CODA_EPI_FUNCTOR(Turns)
+CODA_EPI_FUNCTOR(CosTurns)
+CODA_EPI_FUNCTOR(SinTurns)
 #undef CODA_EPI_FUNCTOR
+
+// A cast: round to S and continue in fp32 (Compute<Cfg, RoundThrough<S>::Fn>).
+template <class S>
+struct RoundThrough {
+  template <class T> struct Fn : MapArrays<scalar::RoundVia<S>> {};
+};
+
+// Full width: y[2i] = x[2i + 1], y[2i + 1] = x[2i]. The wgmma accumulator layout (and the
+// epilogue fragments made from it) gives each thread both columns of an adjacent pair in
+// consecutive fragment slots, so the swap stays in registers.
+template <class T>
+struct PairSwap {
+  template <class E, int N>
+  CUTLASS_HOST_DEVICE cutlass::Array<E, N> operator()(cutlass::Array<E, N> const& a) const {
+    static_assert(N % 2 == 0, "pair_swap needs an even fragment size");
+    cutlass::Array<E, N> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; i += 2) {
+      out[i] = a[i + 1];
+      out[i + 1] = a[i];
+    }
+    return out;
+  }
+};
 
 // Returns its first input; the others are visited for their side effects (stores and
 // reductions that feed nothing else). Lets side outputs live inside a tree.

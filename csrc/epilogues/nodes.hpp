@@ -17,7 +17,10 @@
 #include "coda/abi.h"
 #include "functors.hpp"
 #include "column_partials.hpp"
+#include "coordinates.hpp"
 #include "pair_gated_store.hpp"
+#include "row_lse_partials.hpp"
+#include "segment_reduce.hpp"
 
 namespace coda::epi {
 
@@ -87,10 +90,23 @@ struct TileStore {
   }
 };
 
-// An element-wise op with `Out` as its stored element (fp32, or a narrower type for a cast).
-template <class Cfg, template <class> class Fn, class Out = float>
+// An element-wise op (fp32 in and out).
+template <class Cfg, template <class> class Fn>
 struct Compute {
-  using Node = fusion::Sm90Compute<Fn, Out, float, kRound>;
+  using Node = fusion::Sm90Compute<Fn, float, float, kRound>;
+  static typename Node::Arguments args() { return {}; }
+};
+
+// A cast: rounds to T and continues in fp32, so it may feed any node (D of another 16-bit type too).
+template <class Cfg, class T>
+struct Cast {
+  using Node = fusion::Sm90Compute<RoundThrough<T>::template Fn, float, float, kRound>;
+  static typename Node::Arguments args() { return {}; }
+};
+
+// The global column index of each element, as fp32.
+struct ColIndex {
+  using Node = Sm90ColIndex;
   static typename Node::Arguments args() { return {}; }
 };
 
@@ -138,6 +154,31 @@ struct ColReduce {
   using Node = Sm90ColumnPartials<typename Rule::ScalarInput, typename Rule::ScalarCombine, typename Cfg::TileShape,
                                   CheckOOB>;
   static typename Node::Arguments args(float* partials, float identity) { return {partials, identity}; }
+};
+
+// Per row, Rule folded over each segment of Size columns, broadcast back (the epilogue subtile
+// must be Size columns wide: segment_reduce.hpp).
+template <class Cfg, class Rule, int Size>
+struct SegmentReduce {
+  using Node = Sm90SegmentReduce<typename Rule::ScalarInput, typename Rule::ScalarCombine, Size,
+                                 typename Cfg::TileShape>;
+  static typename Node::Arguments args(float identity) { return {identity}; }
+};
+
+// Per-row online log-sum-exp over N: one fp32 partial per (row, N-tile) in the layout of
+// RowReduce's; finish with ReduceCombine::LogSumExp. Passes its input through.
+template <class Cfg, bool CheckOOB = true>
+struct RowLogSumExp {
+  using Node = Sm90RowLsePartials<typename Cfg::TileShape, CheckOOB>;
+  static typename Node::Arguments args(float* partials, float /*identity*/) { return {partials}; }
+};
+
+// The fusion of a graph without a main output D (Cfg::ElementD = void): CUTLASS then takes the
+// element of D's staging buffer (the scratch of reductions) from the fusion's ElementAux.
+template <class Fusion, class T>
+struct WithoutD : Fusion {
+  using ElementAux = T;
+  using Fusion::Fusion;
 };
 
 // out[:, i] = Act(x[:, 2i]) * x[:, 2i+1], stored at half width; passes x through.

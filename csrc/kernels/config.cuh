@@ -36,7 +36,7 @@ struct CooperativeStreamK : Cooperative {
 
 template <
   class ElementAB_,     // cutlass::bfloat16_t or cutlass::half_t (A and W)
-  class ElementD_,      // element of the main output D
+  class ElementD_,      // element of the main output D; void: the graph writes no D
   int TileM, int TileN, int TileK,
   int ClusterM, int ClusterN,
   class Schedule_,      // Cooperative or Pingpong
@@ -46,6 +46,10 @@ template <
 struct Config {
   using ElementAB = ElementAB_;
   using ElementD = ElementD_;
+  // The element of D's shared-memory staging buffer (without a D, the operands'; reductions use
+  // the buffer as scratch, and CUTLASS takes it from the fusion: epi::WithoutD).
+  using ElementDStaging = cute::conditional_t<cute::is_void_v<ElementD_>, ElementAB_, ElementD_>;
+  static constexpr bool kHasD = !cute::is_void_v<ElementD_>;
   using ElementC = void;  // no C operand: tile inputs are epilogue aux loads
   using ElementAccumulator = float;
   using ElementCompute = float;
@@ -59,9 +63,9 @@ struct Config {
       cute::Shape<cute::Int<(EpiTileM > 0 ? EpiTileM : 1)>, cute::Int<(EpiTileN > 0 ? EpiTileN : 1)>>,
       cutlass::epilogue::collective::EpilogueTileAuto>;
   using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
-      TileShape, EpilogueTileType, ElementC, ElementD, typename Schedule::Epilogue>;
+      TileShape, EpilogueTileType, ElementC, ElementDStaging, typename Schedule::Epilogue>;
   static constexpr int kAlignmentAB = 128 / cutlass::sizeof_bits<ElementAB>::value;
-  static constexpr int kAlignmentD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  static constexpr int kAlignmentD = 128 / cutlass::sizeof_bits<ElementDStaging>::value;
   // Stride types (M/N, K or N, L) with a unit inner stride and a runtime leading stride.
   using StrideRowMajor = cute::Stride<int64_t, cute::_1, int64_t>;
   using RowVectorStride = cute::Stride<cute::_0, cute::_1, int64_t>;  // length N, broadcast over M

@@ -16,7 +16,7 @@
 namespace coda::kernels {
 
 enum class ReduceAxis : int { Rows = 0, Cols = 1 };       // Rows: length M; Cols: length N
-enum class ReduceCombine : int { Sum = 0, Max = 1 };      // how partials combine
+enum class ReduceCombine : int { Sum = 0, Max = 1, LogSumExp = 2 };  // how partials combine
 
 // One reduction to finish: `count` vectors of `length` floats (length >= n_out), vector j at
 // partials + j * length; the result (n_out floats) goes to `out`.
@@ -41,6 +41,12 @@ constexpr int kFinalizeLoadsPerThread = 8;
 
 __device__ __forceinline__ float combine_partial(ReduceCombine c, float a, float b) {
   if (c == ReduceCombine::Sum) return a + b;
+  if (c == ReduceCombine::LogSumExp) {  // log(e^a + e^b), -inf the identity, NaN propagates
+    float hi = fmaxf(a, b), lo = fminf(a, b);
+    if (a != a || b != b) return a + b;
+    if (lo == -INFINITY) return hi;
+    return hi + log1pf(expf(lo - hi));
+  }
   return (a != a || b != b) ? a + b : (b > a ? b : a);  // max that propagates NaN
 }
 

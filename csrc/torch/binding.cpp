@@ -15,7 +15,7 @@
 
 namespace {
 
-CodaLaunch make_launch(const at::Tensor& A, const at::Tensor& W, const at::Tensor& D,
+CodaLaunch make_launch(const at::Tensor& A, const at::Tensor& W, const std::optional<at::Tensor>& D,
                        const std::vector<std::optional<at::Tensor>>& slot_tensors,
                        const std::vector<int64_t>& slot_ld, const std::vector<double>& slot_value) {
   if (slot_tensors.size() != slot_ld.size() || slot_tensors.size() != slot_value.size())
@@ -31,8 +31,8 @@ CodaLaunch make_launch(const at::Tensor& A, const at::Tensor& W, const at::Tenso
   L.lda = A.stride(0);
   L.B = W.data_ptr();
   L.ldb = W.stride(0);
-  L.D = D.data_ptr();
-  L.ldd = D.stride(0);
+  L.D = D.has_value() ? D->data_ptr() : nullptr;  // none: the graph writes no main output
+  L.ldd = D.has_value() ? D->stride(0) : L.N;
   L.num_slots = static_cast<int32_t>(slot_tensors.size());
   for (size_t i = 0; i < slot_tensors.size(); ++i) {
     L.slots[i].ptr = slot_tensors[i].has_value() ? slot_tensors[i]->data_ptr() : nullptr;
@@ -46,7 +46,7 @@ CodaLaunch make_launch(const at::Tensor& A, const at::Tensor& W, const at::Tenso
 
 // Runs the kernel of one compiled op on `stream` (a cudaStream_t as an integer).
 void launch(uintptr_t run_fn, uintptr_t workspace_fn, const at::Tensor& A, const at::Tensor& W,
-            const at::Tensor& D, const std::vector<std::optional<at::Tensor>>& slot_tensors,
+            const std::optional<at::Tensor>& D, const std::vector<std::optional<at::Tensor>>& slot_tensors,
             const std::vector<int64_t>& slot_ld, const std::vector<double>& slot_value, int64_t max_swizzle,
             int64_t raster_order, uintptr_t stream) {
   CodaLaunch L = make_launch(A, W, D, slot_tensors, slot_ld, slot_value);

@@ -3,20 +3,25 @@
 Build an epilogue graph, compile it onto a fixed SM90 warp-specialized GEMM, call it on
 torch tensors; or evaluate the same graph with the PyTorch reference interpreter.
 """
-from .compile import compile, emit_source, kernel_source, prebuild  # noqa: A004
+from .compile import emit_source, kernel_source
+from .runtime import compile, prebuild  # noqa: A004
 from .config import DEFAULT_CONFIG, KernelConfig
 from .errors import CodaError, CompileError, GraphError, LaunchError, UnsupportedError
 from .graph import Graph, Outputs, Value, interpret
 from .graph.math import (
-    abs, add, cast, div, exp, fma, gelu, log, maximum, minimum, mul, neg, pair_gate, relu, rsqrt, sigmoid,
-    silu, sqrt, square, sub, swiglu_pairs, tanh,
+    abs, add, cast, cos_turns, div, eq, exp, fma, ge, gelu, gt, le, log, lt, maximum, minimum, mul, ne, neg,
+    pair_gate, pair_swap, relu, rsqrt, segment_reduce, sigmoid, silu, sin_turns, sqrt, square, sub, swiglu_pairs,
+    tanh, turns, where,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CodaError", "CompileError", "DEFAULT_CONFIG", "Graph", "GraphError", "KernelConfig", "LaunchError",
-    "Outputs", "UnsupportedError", "Value", "abs", "add", "cast", "compile", "div", "emit_source", "exp",
-    "fma", "gelu", "interpret", "kernel_source", "log", "maximum", "minimum", "mul", "neg", "pair_gate",
-    "prebuild", "relu", "rsqrt", "sigmoid", "silu", "sqrt", "square", "sub", "swiglu_pairs", "tanh",
+    "Outputs", "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "div", "emit_source",
+    "eq", "exp", "fma", "ge", "gelu", "gt", "interpret", "kernel_source", "le", "log", "lt", "maximum", "minimum",
+    "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu", "rsqrt", "segment_reduce", "sigmoid", "silu",
+    "sin_turns", "sqrt", "square", "sub", "swiglu_pairs", "tanh", "turns", "where",
 ]
+
+from . import ops  # noqa: E402  (the ready ops register their torch custom ops)

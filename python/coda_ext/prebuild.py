@@ -15,7 +15,8 @@ import os
 import sys
 import time
 
-from .compile import cached, expand_items, kernel_source, prebuild
+from .compile import cached, kernel_source
+from .runtime import expand_items, prebuild
 
 
 def load_items(path: str):

@@ -4,6 +4,8 @@ tuning on request, and the choice remembered on disk per (graph, dtype, N, K, M 
     op = coda_ext.compile(g, torch.bfloat16, config="auto")   # remembered choice, else the heuristic
     op = coda_ext.compile(g, torch.bfloat16, config="tune")   # measure unknown shapes on first call
 
+The per-shape dispatch that uses these choices is runtime/tuned.py (TunedOp).
+
 Every candidate computes the same graph; only tile shapes (and so the order of fp32 additions in
 reductions) differ, so a choice never changes results beyond rounding.
 """
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
 from typing import Any, Callable
 
 from .compile.cache import locked
@@ -103,7 +104,7 @@ def memory_key(digest: str, dtype: str, N: int, K: int, M: int, gpu: str) -> str
     return f"{digest}|{dtype}|N={N}|K={K}|M<={m_bucket(M)}|{gpu}"
 
 
-def _config_by_tag(tag: str, candidates: tuple[KernelConfig, ...]) -> KernelConfig | None:
+def config_by_tag(tag: str, candidates: tuple[KernelConfig, ...]) -> KernelConfig | None:
     return next((c for c in candidates if c.tag == tag), None)
 
 
@@ -142,76 +143,3 @@ def cuda_event_time_ms(fn: Callable[[], Any], reps: int) -> list[float]:
         end.synchronize()
         out.append(start.elapsed_time(end))
     return out
-
-
-class TunedOp:
-    """Dispatches each call to the config chosen for its (N, K, M bucket) on this GPU."""
-
-    def __init__(self, graph: Any, dtype: Any, tune: bool, candidates: tuple[KernelConfig, ...] = CANDIDATES,
-                 reps: int = 20, time_fn: Callable[[Callable[[], Any], int], list[float]] = cuda_event_time_ms):
-        from .compile import kernel_source
-
-        self.graph, self.dtype, self.tune = graph, dtype, tune
-        self.candidates = candidates
-        self.reps, self.time_fn = reps, time_fn
-        first = kernel_source(graph, dtype, candidates[0])
-        self.digest, self.dtype_name = first.graph.digest(), first.dtype
-        self.epilogue = Epilogue.of(first.lowered)
-        self._ops: dict[str, Any] = {}
-        self._chosen: dict[tuple, Any] = {}  # (M bucket, N, K, device) -> op, so a call reads no file
-
-    @staticmethod
-    def sms(A: Any) -> int:
-        try:
-            import torch
-
-            return torch.cuda.get_device_properties(A.device).multi_processor_count
-        except Exception:  # no CUDA device at hand (CPU tests): assume an H100
-            return DEFAULT_SMS
-
-    def config_for(self, M: int, N: int, K: int, sms: int = DEFAULT_SMS) -> KernelConfig:
-        """The heuristic's choice for this graph (used where tuning has remembered nothing)."""
-        return heuristic(m_bucket(M), N, K, sms, self.epilogue)
-
-    def op_for(self, config: KernelConfig):
-        from .compile import compile as compile_op
-
-        if config.tag not in self._ops:
-            self._ops[config.tag] = compile_op(self.graph, self.dtype, config)
-        return self._ops[config.tag]
-
-    def choose(self, A: Any, W: Any, inputs: dict[str, Any], gpu: str) -> KernelConfig:
-        M, K = A.shape
-        N = W.shape[0]
-        key = memory_key(self.digest, self.dtype_name, N, K, M, gpu)
-        known = load_memory().get(key)
-        if known and _config_by_tag(known["config"], self.candidates):
-            return _config_by_tag(known["config"], self.candidates)
-        if not self.tune:
-            return self.config_for(M, N, K, self.sms(A))
-        from .compile import prebuild
-
-        prebuild([(self.graph, self.dtype, c) for c in self.candidates])  # all candidates, in parallel
-        timings = {c.tag: statistics.median(self.time_fn(lambda c=c: self.op_for(c)(A, W, **inputs), self.reps))
-                   for c in self.candidates}
-        best = min(self.candidates, key=lambda c: timings[c.tag])
-        remember(key, best.tag, timings)
-        return best
-
-    def __call__(self, A: Any, W: Any, **inputs: Any):
-        import torch
-
-        from .graph.interpret import torch_dtype
-        from .runtime import checks
-
-        M, N, K = checks.check_operands(A, W, torch_dtype(self.dtype_name))  # fail before any tuning work
-        where = (m_bucket(M), N, K, A.device.index)
-        op = self._chosen.get(where)
-        if op is None:  # first call of this shape class in this process
-            op = self._chosen[where] = self.op_for(self.choose(A, W, inputs, torch.cuda.get_device_name(A.device)))
-        return op(A, W, **inputs)
-
-    def prebuild_items(self) -> list[tuple[Any, Any, KernelConfig]]:
-        """What this op may compile: the heuristic's configs, or every candidate when tuning."""
-        configs = self.candidates if self.tune else HEURISTIC_CONFIGS
-        return [(self.graph, self.dtype, c) for c in configs]

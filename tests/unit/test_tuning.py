@@ -9,6 +9,7 @@ import pytest
 
 import coda_ext as ce
 from coda_ext import tuning
+from coda_ext.runtime import TunedOp
 
 
 @pytest.fixture(autouse=True)
@@ -93,15 +94,15 @@ def test_auto_uses_the_graph_epilogue():
     acc = g.accumulator()
     g.output(acc)
     g.col_reduce("c", acc, "sum")
-    op = tuning.TunedOp(g, "bfloat16", tune=False)
+    op = TunedOp(g, "bfloat16", tune=False)
     assert op.epilogue == COLRED and op.config_for(16384, 6144, 4096) == tuning.LARGE
-    pointwise = tuning.TunedOp(_graph(), "bfloat16", tune=False)
+    pointwise = TunedOp(_graph(), "bfloat16", tune=False)
     assert pointwise.epilogue == POINTWISE and pointwise.config_for(16384, 6144, 4096) == tuning.PINGPONG
     assert pointwise.config_for(16384, 28672, 4096) == tuning.WIDE
 
 
 def test_prebuild_expands_auto_and_tune():
-    from coda_ext.compile import expand_items
+    from coda_ext.runtime import expand_items
 
     g = _graph()
     assert [c for _, _, c in expand_items([(g, "bfloat16", "auto")])] == list(tuning.HEURISTIC_CONFIGS)
@@ -116,7 +117,7 @@ class _FakeOps:
         self.times, self.ran = times, []
 
     def compile(self, graph, dtype, config):
-        return lambda A, W, **kw: self.ran.append(config.tag) or config.tag
+        return types.SimpleNamespace(run=lambda A, W, inputs, out: self.ran.append(config.tag) or config.tag)
 
     def time_fn(self, fn, reps):
         tag = fn()
@@ -132,27 +133,26 @@ def test_tune_picks_the_fastest_and_remembers_it(monkeypatch):
     fastest = tuning.CANDIDATES[2].tag
     times[fastest] = 0.5
     fake = _FakeOps(times)
-    compile_module = sys.modules["coda_ext.compile"]  # (coda_ext.compile is also the function)
-    monkeypatch.setattr(compile_module, "compile", fake.compile)
-    monkeypatch.setattr(compile_module, "prebuild", lambda items, jobs=None: [])
-    op = tuning.TunedOp(_graph(), "bfloat16", tune=True, reps=3, time_fn=fake.time_fn)
+    monkeypatch.setattr(sys.modules["coda_ext.runtime.api"], "compile", fake.compile)
+    monkeypatch.setattr(sys.modules["coda_ext.runtime.tuned"], "build_kernels", lambda items, jobs=None: [])
+    op = TunedOp(_graph(), "bfloat16", tune=True, reps=3, time_fn=fake.time_fn)
     A, W = _tensors()
     assert op.choose(A, W, {}, "GPU-X").tag == fastest
     key = tuning.memory_key(op.digest, "bfloat16", 256, 128, 300, "GPU-X")
     assert tuning.load_memory()[key]["config"] == fastest
     # remembered: another process (a fresh op) and another M in the same bucket do not re-measure
     fake.ran.clear()
-    again = tuning.TunedOp(_graph(), "bfloat16", tune=True, reps=3, time_fn=fake.time_fn)
+    again = TunedOp(_graph(), "bfloat16", tune=True, reps=3, time_fn=fake.time_fn)
     assert again.choose(*_tensors(M=400), {}, "GPU-X").tag == fastest and fake.ran == []
     # "auto" uses the memory, and the heuristic where nothing is known
-    auto = tuning.TunedOp(_graph(), "bfloat16", tune=False)
+    auto = TunedOp(_graph(), "bfloat16", tune=False)
     assert auto.choose(A, W, {}, "GPU-X").tag == fastest
     assert auto.choose(A, W, {}, "GPU-Y") == tuning.heuristic(512, 256, 128)
     assert auto.choose(*_tensors(M=5000), {}, "GPU-X") == tuning.heuristic(8192, 256, 128)
 
 
 def test_compile_config_strings():
-    assert isinstance(ce.compile(_graph(), "bfloat16", config="auto"), tuning.TunedOp)
+    assert isinstance(ce.compile(_graph(), "bfloat16", config="auto"), TunedOp)
     with pytest.raises(ce.UnsupportedError, match="'auto' or 'tune'"):
         ce.compile(_graph(), "bfloat16", config="fastest")
 

@@ -25,10 +25,16 @@ FUNCTORS = {
     "neg": "Neg", "abs": "Abs", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "rsqrt": "Rsqrt",
     "square": "Square", "tanh": "Tanh", "sigmoid": "Sigmoid", "silu": "Silu", "relu": "Relu",
     "gelu_tanh": "GeluTanh", "gelu_erf": "GeluErf", "keep_first": "KeepFirst",
+    "eq": "Eq", "ne": "Ne", "lt": "Lt", "le": "Le", "gt": "Gt", "ge": "Ge", "where": "Where",
+    "turns": "Turns", "cos_turns": "CosTurns", "sin_turns": "SinTurns", "pair_swap": "PairSwap",
 }
+#: Integer vectors reach the kernel as int32 (CUTLASS's broadcast partitioning takes 32-bit or
+#: narrower elements; the runtime narrows int64 vectors, whose values are exact in fp32 only
+#: below 2**24 anyway).
+CPP_TYPES_INT = {"int32": "int32_t", "int64": "int32_t"}
 REDUCE_RULES = {"sum": "ReduceSum", "max": "ReduceMax", "sumsq": "ReduceSumSq"}
-REDUCE_COMBINE = {"sum": "Sum", "max": "Max", "sumsq": "Sum"}
-REDUCE_IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "sumsq": "0.0f"}
+REDUCE_COMBINE = {"sum": "Sum", "max": "Max", "sumsq": "Sum", "logsumexp": "LogSumExp"}
+REDUCE_IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "sumsq": "0.0f", "logsumexp": "-INFINITY"}
 SCHEDULES = {"cooperative": "Cooperative", "pingpong": "Pingpong", "streamk": "CooperativeStreamK"}
 #: Schedules whose kernels are built without CUTLASS's programmatic-dependent-launch hooks:
 #: CUTLASS 4.2's stream-K scheduler does not compile with them (is_last_tile binds a const member).
@@ -46,9 +52,11 @@ def node_alias(node: ir.Node, check_oob: bool = True) -> str:
     """The wrapper type (nodes.hpp) implementing one IR node."""
     k = node.kind
     no_check = "" if check_oob else ", /*CheckOOB=*/false"
-    t = CPP_TYPES.get(node.attr("dtype") or "", "")
+    t = {**CPP_TYPES, **CPP_TYPES_INT}.get(node.attr("dtype") or "", "")
     if k == "accumulator":
         return "Accumulator"
+    if k == "col_index":
+        return "ColIndex"
     if k == "scalar":
         return "Scalar<Cfg>"
     if k == "row_vector":
@@ -60,9 +68,13 @@ def node_alias(node: ir.Node, check_oob: bool = True) -> str:
     if k == "store":
         return f"TileStore<Cfg, {t}>"
     if k == "cast":
-        return f"Compute<Cfg, Identity, {t}>"
+        return f"Cast<Cfg, {t}>"
     if k in FUNCTORS:
         return f"Compute<Cfg, {FUNCTORS[k]}>"
+    if k == "segment_reduce":
+        return f"SegmentReduce<Cfg, {REDUCE_RULES[node.attr('op')]}, {node.attr('size')}>"
+    if k == "row_reduce" and node.attr("op") == "logsumexp":
+        return f"RowLogSumExp<Cfg{no_check}>"
     if k == "row_reduce":
         return f"RowReduce<Cfg, {REDUCE_RULES[node.attr('op')]}{no_check}>"
     if k == "col_reduce":
@@ -85,6 +97,8 @@ def node_arguments(alias: str, node: ir.Node, slot: dict[int, int], reduction: d
         return f"{alias}::args(L.slots[{slot[index]}])"
     if k in ("row_reduce", "col_reduce"):
         return f"{alias}::args(partials[{reduction[index]}], {REDUCE_IDENTITY[node.attr('op')]})"
+    if k == "segment_reduce":
+        return f"{alias}::args({REDUCE_IDENTITY[node.attr('op')]})"
     return f"{alias}::args()"
 
 
@@ -115,6 +129,10 @@ def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
         fusion, arg_lines = _tree(p, own_args)
     else:
         fusion, arg_lines = _topological(p, own_args)
+    has_d = bool(graph.find("output"))
+    if not has_d:  # no main output: D is void, its staging buffer takes the operands' type
+        fusion[-1] = fusion[-1].replace("using Fusion = ", "using FusionTree = ")
+        fusion.append(f"using Fusion = WithoutD<FusionTree, {CPP_TYPES[dtype]}>;  // no main output D")
 
     red_specs = []
     for node in reductions:
@@ -131,7 +149,7 @@ def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
         digest=graph.digest(),
         mode="tree" if p.is_tree else "topological",
         listing="\n".join(f"//   {line}" for line in graph.text().splitlines()),
-        element_ab=CPP_TYPES[dtype], element_d=CPP_TYPES[dtype],
+        element_ab=CPP_TYPES[dtype], element_d=CPP_TYPES[dtype] if has_d else "void",
         tile_m=tm, tile_n=tn, tile_k=tk, cluster_m=cm, cluster_n=cn, schedule=SCHEDULES[config.schedule] + epi,
         node_aliases="\n".join(alias_lines),
         fusion_types="\n".join(fusion),

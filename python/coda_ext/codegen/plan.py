@@ -3,7 +3,7 @@
 Sinks (stores, reductions, pair stores) pass their input through, so each sink is threaded
 onto the value it consumes: consumers of that value read the last sink of its chain. A value
 whose chain feeds nothing else (a side output) is kept alive by a `keep_first` root that
-returns D and ignores the rest. If, after that, every value has at most one consumer, the
+returns D and ignores the rest (in a graph without D, the root's value is dropped). If, after that, every value has at most one consumer, the
 graph is a tree (Sm90EVT); otherwise it is emitted as one Sm90TopologicalVisitor.
 Leaves that cost nothing to repeat (the accumulator, scalars) are duplicated per use.
 """
@@ -33,7 +33,7 @@ class Plan:
 
 def plan(graph: ir.Graph) -> Plan:
     nodes = graph.nodes
-    out_node = graph.find("output")[0]
+    out_nodes = graph.find("output")
 
     # Sinks attached to each value node, in node order (the chain order).
     attached: dict[int, list[int]] = {}
@@ -63,11 +63,15 @@ def plan(graph: ir.Graph) -> Plan:
             chain_end[i] = emit_value(i)
         return chain_end[i]
 
-    d_end = value_op(nodes[out_node].inputs[0])
+    d_end = value_op(nodes[out_nodes[0]].inputs[0]) if out_nodes else None
     for i in sorted(attached):        # side chains that D does not reach
         value_op(i)
     dangling = tuple(e for e in sorted(set(chain_end.values())) if _uses(ops)[e] == 0 and e != d_end)
-    if dangling:
+    if d_end is None and len(dangling) == 1:
+        pass                          # no D: the one side chain is the root (its value is dropped)
+    elif d_end is None:
+        ops.append(Op(-1, "keep_first", dangling))
+    elif dangling:
         ops.append(Op(-1, "keep_first", (d_end,) + dangling))
     return Plan(tuple(ops), is_tree=all(u <= 1 for u in _uses(ops)))
 

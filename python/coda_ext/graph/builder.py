@@ -22,13 +22,21 @@ from . import ir
 Operand = Union["Value", int, float]
 
 
-def dtype_name(dtype: Any) -> str:
-    """'bfloat16' for torch.bfloat16 or 'bfloat16'; raises for unsupported dtypes."""
+def dtype_name(dtype: Any, allow_int: bool = False) -> str:
+    """'bfloat16' for torch.bfloat16 or 'bfloat16'; raises for unsupported dtypes.
+    allow_int: also int32/int64 (row and column vectors only)."""
     name = str(dtype).replace("torch.", "")
-    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
+               "int": "int32", "long": "int64"}
     name = aliases.get(name, name)
-    if name not in ir.DTYPES:
-        raise GraphError(f"unsupported dtype {dtype!r}: use one of torch.bfloat16, torch.float16, torch.float32")
+    allowed = ir.DTYPES + (ir.INT_DTYPES if allow_int else ())
+    if name not in allowed:
+        if name in ir.INT_DTYPES:
+            raise GraphError(f"unsupported dtype {dtype!r} here: integer dtypes are only allowed for row and column "
+                             "vectors (targets, positions); "
+                             "tiles, stores and casts take torch.bfloat16, torch.float16 or torch.float32")
+        names = ", ".join(f"torch.{d}" for d in allowed)
+        raise GraphError(f"unsupported dtype {dtype!r}: use one of {names}")
     return name
 
 
@@ -129,17 +137,25 @@ class Graph:
         self._claim(name, "scalar")
         return Value(self, self._add(ir.Node("scalar", (), ir.make_attrs(mode=mode, name=name)), dedup=False))
 
+    def col_index(self) -> Value:
+        """The global column index n of each element (as fp32, exact below 2**24): with a comparison
+        and where(), selects per-row columns such as x[m, target[m]]."""
+        return Value(self, self._add(ir.Node("col_index")))
+
     def _input(self, kind: str, name: str, dtype: Any) -> Value:
         self._claim(name, kind.replace("_", " "))
-        attrs = ir.make_attrs(name=name, dtype=None if dtype is None else dtype_name(dtype))
+        is_vector = kind in ("row_vector", "col_vector")
+        attrs = ir.make_attrs(name=name, dtype=None if dtype is None else dtype_name(dtype, allow_int=is_vector))
         return Value(self, self._add(ir.Node(kind, (), attrs), dedup=False))
 
     def row_vector(self, name: str, dtype: Any = None) -> Value:
-        """A length-N vector broadcast over rows (a bias, a norm weight). dtype: the op's by default."""
+        """A length-N vector broadcast over rows (a bias, a norm weight). dtype: the op's by default;
+        float32, or int32/int64 (converted to fp32 in the epilogue, exact below 2**24)."""
         return self._input("row_vector", name, dtype)
 
     def col_vector(self, name: str, dtype: Any = None) -> Value:
-        """A length-M vector broadcast over columns (a per-token scale such as rstd)."""
+        """A length-M vector broadcast over columns (a per-token scale such as rstd, a position, an
+        int32/int64 target index). dtype as for row_vector."""
         return self._input("col_vector", name, dtype)
 
     def tile(self, name: str, dtype: Any = None) -> Value:
@@ -149,7 +165,8 @@ class Graph:
     # --- sinks ----------------------------------------------------------------------------
 
     def output(self, value: Value, name: str = "out") -> None:
-        """The main output D (M x N, the op's dtype). Exactly one per graph."""
+        """The main output D (M x N, the op's dtype). At most one per graph; a graph without one
+        writes only its stores and reductions (no M x N tensor D)."""
         if any(n.kind == "output" for n in self._nodes):
             raise GraphError("the graph already has an output(); add further results with store(name, value)")
         src = self._value(value, "output value")
@@ -166,12 +183,15 @@ class Graph:
     def _reduce(self, kind: str, name: str, value: Value, op: str) -> None:
         if op not in ir.REDUCE_OPS:
             raise GraphError(f"{kind} {name!r}: unsupported reduction op {op!r}; use one of {ir.REDUCE_OPS}")
+        if op in ir.ROW_ONLY_REDUCE_OPS and kind != "row_reduce":
+            raise GraphError(f"{kind} {name!r}: op {op!r} is only supported by row_reduce (per row, over N)")
         src = self._value(value, f"{kind} {name!r} value")
         self._claim(name, kind.replace("_", " "))
         self._add(ir.Node(kind, (src,), ir.make_attrs(name=name, op=op)), dedup=False)
 
     def row_reduce(self, name: str, value: Value, op: str = "sum") -> None:
-        """A per-row statistic over N (length M, fp32): op is 'sum', 'max' or 'sumsq'."""
+        """A per-row statistic over N (length M, fp32): op is 'sum', 'max', 'sumsq' or 'logsumexp'
+        (log Σ_n exp(x[m, n]), online: a running max and rescaled sum per tile, combined in a fixed order)."""
         self._reduce("row_reduce", name, value, op)
 
     def col_reduce(self, name: str, value: Value, op: str = "sum") -> None:
@@ -203,7 +223,7 @@ def _op(kind: str, *operands: Operand, **attrs: Any) -> Value:
     g = _graph_of(*operands)
     idx = tuple(g._value(x, f"operand {i} of {kind}") for i, x in enumerate(operands))
     for i in idx:
-        if g._nodes[i].kind in ir.PAIR_KINDS and kind not in ir.SINK_KINDS:
+        if g._nodes[i].kind in ir.PAIR_KINDS and kind != "store":
             raise GraphError(
                 f"{kind}: its operand is the half-width result of {g._nodes[i].kind}; such a value can only be "
                 "stored (g.store(name, value)). Apply element-wise math before the pair op")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -25,7 +27,8 @@ class Outputs(dict):
             raise AttributeError(f"no output named {name!r}; outputs are {sorted(self)}") from None
 
 
-_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                 "int32": torch.int32, "int64": torch.int64}
 
 UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
@@ -34,15 +37,42 @@ UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_erf": lambda x: F.gelu(x, approximate="none"),
 }
+UNARY.update({
+    "cos_turns": lambda t: torch.cos(2 * math.pi * t),
+    "sin_turns": lambda t: torch.sin(2 * math.pi * t),
+})
 BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
     "max": torch.maximum, "min": torch.minimum,
+    "eq": lambda a, b: (a == b).to(a.dtype), "ne": lambda a, b: (a != b).to(a.dtype),
+    "lt": lambda a, b: (a < b).to(a.dtype), "le": lambda a, b: (a <= b).to(a.dtype),
+    "gt": lambda a, b: (a > b).to(a.dtype), "ge": lambda a, b: (a >= b).to(a.dtype),
 }
 REDUCE: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     "sum": lambda x, d: x.sum(dim=d),
     "max": lambda x, d: x.amax(dim=d),
     "sumsq": lambda x, d: (x * x).sum(dim=d),
+    "logsumexp": lambda x, d: torch.logsumexp(x, dim=d),
 }
+
+
+def turns(position: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """frac(position * (hi + lo)) in [-0.5, 0.5], computed in fp64 (the exact definition)."""
+    t = position.double() * (hi.double() + lo.double())
+    return t - torch.round(t)
+
+
+def pair_swap(x: torch.Tensor) -> torch.Tensor:
+    """Swaps columns 2i and 2i+1."""
+    return x.reshape(x.shape[0], -1, 2).flip(-1).reshape(x.shape)
+
+
+def segment_reduce(x: torch.Tensor, size: int, op: str) -> torch.Tensor:
+    """Reduces each run of `size` columns of every row and broadcasts the result back."""
+    M, N = x.shape
+    seg = x.reshape(M, N // size, size)
+    r = REDUCE[op](seg, 2)
+    return r[:, :, None].expand(M, N // size, size).reshape(M, N)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -79,8 +109,12 @@ def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: to
             got = tuple(getattr(inputs[n.name], "shape", ()))
             if got != want:
                 raise ValueError(f"interpret: input {n.name!r} ({n.kind}) must have shape {want}, got {got}")
-    if g.find("pair_gate") and N % 2:
+    if (g.find("pair_gate") or g.find("pair_swap")) and N % 2:
         raise ValueError(f"interpret: the graph pairs adjacent columns, so N = {N} must be even")
+    for i in g.find("segment_reduce"):
+        if N % g[i].attr("size"):
+            raise ValueError(f"interpret: segment_reduce over {g[i].attr('size')} columns needs N = {N} to be a "
+                             "multiple of it")
 
     cd = compute_dtype
     vals: list[Any] = [None] * len(g)
@@ -104,6 +138,16 @@ def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: to
             vals[i] = inputs[n.name].to(cd)[:, None]
         elif k == "tile":
             vals[i] = inputs[n.name].to(cd)
+        elif k == "col_index":
+            vals[i] = torch.arange(N, dtype=cd, device=A.device)[None, :]
+        elif k == "pair_swap":
+            vals[i] = pair_swap(_full(x[0], A, W, cd))
+        elif k == "turns":
+            vals[i] = turns(*torch.broadcast_tensors(*x)).to(cd)
+        elif k == "segment_reduce":
+            vals[i] = segment_reduce(_full(x[0], A, W, cd), n.attr("size"), n.attr("op"))
+        elif k == "where":
+            vals[i] = torch.where(x[0] != 0, x[1], x[2])
         elif k in UNARY:
             vals[i] = UNARY[k](x[0])
         elif k == "cast":

@@ -14,15 +14,21 @@ from typing import Any
 # --- node kinds -------------------------------------------------------------------------
 
 #: Leaves: the GEMM accumulator and the runtime inputs of the epilogue.
-LEAF_KINDS = ("accumulator", "scalar", "row_vector", "col_vector", "tile")
+LEAF_KINDS = ("accumulator", "scalar", "row_vector", "col_vector", "tile", "col_index")
 #: Element-wise math, by arity.
 UNARY_KINDS = (
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "silu", "relu",
-    "gelu_tanh", "gelu_erf", "cast",
+    "gelu_tanh", "gelu_erf", "cast", "cos_turns", "sin_turns",
+    "pair_swap",  # full width: y[:, 2i] = x[:, 2i+1], y[:, 2i+1] = x[:, 2i] (RoPE's partner column)
 )
-BINARY_KINDS = ("add", "sub", "mul", "div", "max", "min")
-TERNARY_KINDS = ("fma",)
-COMMUTATIVE_KINDS = ("add", "mul", "max", "min")
+#: Comparisons give 1.0 where true and 0.0 where false.
+COMPARE_KINDS = ("eq", "ne", "lt", "le", "gt", "ge")
+BINARY_KINDS = ("add", "sub", "mul", "div", "max", "min") + COMPARE_KINDS
+TERNARY_KINDS = ("fma", "where", "turns")
+COMMUTATIVE_KINDS = ("add", "mul", "max", "min", "eq", "ne")
+#: Values that read a whole segment of their row (every column of it must be in the same
+#: epilogue subtile): segment_reduce(x; size, op) broadcasts each segment's reduction back.
+SEGMENT_KINDS = ("segment_reduce",)
 #: Project visitor nodes: pairwise ops on adjacent columns (2i, 2i+1) -> half width.
 PAIR_KINDS = ("pair_gate",)
 #: Sinks: the main output D, aux stores and reductions. They produce no value.
@@ -36,18 +42,24 @@ ARITY = {
     **{k: 2 for k in BINARY_KINDS},
     **{k: 3 for k in TERNARY_KINDS},
     **{k: 1 for k in PAIR_KINDS},
+    **{k: 1 for k in SEGMENT_KINDS},
     **{k: 1 for k in SINK_KINDS},
     "pair_gated_store": 1,
 }
 
 #: Inputs supplied by the caller at run time (they get launch slots).
 INPUT_KINDS = ("row_vector", "col_vector", "tile")
-#: Reduction ops a row/col reduction supports.
-REDUCE_OPS = ("sum", "max", "sumsq")
+#: Reduction ops a row/col reduction supports (logsumexp: row reductions only; a segment
+#: reduction takes sum, max or sumsq).
+REDUCE_OPS = ("sum", "max", "sumsq", "logsumexp")
+ROW_ONLY_REDUCE_OPS = ("logsumexp",)
 #: Gate activations of pair_gate.
 PAIR_ACTIVATIONS = ("silu", "sigmoid", "relu", "gelu_tanh", "gelu_erf")
 #: Element types a stored or loaded tensor may have (names as in torch).
 DTYPES = ("bfloat16", "float16", "float32")
+#: Integer element types a row or column vector may have (targets, positions); the epilogue
+#: converts them to fp32, exact below 2**24.
+INT_DTYPES = ("int32", "int64")
 #: Scalar modes: a value fixed at compile time, a runtime float, or a device pointer.
 SCALAR_MODES = ("constant", "value", "pointer")
 

@@ -72,3 +72,71 @@ def pair_gate(x: Value, activation: str = "silu") -> Value:
 def swiglu_pairs(x: Value) -> Value:
     """SwiGLU on interleaved gate/up columns: silu(x[:, 2i]) * x[:, 2i+1], half width."""
     return pair_gate(x, "silu")
+
+
+# --- comparisons and selection -------------------------------------------------------------
+
+def _compare(kind: str, doc: str):
+    def fn(a: Operand, b: Operand) -> Value:
+        return _op(kind, a, b)
+
+    fn.__name__ = kind
+    fn.__doc__ = f"1.0 where a {doc} b, else 0.0 (a NaN operand compares false, except for ne)."
+    return fn
+
+
+eq = _compare("eq", "==")
+ne = _compare("ne", "!=")
+lt = _compare("lt", "<")
+le = _compare("le", "<=")
+gt = _compare("gt", ">")
+ge = _compare("ge", ">=")
+
+
+def where(cond: Operand, a: Operand, b: Operand) -> Value:
+    """a where cond != 0, else b (element-wise; with a comparison as cond, a select)."""
+    return _op("where", cond, a, b)
+
+
+# --- pairs and rotations (RoPE) --------------------------------------------------------------
+
+def pair_swap(x: Value) -> Value:
+    """Full width: y[:, 2i] = x[:, 2i+1] and y[:, 2i+1] = x[:, 2i] — the partner of each column in
+    its adjacent pair. With it any pairwise transform is element-wise math, e.g. the RoPE rotation
+    x * cos(θ) + pair_swap(x) * sin(θ) with θ negated on even columns. Needs an even N."""
+    return _op("pair_swap", x)
+
+
+def turns(position: Operand, freq_hi: Operand, freq_lo: Operand) -> Value:
+    """frac(position · (freq_hi + freq_lo)) in [-0.5, 0.5]: the fractional turn of an angle given in
+    turns, reduced exactly (position · freq_hi's rounding error is recovered with an FMA), so the
+    angle stays accurate at positions ~1e5 where position · frequency in radians loses every digit
+    in fp32. freq_hi + freq_lo is a frequency in turns per position held as a float pair."""
+    return _op("turns", position, freq_hi, freq_lo)
+
+
+def cos_turns(t: Operand) -> Value:
+    """cos(2π t) (t in turns, e.g. from turns())."""
+    return _op("cos_turns", t)
+
+
+def sin_turns(t: Operand) -> Value:
+    """sin(2π t) (t in turns, e.g. from turns())."""
+    return _op("sin_turns", t)
+
+
+# --- segmented row reductions ---------------------------------------------------------------
+
+SEGMENT_OPS = ("sum", "max", "sumsq")
+
+
+def segment_reduce(x: Value, size: int, op: str = "sum") -> Value:
+    """Per row, reduces each run of `size` consecutive columns (a head) with op 'sum', 'max' or
+    'sumsq' and gives every element its segment's result (full width): e.g. the per-head RMS of
+    QK-norm, x * rsqrt(segment_reduce(x, 128, 'sumsq') / 128 + eps). A segment must be one
+    epilogue subtile: the kernel config's epilogue tile is (EPI_M, size)."""
+    if op not in SEGMENT_OPS:
+        raise GraphError(f"segment_reduce: op must be one of {SEGMENT_OPS}, got {op!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or size not in (32, 64, 128):
+        raise GraphError(f"segment_reduce: size must be 32, 64 or 128 columns (a head), got {size!r}")
+    return _op("segment_reduce", x, size=size, op=op)

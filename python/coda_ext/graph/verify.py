@@ -35,9 +35,11 @@ def verify(graph: ir.Graph) -> ir.Graph:
             names[n.name] = i
 
     outputs = graph.find("output")
-    if len(outputs) != 1:
-        raise GraphError(f"the graph needs exactly one output (the main result D), found {len(outputs)}: "
-                         "call g.output(value) once; add other results with g.store(name, value)")
+    if len(outputs) > 1:
+        raise GraphError(f"the graph has {len(outputs)} main outputs; call g.output(value) at most once and add "
+                         "other results with g.store(name, value)")
+    if not any(n.is_sink for n in nodes):
+        raise GraphError("the graph produces nothing: add g.output(value), g.store(name, value) or a reduction")
 
     live = _live(graph)
     accs = graph.find("accumulator")
@@ -75,7 +77,9 @@ def _check_attrs(n: ir.Node, where: str) -> None:
             raise GraphError(f"{where}: a constant scalar needs a float value")
         if mode != "constant" and not n.name:
             raise GraphError(f"{where}: a runtime scalar needs a name")
-    if n.kind in ir.INPUT_KINDS + ("store",) and n.attr("dtype") not in (None,) + ir.DTYPES:
+    if n.kind in ("row_vector", "col_vector") and n.attr("dtype") not in (None,) + ir.DTYPES + ir.INT_DTYPES:
+        raise GraphError(f"{where}: dtype {n.attr('dtype')!r} is not one of {ir.DTYPES + ir.INT_DTYPES}")
+    if n.kind in ("tile", "store") and n.attr("dtype") not in (None,) + ir.DTYPES:
         raise GraphError(f"{where}: dtype {n.attr('dtype')!r} is not one of {ir.DTYPES}")
     if n.kind in ir.INPUT_KINDS + ir.SINK_KINDS and not n.name:
         raise GraphError(f"{where}: needs a name")
@@ -83,6 +87,12 @@ def _check_attrs(n: ir.Node, where: str) -> None:
         raise GraphError(f"{where}: cast needs a dtype in {ir.DTYPES}")
     if n.kind in ("row_reduce", "col_reduce") and n.attr("op") not in ir.REDUCE_OPS:
         raise GraphError(f"{where}: reduction op {n.attr('op')!r} is not supported; use one of {ir.REDUCE_OPS}")
+    if n.kind == "col_reduce" and n.attr("op") in ir.ROW_ONLY_REDUCE_OPS:
+        raise GraphError(f"{where}: op {n.attr('op')!r} is only supported by row_reduce")
+    if n.kind == "segment_reduce":
+        if n.attr("op") not in ("sum", "max", "sumsq") or n.attr("size") not in (32, 64, 128):
+            raise GraphError(f"{where}: needs op in ('sum', 'max', 'sumsq') and size 32, 64 or 128, got "
+                             f"op={n.attr('op')!r}, size={n.attr('size')!r}")
     if n.kind in ir.PAIR_KINDS and n.attr("act") not in ir.PAIR_ACTIVATIONS:
         raise GraphError(f"{where}: activation {n.attr('act')!r} is not one of {ir.PAIR_ACTIVATIONS}")
 

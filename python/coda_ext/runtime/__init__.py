@@ -1,4 +1,7 @@
-"""Compiled ops: input checks, output allocation, launch."""
+"""Ops on compiled kernels: input checks, output allocation, launch, per-shape config dispatch,
+the torch custom op, and the public compile/prebuild entry points."""
+from .api import compile, expand_items, prebuild  # noqa: A004
 from .op import CompiledOp
+from .tuned import TunedOp
 
-__all__ = ["CompiledOp"]
+__all__ = ["CompiledOp", "TunedOp", "compile", "expand_items", "prebuild"]

@@ -51,8 +51,9 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype, device: torch.device 
     return t
 
 
-def check_operands(A: Any, W: Any, dtype: torch.dtype) -> tuple[int, int, int]:
-    """A (M, K) and W (N, K) on one SM90 GPU. Returns (M, N, K)."""
+def check_operands(A: Any, W: Any, dtype: torch.dtype, has_d: bool = True) -> tuple[int, int, int]:
+    """A (M, K) and W (N, K) on one SM90 GPU. Returns (M, N, K). has_d: the kernel writes D
+    (its rows must be 16-byte aligned for the TMA store)."""
     for name, t in (("A", A), ("W", W)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -72,7 +73,7 @@ def check_operands(A: Any, W: Any, dtype: torch.dtype) -> tuple[int, int, int]:
     check_tensor("A", A, dtype=dtype, device=A.device, shape=(M, K))
     check_tensor("W", W, dtype=dtype, device=A.device, shape=(N, K))
     esize = A.element_size()
-    if (N * esize) % _ALIGN:
+    if has_d and (N * esize) % _ALIGN:
         raise ValueError(f"N = {N} (W.shape[0]) gives output rows of {N * esize} bytes; N must be a multiple of "
                          f"{_ALIGN // esize} for the TMA store of D")
     require_sm90(A.device)

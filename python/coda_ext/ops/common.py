@@ -1,0 +1,87 @@
+"""What every ready op shares: argument checks that name the argument and the fix, leading
+batch dimensions, and the compiled graph ops (one per graph variant and dtype, built lazily).
+
+A ready op is a torch custom op (torch.library.custom_op) whose real implementation runs a
+graph written with coda_ext's public builder, and whose fake gives the output shapes; the
+graphs, their fp32 references and the registrations live one op per module beside this one.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from ..graph.interpret import torch_dtype
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def check_linear(op: str, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """x (..., K) and weight (N, K) of one 16-bit dtype on one device, as F.linear takes them."""
+    for name, t in (("x", x), ("weight", weight)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dtype not in DTYPES:
+        raise TypeError(f"{op}: x has dtype {x.dtype}; use torch.bfloat16 or torch.float16 (x.to(torch.bfloat16))")
+    if weight.dtype != x.dtype:
+        raise TypeError(f"{op}: weight has dtype {weight.dtype} but x has {x.dtype}; convert one of them")
+    if weight.dim() != 2:
+        raise ValueError(f"{op}: weight must be 2-D (N, K) as torch.nn.Linear stores it, got {tuple(weight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"{op}: x's last dimension ({x.shape[-1] if x.dim() else None}) must equal weight.shape[1] "
+                         f"(K = {weight.shape[1]})")
+    if x.device != weight.device:
+        raise ValueError(f"{op}: x is on {x.device} and weight on {weight.device}; put them on one device")
+
+
+def check_rows(op: str, name: str, t: Any, lead: tuple[int, ...], width: int | None, dtype: torch.dtype | None,
+               device: torch.device) -> None:
+    """A per-token tensor: shape lead (+ (width,)), optional dtype, on `device`."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    want = tuple(lead) + ((width,) if width is not None else ())
+    if tuple(t.shape) != want:
+        raise ValueError(f"{op}: {name} must have shape {want} (one {'row' if width else 'value'} per token of x), "
+                         f"got {tuple(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}, expected {dtype}; convert it with .to({dtype})")
+    if t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device} but x is on {device}; move it with .to(x.device)")
+
+
+def check_vector(op: str, name: str, t: Any, length: int, device: torch.device,
+                 dtype: torch.dtype | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if tuple(t.shape) != (length,):
+        raise ValueError(f"{op}: {name} must have shape ({length},), got {tuple(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}, expected {dtype}; convert it with .to({dtype})")
+    if t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device} but x is on {device}; move it with .to(x.device)")
+
+
+def rows(x: torch.Tensor) -> torch.Tensor:
+    """x (..., K) as (M, K)."""
+    return x.reshape(-1, x.shape[-1])
+
+
+@functools.lru_cache(maxsize=None)
+def graph_op(build: Callable[..., Any], dtype: str, config: str, *args: Any) -> Any:
+    """The compiled op of graph `build(*args)` for `dtype` (one per process; kernels load from the
+    cache, or compile on first use). config "auto": a kernel config per shape."""
+    from ..runtime.api import compile
+
+    return compile(build(*args), dtype, config)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).replace("torch.", "")
+    torch_dtype(name)
+    return name
+
+
+def prebuild_items(builds: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> list[tuple[Any, str, str]]:
+    """(graph, dtype, "auto") for every graph variant of an op, in bf16 and fp16."""
+    return [(build(*args), d, "auto") for build, args in builds for d in ("bfloat16", "float16")]

@@ -1,0 +1,169 @@
+"""QKV projection + RoPE (+ QK-norm) in one GEMM epilogue (CODA K4):
+
+    z   = [rstd ⊙row] (x @ weightᵀ)                    weight = [W_q; W_k; W_v], GQA head counts
+    z_h = z_h ⊙ γ · rsqrt(mean(z_h²) + eps)            per Q and K head, if QK-norm (Qwen3, OLMo-2)
+    out = RoPE(z) on Q and K heads, V passed through
+
+RoPE uses the adjacent-pair convention: out[2i] = a·cosθ − b·sinθ, out[2i+1] = b·cosθ + a·sinθ
+for (a, b) = (z[2i], z[2i+1]), θ = position · inv_freq[i]. Hugging Face checkpoints store Q and K
+in the rotate-half order: convert their rows (and the QK-norm weights) once with
+coda_ext.ops.rotate_half_to_pairs; attention scores need no conversion back (q and k carry the
+same permutation). In the graph the rotation is x·cos θ_n + pair_swap(x)·sin θ_n with θ negated on
+even columns, and the angle is reduced exactly in turns (coda_ext.turns): frequencies come as a
+float pair (rope_frequencies), so positions of 10⁵ and more keep full precision.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+import coda_ext as ce
+
+from . import common
+
+NAME = "qkv_rope"
+
+
+def default_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """Llama's inverse frequencies (radians per position) of the head_dim/2 pairs, fp64."""
+    return 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+
+def rope_frequencies(head_dim: int, n_heads: int, n_kv_heads: int, theta: float = 10000.0,
+                     inv_freq: Optional[torch.Tensor] = None, device=None) -> torch.Tensor:
+    """The (2, N) fp32 table qkv_rope takes, N = (n_heads + 2 n_kv_heads) · head_dim: per column its
+    frequency in turns per position (negated on even columns), as hi + lo float pair; 0 on V.
+    inv_freq (head_dim/2,), radians per position, overrides theta (e.g. Llama 3's scaled ones).
+    Compute it once per model, not per step."""
+    if head_dim % 2:
+        raise ValueError(f"rope_frequencies: head_dim must be even, got {head_dim}")
+    f = (default_inv_freq(head_dim, theta) if inv_freq is None else inv_freq.detach().double().cpu())
+    if tuple(f.shape) != (head_dim // 2,):
+        raise ValueError(f"rope_frequencies: inv_freq must have shape ({head_dim // 2},), got {tuple(f.shape)}")
+    turns = f / (2 * math.pi)
+    per_head = torch.stack([-turns, turns], dim=-1).reshape(head_dim)
+    cols = torch.cat([per_head.repeat(n_heads + n_kv_heads), torch.zeros(n_kv_heads * head_dim, dtype=torch.float64)])
+    hi = cols.float()
+    lo = (cols - hi.double()).float()
+    return torch.stack([hi, lo]).to(device)
+
+
+def graph(scaled: bool, qk_norm: bool, head_dim: int) -> ce.Graph:
+    g = ce.Graph()
+    z = g.accumulator()
+    if scaled:
+        z = z * g.col_vector("rstd", "float32")
+    if qk_norm:  # norm_b = γ on Q/K columns (0 on V), norm_a = 1 on V columns (0 on Q/K)
+        inv_rms = ce.rsqrt(ce.segment_reduce(z, head_dim, "sumsq") * (1.0 / head_dim) + g.scalar("eps"))
+        z = z * ce.fma(g.row_vector("norm_b", "float32"), inv_rms, g.row_vector("norm_a", "float32"))
+    t = ce.turns(g.col_vector("positions", "float32"), g.row_vector("freq_hi", "float32"),
+                 g.row_vector("freq_lo", "float32"))
+    g.output(z * ce.cos_turns(t) + ce.pair_swap(z) * ce.sin_turns(t), name="qkv")
+    return g
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, n_heads: int, n_kv_heads: int,
+              inv_freq: Optional[torch.Tensor] = None, theta: float = 10000.0, rstd: Optional[torch.Tensor] = None,
+              q_norm_weight: Optional[torch.Tensor] = None, k_norm_weight: Optional[torch.Tensor] = None,
+              eps: float = 1e-6) -> torch.Tensor:
+    """fp32 reference (angles in fp64), written head by head: the (..., N) output of qkv_rope."""
+    z = x.float() @ weight.float().t()
+    if rstd is not None:
+        z = rstd.float()[..., None] * z
+    hd = weight.shape[0] // (n_heads + 2 * n_kv_heads)
+    heads = z.reshape(*z.shape[:-1], n_heads + 2 * n_kv_heads, hd)
+    q, k, v = heads.split([n_heads, n_kv_heads, n_kv_heads], dim=-2)
+    if q_norm_weight is not None:
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * q_norm_weight.float()
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps) * k_norm_weight.float()
+    f = default_inv_freq(hd, theta) if inv_freq is None else inv_freq.double().cpu()
+    angle = positions.double()[..., None, None] * f.to(positions.device)      # (..., 1, hd/2)
+    cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
+
+    def rotate(t):
+        a, b = t[..., 0::2], t[..., 1::2]
+        return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+
+    return torch.cat([rotate(q), rotate(k), v], dim=-2).flatten(-2)
+
+
+@torch.library.custom_op("coda_ext::qkv_rope", mutates_args=())
+def _op(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
+        rstd: Optional[torch.Tensor], norm_a: Optional[torch.Tensor], norm_b: Optional[torch.Tensor],
+        head_dim: int, eps: float) -> torch.Tensor:
+    qk_norm = norm_a is not None
+    op = common.graph_op(graph, common.dtype_name(x.dtype), "auto", rstd is not None, qk_norm, head_dim)
+    inputs = {"positions": positions, "freq_hi": freqs[0], "freq_lo": freqs[1]}
+    if rstd is not None:
+        inputs["rstd"] = rstd
+    if qk_norm:
+        inputs.update(norm_a=norm_a, norm_b=norm_b, eps=eps)
+    return op.run(x, weight, inputs, {}).qkv
+
+
+@_op.register_fake
+def _fake(x, weight, positions, freqs, rstd, norm_a, norm_b, head_dim, eps):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, n_heads: int,
+             n_kv_heads: int, rstd: Optional[torch.Tensor] = None, q_norm_weight: Optional[torch.Tensor] = None,
+             k_norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+    """[Q | K | V] (..., (n_heads + 2 n_kv_heads) · head_dim) in x's dtype: RoPE on Q and K (adjacent
+    pairs), V passed through, optionally QK-norm (per-head RMSNorm with q/k_norm_weight (head_dim,))
+    before RoPE and the rstd scaling of a fused RMSNorm. positions (...) integer or float (< 2**24);
+    freqs from rope_frequencies(). Split the result with split_qkv."""
+    common.check_linear(NAME, x, weight)
+    n_cols = n_heads + 2 * n_kv_heads
+    if n_heads < 1 or n_kv_heads < 1 or weight.shape[0] % n_cols:
+        raise ValueError(f"{NAME}: weight has {weight.shape[0]} rows, not a multiple of n_heads + 2·n_kv_heads = "
+                         f"{n_cols} heads")
+    hd = weight.shape[0] // n_cols
+    if hd not in (64, 128):
+        raise ValueError(f"{NAME}: head_dim {hd} is not supported; use 64 or 128")
+    lead = tuple(x.shape[:-1])
+    if not isinstance(positions, torch.Tensor):
+        raise TypeError(f"{NAME}: positions must be a tensor of shape {lead}, got {type(positions).__name__}")
+    common.check_rows(NAME, "positions", positions, lead, None, None, x.device)
+    if not isinstance(freqs, torch.Tensor) or tuple(freqs.shape) != (2, weight.shape[0]) or freqs.dtype != torch.float32:
+        raise ValueError(f"{NAME}: freqs must be the (2, {weight.shape[0]}) float32 table of "
+                         "coda_ext.ops.rope_frequencies(head_dim, n_heads, n_kv_heads, ...)")
+    if freqs.device != x.device:
+        raise ValueError(f"{NAME}: freqs is on {freqs.device} but x is on {x.device}; move it with .to(x.device)")
+    if rstd is not None:
+        common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, x.device)
+        rstd = rstd.reshape(-1)
+    norm_a = norm_b = None
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError(f"{NAME}: QK-norm needs both q_norm_weight and k_norm_weight (or neither)")
+    if q_norm_weight is not None:
+        common.check_vector(NAME, "q_norm_weight", q_norm_weight, hd, x.device)
+        common.check_vector(NAME, "k_norm_weight", k_norm_weight, hd, x.device)
+        norm_a, norm_b = qk_norm_vectors(q_norm_weight, k_norm_weight, n_heads, n_kv_heads)
+    pos = positions.reshape(-1).to(torch.float32)
+    out = torch.ops.coda_ext.qkv_rope(common.rows(x), weight, pos, freqs, rstd, norm_a, norm_b, hd, float(eps))
+    return out.reshape(*lead, weight.shape[0])
+
+
+def qk_norm_vectors(q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, n_heads: int,
+                    n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm_a, norm_b) fp32 (N,): the epilogue scales column n by norm_b[n]·inv_rms + norm_a[n]."""
+    hd = q_norm_weight.shape[0]
+    dev = q_norm_weight.device
+    zeros, ones = torch.zeros((n_heads + n_kv_heads) * hd, device=dev), torch.ones(n_kv_heads * hd, device=dev)
+    norm_a = torch.cat([zeros, ones])
+    norm_b = torch.cat([q_norm_weight.float().repeat(n_heads), k_norm_weight.float().repeat(n_kv_heads),
+                        torch.zeros(n_kv_heads * hd, device=dev)])
+    return norm_a, norm_b
+
+
+def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views q (..., n_heads, hd), k and v (..., n_kv_heads, hd) of a qkv_rope result."""
+    hd = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
+    heads = qkv.unflatten(-1, (n_heads + 2 * n_kv_heads, hd))
+    return heads.split([n_heads, n_kv_heads, n_kv_heads], dim=-2)
+
+
+BUILDS = [(graph, (s, n, hd)) for s in (False, True) for n in (False, True) for hd in (64, 128)]

@@ -1,0 +1,68 @@
+"""linear + residual + RMSNorm statistics (CODA K1/K3): the down or output projection adds the
+residual stream, applies the next norm's weight and produces the norm's statistic:
+
+    out  = x @ weightᵀ + residual          (the new residual stream, stored)
+    h    = out ⊙ norm_weight               (the next GEMM's input, stored)
+    rstd = rsqrt(mean(out², -1) + eps)     (fp32, from deterministic per-tile partials)
+
+so RMSNorm(out) @ Wᵀ = rstd ⊙row (h @ Wᵀ) is finished by the next GEMM's epilogue (rms_linear,
+linear_swiglu, qkv_rope). The statistic is summed from the fp32 value of out before rounding.
+"""
+from __future__ import annotations
+
+import torch
+
+import coda_ext as ce
+
+from . import common
+
+NAME = "linear_residual_norm"
+
+
+def graph() -> ce.Graph:
+    g = ce.Graph()
+    out = g.accumulator() + g.tile("residual")
+    g.output(out)
+    g.store("h", out * g.row_vector("norm_weight"))
+    g.row_reduce("sumsq", out, "sumsq")
+    return g
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+              eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 reference (any device): (out, h, rstd) in fp32."""
+    out = x.float() @ weight.float().t() + residual.float()
+    h = out * norm_weight.float()
+    rstd = torch.rsqrt(out.pow(2).mean(-1) + eps)
+    return out, h, rstd
+
+
+@torch.library.custom_op("coda_ext::linear_residual_norm", mutates_args=())
+def _op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+        eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    op = common.graph_op(graph, common.dtype_name(x.dtype), "auto")
+    r = op.run(x, weight, {"residual": residual, "norm_weight": norm_weight}, {})
+    rstd = torch.rsqrt(r.sumsq / weight.shape[0] + eps)
+    return r.out, r.h, rstd
+
+
+@_op.register_fake
+def _fake(x, weight, residual, norm_weight, eps):
+    M, N = x.shape[0], weight.shape[0]
+    return x.new_empty(M, N), x.new_empty(M, N), x.new_empty(M, dtype=torch.float32)
+
+
+def linear_residual_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                         eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, h, rstd): out = x @ weightᵀ + residual, h = out ⊙ norm_weight (both x's dtype), rstd (fp32)
+    the RMSNorm statistic of out. x (..., K), weight (N, K), residual (..., N), norm_weight (N,)."""
+    common.check_linear(NAME, x, weight)
+    lead, N = tuple(x.shape[:-1]), weight.shape[0]
+    common.check_rows(NAME, "residual", residual, lead, N, x.dtype, x.device)
+    common.check_vector(NAME, "norm_weight", norm_weight, N, x.device, x.dtype)
+    out, h, rstd = torch.ops.coda_ext.linear_residual_norm(common.rows(x), weight, common.rows(residual),
+                                                           norm_weight, float(eps))
+    return out.reshape(*lead, N), h.reshape(*lead, N), rstd.reshape(lead)
+
+
+BUILDS = [(graph, ())]

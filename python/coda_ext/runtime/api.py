@@ -1,0 +1,49 @@
+"""The public entry points: compile a graph into an op, and prebuild kernels ahead of time."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from ..compile import build_kernels, kernel_source, nvcc
+from ..config import KernelConfig
+from ..errors import UnsupportedError
+
+
+def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | None = None):  # noqa: A001
+    """Returns an op for `graph` with GEMM operands of `dtype`, building its kernel on a cache miss.
+
+    config: a KernelConfig; None for the default (coda_ext.DEFAULT_CONFIG, one kernel); "auto" for
+    an op that picks a config per (N, K, M bucket, GPU): the one remembered from tuning, else a
+    shape heuristic (coda_ext.tuning.heuristic) — the fast choice at any shape, compiling each
+    config on its first use; "tune" for one that measures the candidate configs on the first call
+    of an unknown shape. `prebuild([(graph, dtype, "auto")])` builds what "auto" may use.
+    Every op is a torch custom op (coda_ext::run_graph): it works under torch.compile(fullgraph=True)
+    and in CUDA-graph capture."""
+    from .op import CompiledOp
+    from .tuned import TunedOp
+
+    if isinstance(config, str):
+        if config not in ("auto", "tune"):
+            raise UnsupportedError(f"config must be a KernelConfig, None, 'auto' or 'tune'; got {config!r}")
+        return TunedOp(graph, dtype, tune=config == "tune")
+    ks = kernel_source(graph, dtype, config)
+    library = nvcc.build(ks.source, ks.label)
+    return CompiledOp(ks.graph, ks.lowered, ks.dtype, ks.config, library, ks.source)
+
+
+def expand_items(items: Iterable[tuple[Any, Any, Any]]):
+    """(graph, dtype, config) items with "auto"/"tune" configs replaced by the configs they stand for."""
+    from .tuned import TunedOp
+
+    for graph, dtype, config in items:
+        if isinstance(config, str):
+            yield from TunedOp(graph, dtype, tune=config == "tune").prebuild_items()
+        else:
+            yield graph, dtype, config
+
+
+def prebuild(items: Iterable[tuple[Any, Any, KernelConfig | str | None]], jobs: int | None = None) -> list[str]:
+    """Builds (graph, dtype, config) kernels in parallel, one nvcc per translation unit.
+    Needs nvcc, not a GPU; the cache entries load on any machine with the same nvcc/CUTLASS.
+    A config of "auto" or "tune" stands for every config such an op may use.
+    Returns the library paths in order."""
+    return build_kernels(list(expand_items(items)), jobs)

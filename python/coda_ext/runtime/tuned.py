@@ -1,0 +1,84 @@
+"""Per-shape config dispatch: an op that runs each call on the kernel config chosen for its
+(N, K, M bucket) on this GPU — remembered from tuning, else the shape heuristic (tuning.py)."""
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+import torch
+
+from .. import tuning
+from ..compile import build_kernels, kernel_source
+from ..config import KernelConfig
+from ..graph.interpret import Outputs
+from . import checks
+from .interface import GraphOp
+
+
+class TunedOp(GraphOp):
+    """Dispatches each call to the config chosen for its (N, K, M bucket) on this GPU."""
+
+    def __init__(self, graph: Any, dtype: Any, tune: bool,
+                 candidates: tuple[KernelConfig, ...] = tuning.CANDIDATES, reps: int = 20,
+                 time_fn: Callable[[Callable[[], Any], int], list[float]] = tuning.cuda_event_time_ms):
+        self.graph, self.tune = graph, tune
+        self.candidates = candidates
+        self.reps, self.time_fn = reps, time_fn
+        first = kernel_source(graph, dtype, candidates[0])
+        self.digest, self.dtype_name = first.graph.digest(), first.dtype
+        self.epilogue = tuning.Epilogue.of(first.lowered)
+        self._ops: dict[str, Any] = {}
+        self._chosen: dict[tuple, Any] = {}  # (M bucket, N, K, device) -> op, so a call reads no file
+        self._init_interface(first.lowered, first.dtype, f"{self.digest}|{first.dtype}|{'tune' if tune else 'auto'}")
+
+    def __repr__(self) -> str:
+        return (f"<coda_ext.TunedOp graph={self.digest} dtype={self.dtype} {'tune' if self.tune else 'auto'} "
+                f"inputs={list(self.input_names)} outputs={list(self.output_names)}>")
+
+    @staticmethod
+    def sms(A: Any) -> int:
+        try:
+            return torch.cuda.get_device_properties(A.device).multi_processor_count
+        except Exception:  # no CUDA device at hand (CPU tests): assume an H100
+            return tuning.DEFAULT_SMS
+
+    def config_for(self, M: int, N: int, K: int, sms: int = tuning.DEFAULT_SMS) -> KernelConfig:
+        """The heuristic's choice for this graph (used where tuning has remembered nothing)."""
+        return tuning.heuristic(tuning.m_bucket(M), N, K, sms, self.epilogue)
+
+    def op_for(self, config: KernelConfig):
+        from .api import compile as compile_op
+
+        if config.tag not in self._ops:
+            self._ops[config.tag] = compile_op(self.graph, self.dtype_name, config)
+        return self._ops[config.tag]
+
+    def choose(self, A: Any, W: Any, inputs: dict[str, Any], gpu: str) -> KernelConfig:
+        M, K = A.shape
+        N = W.shape[0]
+        key = tuning.memory_key(self.digest, self.dtype_name, N, K, M, gpu)
+        known = tuning.load_memory().get(key)
+        if known and tuning.config_by_tag(known["config"], self.candidates):
+            return tuning.config_by_tag(known["config"], self.candidates)
+        if not self.tune:
+            return self.config_for(M, N, K, self.sms(A))
+        build_kernels([(self.graph, self.dtype_name, c) for c in self.candidates])  # all candidates, in parallel
+        timings = {c.tag: statistics.median(self.time_fn(lambda c=c: self.op_for(c).run(A, W, inputs, {}),
+                                                         self.reps))
+                   for c in self.candidates}
+        best = min(self.candidates, key=lambda c: timings[c.tag])
+        tuning.remember(key, best.tag, timings)
+        return best
+
+    def run(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any]) -> Outputs:
+        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None)  # before any tuning
+        where = (tuning.m_bucket(M), N, K, A.device.index)
+        op = self._chosen.get(where)
+        if op is None:  # first call of this shape class in this process
+            op = self._chosen[where] = self.op_for(self.choose(A, W, inputs, torch.cuda.get_device_name(A.device)))
+        return op.run(A, W, inputs, out)
+
+    def prebuild_items(self) -> list[tuple[Any, Any, KernelConfig]]:
+        """What this op may compile: the heuristic's configs, or every candidate when tuning."""
+        configs = self.candidates if self.tune else tuning.HEURISTIC_CONFIGS
+        return [(self.graph, self.dtype_name, c) for c in configs]
