@@ -13,7 +13,6 @@ import torch
 
 import cases
 import coda_ext as ce
-from coda_ext.graph import ir
 from coda_ext.graph.interpret import torch_dtype
 
 SHAPES = [(1, 136, 64), (77, 200, 136), (513, 392, 520), (1000, 1032, 264), (2048, 4096, 1024)]
@@ -43,12 +42,10 @@ def make_inputs(op, M: int, N: int, K: int, gen: torch.Generator):
 
 
 def poisoned_outputs(op, M: int, N: int):
-    out = {op.output_name: torch.full((M, N), math.nan, dtype=op.dtype, device="cuda")}
-    for s in op.slots:
-        if s.kind in ir.INPUT_KINDS or s.kind == "scalar":
-            continue
-        shape, dtype = op._output_shape(s, M, N)
-        out[s.name] = torch.full(shape, math.nan, dtype=dtype, device="cuda")
+    out = {}
+    for name in op.output_names:
+        shape, dtype = op.output_spec(name, M, N)
+        out[name] = torch.full(shape, math.nan, dtype=dtype, device="cuda")
     return out
 
 
