@@ -1,6 +1,7 @@
 """Build a list of kernels ahead of time, in parallel, on any machine with nvcc (no GPU needed).
 
     python -m coda_ext.prebuild path/to/cases.py [-j JOBS]
+    python -m coda_ext.prebuild --ops [OP ...] [--dtypes bfloat16]   # the ready ops' kernels
 
 The file defines build_items() -> [(graph, dtype, config), ...] (config: a KernelConfig, None for the
 default, or "auto"/"tune" for every config such an op may use). The built kernels land
@@ -30,12 +31,39 @@ def load_items(path: str):
     return module.build_items()
 
 
+def ready_op_names() -> list[str]:
+    from . import ops
+
+    return [m.NAME for m in ops.MODULES]
+
+
+def ready_op_items(names: list[str], dtypes: list[str]):
+    """(graph, dtype, "auto") of every graph variant of the named ready ops (all if none named)."""
+    from . import ops
+
+    known = {m.NAME: m for m in ops.MODULES}
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise SystemExit(f"unknown ready op(s) {unknown}; known: {sorted(known)}")
+    chosen = [known[n] for n in names] if names else list(ops.MODULES)
+    return [(build(*args), d, "auto") for m in chosen for build, args in m.BUILDS for d in dtypes]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m coda_ext.prebuild", description=__doc__.splitlines()[0])
-    parser.add_argument("files", nargs="+", help="Python files defining build_items()")
+    parser.add_argument("files", nargs="*", help="Python files defining build_items()")
+    parser.add_argument("--ops", nargs="*", metavar="OP", default=None,
+                        help="the ready ops' kernels (coda_ext.ops; all of them, or the named ones: "
+                             f"{', '.join(ready_op_names())}), every config 'auto' may pick")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float16"], help="dtypes of --ops")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count(), help="parallel nvcc processes")
     args = parser.parse_args(argv)
-    items = list(expand_items(item for f in args.files for item in load_items(f)))
+    if not args.files and args.ops is None:
+        parser.error("name files defining build_items(), or --ops")
+    listed = [item for f in args.files for item in load_items(f)]
+    if args.ops is not None:
+        listed += ready_op_items(args.ops, args.dtypes)
+    items = list(expand_items(listed))
     distinct = {ks.source: ks for ks in (kernel_source(*item) for item in items)}
     hits = sum(cached(ks) for ks in distinct.values())
     start = time.monotonic()
