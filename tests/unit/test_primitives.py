@@ -1,0 +1,124 @@
+"""The graph primitives of the ready ops: graphs without a main output, pair_swap, exact angle
+turns, segmented row reductions, online log-sum-exp, column indices, comparisons and where,
+integer vectors, and casts that compile as any output — builder, interpreter, emitter."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import coda_ext as ce
+from coda_ext.codegen.constraints import fit_config
+
+
+def _acc():
+    g = ce.Graph()
+    return g, g.accumulator()
+
+
+def test_cast_to_the_other_16_bit_type_emits_an_fp32_value():
+    """Regression: g.output(cast(x, fp16)) in a bf16 op failed in nvcc (Array<float> = Array<bf16>)."""
+    g, acc = _acc()
+    g.output(ce.cast(acc, "float16"))
+    src = ce.emit_source(g, torch.bfloat16)
+    assert "Cast<Cfg, cutlass::half_t>" in src
+    assert "Compute<Cfg, Identity" not in src
+
+
+def test_graph_without_main_output_emits_void_d():
+    g, acc = _acc()
+    g.store("y", ce.swiglu_pairs(acc))
+    g.row_reduce("lse", acc, "logsumexp")
+    src = ce.emit_source(g, torch.bfloat16)
+    assert "coda::kernels::Config<cutlass::bfloat16_t, void," in src
+    assert "using Fusion = WithoutD<FusionTree, cutlass::bfloat16_t>;" in src
+    assert "ReduceCombine::LogSumExp" in src and "RowLogSumExp<Cfg>" in src
+
+
+def test_logsumexp_is_a_row_reduction_only():
+    g, acc = _acc()
+    with pytest.raises(ce.GraphError, match="only supported by row_reduce"):
+        g.col_reduce("c", acc, "logsumexp")
+
+
+def test_interpreter_semantics_of_the_new_nodes():
+    M, N, K = 5, 8, 4
+    A, W = torch.randn(M, K), torch.randn(N, K)
+    g, acc = _acc()
+    g.output(ce.pair_swap(acc), name="swapped")
+    g.store("seg", ce.segment_reduce(acc, 32, "sumsq") * 0 + ce.where(ce.gt(acc, 0.0), 1.0, -1.0), dtype="float32")
+    g.store("idx", g.col_index() + 0.0, dtype="float32")
+    g.row_reduce("lse", acc, "logsumexp")
+    tgt = g.col_vector("t", torch.int64)
+    g.row_reduce("picked", ce.where(ce.eq(g.col_index(), tgt), acc, 0.0), "sum")
+    with pytest.raises(ValueError, match="multiple of it"):  # N = 8 < one 32-column segment
+        ce.interpret(g, A, W, t=torch.zeros(M, dtype=torch.int64))
+    N = 64
+    W = torch.randn(N, K)
+    t = torch.randint(0, N, (M,))
+    o = ce.interpret(g, A, W, t=t)
+    x = A @ W.t()
+    assert torch.equal(o.swapped, x.reshape(M, N // 2, 2).flip(-1).reshape(M, N))
+    assert torch.equal(o.seg, torch.where(x > 0, 1.0, -1.0))
+    assert torch.equal(o.idx, torch.arange(N, dtype=torch.float32).expand(M, N))
+    assert torch.allclose(o.lse, torch.logsumexp(x, 1))
+    assert torch.equal(o.picked, x.gather(1, t[:, None])[:, 0])
+
+
+def test_segment_reduce_broadcasts_each_segment():
+    g, acc = _acc()
+    g.output(ce.segment_reduce(acc, 32, "max"))
+    A, W = torch.randn(3, 4), torch.randn(96, 4)
+    x = A @ W.t()
+    want = x.reshape(3, 3, 32).amax(-1, keepdim=True).expand(3, 3, 32).reshape(3, 96)
+    assert torch.equal(ce.interpret(g, A, W).out, want)
+
+
+def test_turns_keeps_the_fraction_exact_at_long_context():
+    """frac(pos · f) at positions ~1e5: exact in the interpreter (fp64), and the fp32 float-pair
+    form the kernel evaluates (FMA error recovery) agrees to ~1e-7 turns where pos · f in fp32
+    radians would have lost every digit."""
+    pos = torch.tensor([131071.0, 99991.0, 3.0])
+    f = torch.tensor([0.15915494309189535, 1e-4 / (2 * math.pi), 0.25], dtype=torch.float64)  # turns/position
+    hi = f.float()
+    lo = (f - hi.double()).float()
+    exact = pos.double() * f
+    exact = exact - torch.round(exact)
+    p = pos * hi
+    err = torch.addcmul(-p, pos, hi)  # fp32: like fmaf(pos, hi, -p) (exact product error here)
+    kernel = (p - torch.round(p)) + (pos * lo + err)
+    assert (kernel.double() - exact).abs().max() < 5e-7
+    naive = p - torch.round(p)  # the fraction of the rounded fp32 product
+    assert (naive.double() - exact).abs().max() > 1e-4
+
+
+def test_segment_reduce_fits_the_epilogue_tile():
+    g, acc = _acc()
+    g.output(ce.segment_reduce(acc, 128, "sumsq"))
+    built = g.build()
+    assert fit_config(built, ce.KernelConfig((128, 128, 64), schedule="pingpong")).epilogue_tile == (64, 128)
+    assert fit_config(built, ce.KernelConfig((128, 256, 64))).epilogue_tile == (128, 128)
+    with pytest.raises(ce.UnsupportedError, match="must lie inside one N tile"):
+        fit_config(built, ce.KernelConfig((128, 192, 64)))
+    with pytest.raises(ce.UnsupportedError, match=r"needs the epilogue tile \(64, 128\)"):
+        fit_config(built, ce.KernelConfig((128, 128, 64), schedule="pingpong", epilogue_tile=(64, 32)))
+    src = ce.emit_source(g, torch.bfloat16)
+    assert "SegmentReduce<Cfg, ReduceSumSq, 128>" in src and "coda::kernels::Pingpong, 64, 128>" in src
+
+
+def test_integer_vectors_reach_the_kernel_as_int32():
+    g, acc = _acc()
+    g.output(acc + g.col_vector("a", torch.int64) + g.row_vector("b", "int32"))
+    src = ce.emit_source(g, torch.bfloat16)
+    assert "ColVector<Cfg, int32_t>" in src and "RowVector<Cfg, int32_t>" in src
+    with pytest.raises(ce.GraphError, match="only allowed for row and column vectors"):
+        g.tile("c", torch.int32)
+
+
+def test_new_functions_reject_bad_arguments():
+    g, acc = _acc()
+    with pytest.raises(ce.GraphError, match="size must be 32, 64 or 128"):
+        ce.segment_reduce(acc, 100)
+    with pytest.raises(ce.GraphError, match="op must be one of"):
+        ce.segment_reduce(acc, 64, "logsumexp")
