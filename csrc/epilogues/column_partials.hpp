@@ -16,7 +16,14 @@
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
+#include "node_base.hpp"
+
 namespace coda::epi {
+
+struct Sm90ColumnPartialsArguments {
+  float* ptr_partials = nullptr;
+  float identity = 0.0f;
+};
 
 template <
   class InputFn,         // scalar rule folding one element into a partial: (partial, x) -> partial
@@ -24,42 +31,12 @@ template <
   class CtaTileShapeMNK,
   bool CheckOOB = true   // false: elements beyond the problem are known to be the rule's identity
 >
-struct Sm90ColumnPartials {
-  struct SharedStorage {};
-
-  struct Arguments {
-    float* ptr_partials = nullptr;
-    float identity = 0.0f;
-  };
-  using Params = Arguments;
+struct Sm90ColumnPartials : Sm90PlainNode<Sm90ColumnPartialsArguments> {
+  using Sm90PlainNode::Sm90PlainNode;
 
   template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const& args) {
+  static bool can_implement(ProblemShape const&, Sm90ColumnPartialsArguments const& args) {
     return args.ptr_partials != nullptr;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_HOST_DEVICE Sm90ColumnPartials() {}
-  CUTLASS_HOST_DEVICE Sm90ColumnPartials(Params const& params, SharedStorage const&) : params_ptr(&params) {}
-
-  Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
   }
 
   template <int Threads, class RTensor, class CTensor, class Residue>

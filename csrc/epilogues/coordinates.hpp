@@ -9,41 +9,14 @@
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
+#include "node_base.hpp"
+
 namespace coda::epi {
 
-struct Sm90ColIndex {
-  struct SharedStorage {};
-  struct Arguments {};
-  using Params = Arguments;
+struct Sm90ColIndexArguments {};
 
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const&) { return true; }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_HOST_DEVICE Sm90ColIndex() {}
-  CUTLASS_HOST_DEVICE Sm90ColIndex(Params const& params, SharedStorage const&) : params_ptr(&params) {}
-
-  // A data member: CUTLASS's visitor tuples hand an empty node out by value, which its
-  // callbacks' lambdas (taking `auto&`) cannot bind.
-  Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
-  }
+struct Sm90ColIndex : Sm90PlainNode<Sm90ColIndexArguments> {
+  using Sm90PlainNode::Sm90PlainNode;
 
   template <class CTensor>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {

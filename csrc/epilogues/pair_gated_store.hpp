@@ -15,51 +15,30 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
 #include "functors.hpp"
+#include "node_base.hpp"
 
 namespace coda::epi {
+
+template <class Element>
+struct Sm90PairGatedStoreArguments {
+  Element* ptr_out = nullptr;  // (M, N / 2), row-major
+  int64_t ld_out = 0;          // leading stride of the output, in elements
+};
 
 template <
   class Element,        // stored element type of the half-width output (bf16 / fp16 / float)
   class ActFn,          // scalar rule applied to the gate column, e.g. scalar::Silu
   cutlass::FloatRoundStyle RoundStyle = cutlass::FloatRoundStyle::round_to_nearest
 >
-struct Sm90PairGatedStore {
-  struct SharedStorage {};
-
-  struct Arguments {
-    Element* ptr_out = nullptr;  // (M, N / 2), row-major
-    int64_t ld_out = 0;          // leading stride of the output, in elements
-  };
-  using Params = Arguments;
+struct Sm90PairGatedStore : Sm90PlainNode<Sm90PairGatedStoreArguments<Element>> {
+  using Base = Sm90PlainNode<Sm90PairGatedStoreArguments<Element>>;
+  using typename Base::Params;
+  using Base::Base;
 
   template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
+  static bool can_implement(ProblemShape const& problem_shape, Params const& args) {
     auto N = cute::get<1>(problem_shape);
     return (N % 2 == 0) && args.ptr_out != nullptr && args.ld_out >= N / 2;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_HOST_DEVICE Sm90PairGatedStore() {}
-  CUTLASS_HOST_DEVICE Sm90PairGatedStore(Params const& params, SharedStorage const&) : params_ptr(&params) {}
-
-  Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
   }
 
   template <class RTensor, class CTensor, class ProblemShapeMN>
@@ -233,7 +212,7 @@ struct Sm90PairGatedStore {
     Tensor tC_rOut = make_tensor<Element>(take<0, 3>(shape(tC_cOut)));
     auto shape_mn = make_shape(int(M), int(N));
     return ConsumerStoreCallbacks<decltype(tC_rOut), decltype(tC_cOut), decltype(shape_mn)>(
-        cute::move(tC_rOut), cute::move(tC_cOut), shape_mn, params_ptr);
+        cute::move(tC_rOut), cute::move(tC_cOut), shape_mn, this->params_ptr);
   }
 };
 

@@ -16,45 +16,24 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
 #include "functors.hpp"
+#include "node_base.hpp"
 
 namespace coda::epi {
+
+struct Sm90PartialsArguments {
+  float* ptr_partials = nullptr;
+};
 
 template <
   class CtaTileShapeMNK,
   bool CheckOOB = true   // false only if no element lies beyond the problem's columns (never chosen today)
 >
-struct Sm90RowLsePartials {
-  struct SharedStorage {};
-  struct Arguments {
-    float* ptr_partials = nullptr;
-  };
-  using Params = Arguments;
+struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
+  using Sm90PlainNode::Sm90PlainNode;
 
   template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const&, Arguments const& args) { return args.ptr_partials != nullptr; }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_HOST_DEVICE Sm90RowLsePartials() {}
-  CUTLASS_HOST_DEVICE Sm90RowLsePartials(Params const& params, SharedStorage const&) : params_ptr(&params) {}
-
-  Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
+  static bool can_implement(ProblemShape const&, Sm90PartialsArguments const& args) {
+    return args.ptr_partials != nullptr;
   }
 
   // (m, s) of two parts of a row -> the whole row. Commutative (both lanes of a shuffle agree).

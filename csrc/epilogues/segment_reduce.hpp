@@ -16,7 +16,13 @@
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
+#include "node_base.hpp"
+
 namespace coda::epi {
+
+struct Sm90SegmentReduceArguments {
+  float identity = 0.0f;  // of the node's InputFn / CombineFn
+};
 
 template <
   class InputFn,         // scalar rule folding one element into a partial: (partial, x) -> partial
@@ -24,40 +30,12 @@ template <
   int Size,              // columns per segment: must equal the epilogue subtile's N
   class CtaTileShapeMNK
 >
-struct Sm90SegmentReduce {
-  struct SharedStorage {};
-  struct Arguments {
-    float identity = 0.0f;  // of InputFn / CombineFn
-  };
-  using Params = Arguments;
+struct Sm90SegmentReduce : Sm90PlainNode<Sm90SegmentReduceArguments> {
+  using Sm90PlainNode::Sm90PlainNode;
 
   template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
-  template <class ProblemShape>
-  static bool can_implement(ProblemShape const& problem_shape, Arguments const&) {
+  static bool can_implement(ProblemShape const& problem_shape, Sm90SegmentReduceArguments const&) {
     return int(cute::get<1>(problem_shape)) % Size == 0;  // whole segments only
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) { return 0; }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_HOST_DEVICE Sm90SegmentReduce() {}
-  CUTLASS_HOST_DEVICE Sm90SegmentReduce(Params const& params, SharedStorage const&) : params_ptr(&params) {}
-
-  Params const* params_ptr = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(cutlass::epilogue::fusion::ProducerLoadArgs<Args...> const&) {
-    return cutlass::epilogue::fusion::EmptyProducerLoadCallbacks{};
   }
 
   template <class RowLayout>
