@@ -4,7 +4,7 @@ Liger-Kernel's fused linear cross-entropy for the LM head), timed interleaved in
 ratios are medians of per-round ratios to cuBLAS; peak memory above what was allocated before.
 
     python -m coda_ext.prebuild benchmarks/bench_fused_ops.py -j 16   # the kernels the run needs
-    python benchmarks/bench_fused_ops.py [--models 8B 1B] [--ms 16384 1024 128] [--out NAME]
+    python benchmarks/bench_fused_ops.py [--models 8B 1B] [--ms 16384 1024 128] [--ops ...] [--out NAME]
     python benchmarks/bench_fused_ops.py --merge results/a.json results/b.json --out ops_h100
 
 torch.compile is timed at the training shapes (M = 16384) and for the LM head (compiling per
@@ -30,7 +30,7 @@ LM_HEAD = dict(M=8192, K=4096, V=128256)
 GOAL_RATIO = 1.03
 
 
-def cases(models=tuple(MODELS), ms=MS, lm_head=True):
+def cases(models=tuple(MODELS), ms=MS, lm_head=True, ops=OPS):
     """(op, model, M, N, K) of every case."""
     out = []
     for m in models:
@@ -40,7 +40,7 @@ def cases(models=tuple(MODELS), ms=MS, lm_head=True):
         shapes = {"residual_norm_down": (d, F), "residual_norm_o": (d, d), "rms_linear_silu": (F, d),
                   "swiglu_y": (2 * F, d), "swiglu_train": (2 * F, d), "qkv_rope": (qn, d), "qkv_rope_qknorm": (qn, d)}
         for M in ms:
-            out += [(op, m, M, *shapes[op]) for op in OPS]
+            out += [(op, m, M, *shapes[op]) for op in ops]
     if lm_head:
         out.append(("lm_head_ce", "8B", LM_HEAD["M"], LM_HEAD["V"], LM_HEAD["K"]))
     return out
@@ -252,6 +252,7 @@ def main(argv=None):
     p.add_argument("--ms", nargs="+", type=int, default=list(MS))
     p.add_argument("--no-lm-head", action="store_true")
     p.add_argument("--only-lm-head", action="store_true")
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default="ops_h100")
     p.add_argument("--merge", nargs="+", default=None, help="combine earlier result files instead of running")
@@ -260,12 +261,15 @@ def main(argv=None):
     if a.merge:
         parts = [json.loads(pathlib.Path(f).read_text()) for f in a.merge]
         doc = dict(parts[0])
-        doc["results"] = [r for part in parts for r in part["results"]]
+        rows = {}  # a later file's row replaces an earlier one of the same case
+        for part in parts:
+            rows.update({(r["op"], r["model"], r["M"]): r for r in part["results"]})
+        doc["results"] = list(rows.values())
         doc["runs"] = [part["gpu"] for part in parts]
     else:
         import harness
 
-        selected = [] if a.only_lm_head else cases(a.models, a.ms, lm_head=False)
+        selected = [] if a.only_lm_head else cases(a.models, a.ms, lm_head=False, ops=a.ops)
         if not a.no_lm_head:
             selected += cases((), (), lm_head=True)
         doc = {"gpu": harness.gpu_info(), "results": run(selected, a.reps)}

@@ -200,6 +200,32 @@ struct RoundThrough {
   template <class T> struct Fn : MapArrays<scalar::RoundVia<S>> {};
 };
 
+// Full width: each pair (a, b) = (x[2i], x[2i + 1]) rotated by θ = 2π·t[2i] (RoPE): one sincospif per
+// pair, in registers (pairs sit in consecutive fragment slots, as for PairSwap below).
+template <class T>
+struct RotatePairs {
+  template <class E, int N>
+  CUTLASS_HOST_DEVICE cutlass::Array<E, N> operator()(cutlass::Array<E, N> const& x,
+                                                      cutlass::Array<E, N> const& t) const {
+    static_assert(N % 2 == 0, "rotate_pairs needs an even fragment size");
+    cutlass::Array<E, N> out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; i += 2) {
+      float s, c;
+#if defined(__CUDA_ARCH__)
+      sincospif(2.0f * float(t[i]), &s, &c);
+#else
+      s = float(sin(2.0 * 3.14159265358979323846 * double(t[i])));
+      c = float(cos(2.0 * 3.14159265358979323846 * double(t[i])));
+#endif
+      float a = float(x[i]), b = float(x[i + 1]);
+      out[i] = E(fmaf(a, c, -b * s));
+      out[i + 1] = E(fmaf(b, c, a * s));
+    }
+    return out;
+  }
+};
+
 // Full width: y[2i] = x[2i + 1], y[2i + 1] = x[2i]. The wgmma accumulator layout (and the
 // epilogue fragments made from it) gives each thread both columns of an adjacent pair in
 // consecutive fragment slots, so the swap stays in registers.

@@ -10,7 +10,7 @@ from .errors import CodaError, CompileError, GraphError, LaunchError, Unsupporte
 from .graph import Graph, Outputs, Value, interpret
 from .graph.math import (
     abs, add, cast, cos_turns, div, eq, exp, fma, ge, gelu, gt, le, log, lt, maximum, minimum, mul, ne, neg,
-    pair_gate, pair_swap, relu, rsqrt, segment_reduce, sigmoid, silu, sin_turns, sqrt, square, sub, swiglu_pairs,
+    pair_gate, pair_swap, relu, rotate_pairs, rsqrt, segment_reduce, sigmoid, silu, sin_turns, sqrt, square, sub, swiglu_pairs,
     tanh, turns, where,
 )
 
@@ -20,7 +20,7 @@ __all__ = [
     "CodaError", "CompileError", "DEFAULT_CONFIG", "Graph", "GraphError", "KernelConfig", "LaunchError",
     "Outputs", "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "div", "emit_source",
     "eq", "exp", "fma", "ge", "gelu", "gt", "interpret", "kernel_source", "le", "log", "lt", "maximum", "minimum",
-    "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu", "rsqrt", "segment_reduce", "sigmoid", "silu",
+    "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu", "rotate_pairs", "rsqrt", "segment_reduce", "sigmoid", "silu",
     "sin_turns", "sqrt", "square", "sub", "swiglu_pairs", "tanh", "turns", "where",
 ]
 

@@ -122,3 +122,19 @@ def test_new_functions_reject_bad_arguments():
         ce.segment_reduce(acc, 100)
     with pytest.raises(ce.GraphError, match="op must be one of"):
         ce.segment_reduce(acc, 64, "logsumexp")
+
+
+def test_rotate_pairs_is_the_rope_rotation_of_each_pair():
+    g, acc = _acc()
+    t = ce.turns(g.col_vector("pos", "float32"), g.row_vector("hi", "float32"), g.row_vector("lo", "float32"))
+    g.output(ce.rotate_pairs(acc, t))
+    M, N = 6, 8
+    A, W = torch.randn(M, 3), torch.randn(N, 3)
+    pos, f = torch.arange(M, dtype=torch.float32) * 1000, torch.rand(N // 2).repeat_interleave(2)
+    out = ce.interpret(g, A, W, compute_dtype=torch.float64, pos=pos, hi=f, lo=torch.zeros(N)).out
+    x = (A @ W.t()).double()
+    theta = pos.double()[:, None] * f.double()[None, 0::2] * 2 * math.pi
+    a, b = x[:, 0::2], x[:, 1::2]
+    want = torch.stack([a * theta.cos() - b * theta.sin(), b * theta.cos() + a * theta.sin()], -1).reshape(M, N)
+    assert torch.allclose(out, want, atol=1e-9)
+    assert "Compute<Cfg, RotatePairs>" in ce.emit_source(g, torch.bfloat16)

@@ -27,6 +27,7 @@ FUNCTORS = {
     "gelu_tanh": "GeluTanh", "gelu_erf": "GeluErf", "keep_first": "KeepFirst",
     "eq": "Eq", "ne": "Ne", "lt": "Lt", "le": "Le", "gt": "Gt", "ge": "Ge", "where": "Where",
     "turns": "Turns", "cos_turns": "CosTurns", "sin_turns": "SinTurns", "pair_swap": "PairSwap",
+    "rotate_pairs": "RotatePairs",
 }
 #: Integer vectors reach the kernel as int32 (CUTLASS's broadcast partitioning takes 32-bit or
 #: narrower elements; the runtime narrows int64 vectors, whose values are exact in fp32 only

@@ -67,6 +67,14 @@ def pair_swap(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(x.shape[0], -1, 2).flip(-1).reshape(x.shape)
 
 
+def rotate_pairs(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Rotates each pair (x[2i], x[2i+1]) by 2π·t[2i]."""
+    theta = 2 * math.pi * t[:, 0::2]
+    a, b = x[:, 0::2], x[:, 1::2]
+    c, s = torch.cos(theta), torch.sin(theta)
+    return torch.stack([a * c - b * s, b * c + a * s], dim=-1).reshape(x.shape)
+
+
 def segment_reduce(x: torch.Tensor, size: int, op: str) -> torch.Tensor:
     """Reduces each run of `size` columns of every row and broadcasts the result back."""
     M, N = x.shape
@@ -109,7 +117,7 @@ def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: to
             got = tuple(getattr(inputs[n.name], "shape", ()))
             if got != want:
                 raise ValueError(f"interpret: input {n.name!r} ({n.kind}) must have shape {want}, got {got}")
-    if (g.find("pair_gate") or g.find("pair_swap")) and N % 2:
+    if (g.find("pair_gate") or g.find("pair_swap") or g.find("rotate_pairs")) and N % 2:
         raise ValueError(f"interpret: the graph pairs adjacent columns, so N = {N} must be even")
     for i in g.find("segment_reduce"):
         if N % g[i].attr("size"):
@@ -142,6 +150,8 @@ def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: to
             vals[i] = torch.arange(N, dtype=cd, device=A.device)[None, :]
         elif k == "pair_swap":
             vals[i] = pair_swap(_full(x[0], A, W, cd))
+        elif k == "rotate_pairs":
+            vals[i] = rotate_pairs(_full(x[0], A, W, cd), _full(x[1], A, W, cd))
         elif k == "turns":
             vals[i] = turns(*torch.broadcast_tensors(*x)).to(cd)
         elif k == "segment_reduce":

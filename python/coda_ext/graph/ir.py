@@ -23,7 +23,8 @@ UNARY_KINDS = (
 )
 #: Comparisons give 1.0 where true and 0.0 where false.
 COMPARE_KINDS = ("eq", "ne", "lt", "le", "gt", "ge")
-BINARY_KINDS = ("add", "sub", "mul", "div", "max", "min") + COMPARE_KINDS
+#: rotate_pairs(x, t): each adjacent pair (x[2i], x[2i+1]) rotated by 2π·t[2i] (RoPE), full width.
+BINARY_KINDS = ("add", "sub", "mul", "div", "max", "min", "rotate_pairs") + COMPARE_KINDS
 TERNARY_KINDS = ("fma", "where", "turns")
 COMMUTATIVE_KINDS = ("add", "mul", "max", "min", "eq", "ne")
 #: Values that read a whole segment of their row (every column of it must be in the same

@@ -107,6 +107,13 @@ def pair_swap(x: Value) -> Value:
     return _op("pair_swap", x)
 
 
+def rotate_pairs(x: Value, t: Operand) -> Value:
+    """Full width: each adjacent pair (a, b) = (x[:, 2i], x[:, 2i+1]) rotated by θ = 2π·t[:, 2i]:
+    out[:, 2i] = a·cos θ − b·sin θ, out[:, 2i+1] = b·cos θ + a·sin θ (the RoPE rotation, t in turns,
+    e.g. from turns()). One sine and cosine per pair, in registers. Needs an even N."""
+    return _op("rotate_pairs", x, t)
+
+
 def turns(position: Operand, freq_hi: Operand, freq_lo: Operand) -> Value:
     """frac(position · (freq_hi + freq_lo)) in [-0.5, 0.5]: the fractional turn of an angle given in
     turns, reduced exactly (position · freq_hi's rounding error is recovered with an FMA), so the

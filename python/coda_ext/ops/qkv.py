@@ -8,9 +8,9 @@ RoPE uses the adjacent-pair convention: out[2i] = a·cosθ − b·sinθ, out[2i+
 for (a, b) = (z[2i], z[2i+1]), θ = position · inv_freq[i]. Hugging Face checkpoints store Q and K
 in the rotate-half order: convert their rows (and the QK-norm weights) once with
 coda_ext.ops.rotate_half_to_pairs; attention scores need no conversion back (q and k carry the
-same permutation). In the graph the rotation is x·cos θ_n + pair_swap(x)·sin θ_n with θ negated on
-even columns, and the angle is reduced exactly in turns (coda_ext.turns): frequencies come as a
-float pair (rope_frequencies), so positions of 10⁵ and more keep full precision.
+same permutation). In the graph the rotation is coda_ext.rotate_pairs (one sine and cosine per pair),
+and the angle is reduced exactly in turns (coda_ext.turns): frequencies come as a float pair
+(rope_frequencies), so positions of 10⁵ and more keep full precision.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def default_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
 def rope_frequencies(head_dim: int, n_heads: int, n_kv_heads: int, theta: float = 10000.0,
                      inv_freq: Optional[torch.Tensor] = None, device=None) -> torch.Tensor:
     """The (2, N) fp32 table qkv_rope takes, N = (n_heads + 2 n_kv_heads) · head_dim: per column its
-    frequency in turns per position (negated on even columns), as hi + lo float pair; 0 on V.
+    pair's frequency in turns per position, as a hi + lo float pair; 0 on V (no rotation).
     inv_freq (head_dim/2,), radians per position, overrides theta (e.g. Llama 3's scaled ones).
     Compute it once per model, not per step."""
     if head_dim % 2:
@@ -43,7 +43,7 @@ def rope_frequencies(head_dim: int, n_heads: int, n_kv_heads: int, theta: float 
     if tuple(f.shape) != (head_dim // 2,):
         raise ValueError(f"rope_frequencies: inv_freq must have shape ({head_dim // 2},), got {tuple(f.shape)}")
     turns = f / (2 * math.pi)
-    per_head = torch.stack([-turns, turns], dim=-1).reshape(head_dim)
+    per_head = torch.stack([turns, turns], dim=-1).reshape(head_dim)
     cols = torch.cat([per_head.repeat(n_heads + n_kv_heads), torch.zeros(n_kv_heads * head_dim, dtype=torch.float64)])
     hi = cols.float()
     lo = (cols - hi.double()).float()
@@ -60,7 +60,7 @@ def graph(scaled: bool, qk_norm: bool, head_dim: int) -> ce.Graph:
         z = z * ce.fma(g.row_vector("norm_b", "float32"), inv_rms, g.row_vector("norm_a", "float32"))
     t = ce.turns(g.col_vector("positions", "float32"), g.row_vector("freq_hi", "float32"),
                  g.row_vector("freq_lo", "float32"))
-    g.output(z * ce.cos_turns(t) + ce.pair_swap(z) * ce.sin_turns(t), name="qkv")
+    g.output(ce.rotate_pairs(z, t), name="qkv")
     return g
 
 

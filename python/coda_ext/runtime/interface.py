@@ -47,7 +47,7 @@ class GraphOp:
         main = (self.output_name,) if self.output_name else ()
         self.output_names = main + tuple(
             s.name for s in self.slots if s.kind not in ir.INPUT_KINDS and s.kind != "scalar")
-        self.pairs = bool(lowered.find("pair_gated_store") or lowered.find("pair_swap"))
+        self.pairs = any(lowered.find(k) for k in ("pair_gated_store", "pair_swap", "rotate_pairs"))
         sizes = {lowered[i].attr("size") for i in lowered.find("segment_reduce")}
         self.segment = sizes.pop() if sizes else None
         self.key = register(key, self)

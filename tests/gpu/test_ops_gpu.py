@@ -1,0 +1,268 @@
+"""The ready ops (coda_ext.ops) on an SM90 GPU: values against their fp32 references, opcheck,
+torch.compile(fullgraph=True), CUDA-graph capture, and the LM head's memory at Llama 3's vocabulary.
+
+The cases and the kernels they use are in ops_cases.py (built in parallel before the tests).
+Tolerance (DESIGN.md): each output's max error against the fp32 reference is at most 2x the error
+of the same math done by PyTorch in the op's dtype (F.linear in that dtype, then the pointwise
+math in it) plus a small floor. The ops allocate their outputs, so every call runs in a fresh
+memory pool whose free memory is filled with NaN first: an unwritten element shows.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import coda_ext as ce
+import ops_cases
+from coda_ext import ops
+from coda_ext.ops import lm_head_ce, qkv, residual_norm, rms_scale, swiglu
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda"
+THETA = 500000.0
+EPS = 1e-6
+ACT = {None: lambda v: v, "silu": F.silu, "relu": torch.relu, "gelu": F.gelu,
+       "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    """Every kernel of ops_cases.py, built in parallel (cached builds load in milliseconds)."""
+    ce.prebuild(ops_cases.build_items(), jobs=os.cpu_count())
+
+
+@pytest.fixture
+def report(capsys):
+    def emit(line: str) -> None:
+        with capsys.disabled():
+            print(line)
+    return emit
+
+
+@contextlib.contextmanager
+def nan_memory(nbytes: int = 1 << 30):
+    """Allocations inside come from a fresh memory pool whose free memory is all NaN (0xFF bytes:
+    NaN in every float dtype): a large block and many small-pool blocks are taken and given back."""
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        large = torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda")
+        small = [torch.full((1 << 20,), 255, dtype=torch.uint8, device="cuda") for _ in range(64)]
+        del large, small
+        yield
+
+
+def make_inputs(case: ops_cases.Case, seed: int = 0):
+    """(args, kwargs) of the case's public function: fresh random tensors on the GPU."""
+    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(f"{case.id}/{seed}".encode()))
+    dt, m, lead, N, K = getattr(torch, case.dtype), ops_cases.MODELS[case.model], case.lead, case.N, case.K
+
+    def r(*shape, scale=1.0):
+        return (torch.randn(shape, generator=gen, device=DEVICE) * scale).to(dt)
+
+    x, w = r(*lead, K), r(N, K, scale=K ** -0.5)
+    rstd = torch.rand(lead, generator=gen, device=DEVICE) + 0.5
+    v = case.variant
+    if case.op == "linear_residual_norm":
+        return (x, w, r(*lead, N), r(N)), {"eps": EPS}
+    if case.op == "rms_linear":
+        return (x, w, rstd), {"activation": v[0]}
+    if case.op == "linear_swiglu":
+        return (x, w, rstd if v[0] else None), {}
+    if case.op == "qkv_rope":
+        scaled, qk_norm, hd = v
+        pos = torch.randint(0, 100_000, lead, generator=gen, device=DEVICE)
+        freqs = ops.rope_frequencies(hd, m.n_heads, m.n_kv_heads, theta=THETA, device=DEVICE)
+        kwargs = {"rstd": rstd if scaled else None, "eps": EPS}
+        if qk_norm:
+            kwargs.update(q_norm_weight=r(hd), k_norm_weight=r(hd))
+        return (x, w, pos, freqs, m.n_heads, m.n_kv_heads), kwargs
+    target = torch.randint(0, N, lead, generator=gen, device=DEVICE)
+    target[torch.rand(lead, generator=gen, device=DEVICE) < 0.1] = -100
+    return (r(*lead, K, scale=2.0), w, target, rstd if v[0] else None), {"reduction": "none"}
+
+
+def run(case, args, kwargs) -> tuple:
+    out = getattr(ops, case.function)(*args, **kwargs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def reference(case, args, kwargs) -> tuple:
+    """The op module's fp32 reference."""
+    if case.op == "linear_residual_norm":
+        return residual_norm.reference(*args, **kwargs)
+    if case.op == "rms_linear":
+        return (rms_scale.reference(*args, **kwargs),)
+    if case.op == "linear_swiglu":
+        y, z = swiglu.reference(*args)
+        return (y, z) if case.variant[1] else (y,)
+    if case.op == "qkv_rope":
+        x, w, pos, _, nh, nkv = args
+        return (qkv.reference(x, w, pos, nh, nkv, theta=THETA, rstd=kwargs["rstd"], eps=EPS,
+                              q_norm_weight=kwargs.get("q_norm_weight"), k_norm_weight=kwargs.get("k_norm_weight")),)
+    return lm_head_ce.reference(*args, **kwargs)
+
+
+def in_dtype(case, args, kwargs) -> tuple:
+    """The same math done by PyTorch in the op's dtype: F.linear, then every pointwise step, in it."""
+    x, w = args[:2]
+    dt = x.dtype
+    acc = F.linear(x, w)
+    if case.op == "linear_residual_norm":
+        out = acc + args[2]
+        return out, out * args[3], torch.rsqrt(out.pow(2).mean(-1) + EPS)
+    if case.op == "rms_linear":
+        return (ACT[kwargs["activation"]](acc * args[2].to(dt)[..., None]),)
+    if case.op == "linear_swiglu":
+        z = acc if args[2] is None else acc * args[2].to(dt)[..., None]
+        y = F.silu(z[..., 0::2]) * z[..., 1::2]
+        return (y, z) if case.variant[1] else (y,)
+    if case.op == "qkv_rope":
+        return (_qkv_in_dtype(acc, *args[2:], **kwargs),)
+    target, rstd = args[2], args[3]
+    logits = acc if rstd is None else acc * rstd.to(dt)[..., None]
+    loss = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").reshape(target.shape)
+    return loss, torch.logsumexp(logits, -1)
+
+
+def _qkv_in_dtype(z, pos, freqs, nh, nkv, rstd=None, q_norm_weight=None, k_norm_weight=None, eps=EPS):
+    if rstd is not None:
+        z = z * rstd.to(z.dtype)[..., None]
+    hd = z.shape[-1] // (nh + 2 * nkv)
+    q, k, v = z.unflatten(-1, (nh + 2 * nkv, hd)).split([nh, nkv, nkv], dim=-2)
+    if q_norm_weight is not None:
+        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * q_norm_weight
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps) * k_norm_weight
+    angle = pos.double()[..., None, None] * ops.default_inv_freq(hd, THETA).to(pos.device)
+    cos, sin = torch.cos(angle).to(z.dtype), torch.sin(angle).to(z.dtype)
+
+    def rotate(t):
+        a, b = t[..., 0::2], t[..., 1::2]
+        return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+
+    return torch.cat([rotate(q), rotate(k), v], dim=-2).flatten(-2)
+
+
+def max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return (x.double() - ref.double()).abs().max().item()
+
+
+OUTPUTS = {"linear_residual_norm": ("out", "h", "rstd"), "rms_linear": ("out",), "linear_swiglu": ("y",),
+           "linear_swiglu_train": ("y", "z"), "qkv_rope": ("qkv",), "lm_head_cross_entropy": ("loss", "lse")}
+
+
+def check(case, got: tuple, ref: tuple, base: tuple, report, note: str = "") -> None:
+    names = OUTPUTS[case.function]
+    assert len(got) == len(ref) == len(base) == len(names), case.label
+    for name, g, r, b in zip(names, got, ref, base):
+        label = f"{case.label}{note} {name}"
+        assert g.shape == r.shape, f"{label}: shape {tuple(g.shape)} != {tuple(r.shape)}"
+        assert not torch.isnan(g).any(), f"{label}: NaN in the output (unwritten elements?)"
+        err, err_torch = max_err(g, r), max_err(b, r)
+        floor = 1e-5 * (1.0 + r.abs().max().item())
+        report(f"{label}: max_err={err:.3e} torch_dtype_err={err_torch:.3e}")
+        assert err <= 2 * err_torch + floor, (
+            f"{label}: max error {err:.3e} > 2 x {err_torch:.3e} (PyTorch in {case.dtype}) + {floor:.1e}")
+
+
+def test_nan_memory_hands_out_nan():
+    with nan_memory():
+        small, large = torch.empty(7, device="cuda"), torch.empty(333, 14336, dtype=torch.bfloat16, device="cuda")
+        half = torch.empty(333, 2048, dtype=torch.float16, device="cuda")
+        assert all(torch.isnan(t).all() for t in (small, large, half))
+
+
+@pytest.mark.parametrize("case", ops_cases.CASES, ids=lambda c: c.id)
+def test_op_matches_reference(case, report):
+    args, kwargs = make_inputs(case)
+    with nan_memory():
+        got = run(case, args, kwargs)
+    torch.cuda.synchronize()
+    check(case, got, reference(case, args, kwargs), in_dtype(case, args, kwargs), report)
+
+
+FEATURES = ops_cases.feature_cases()
+
+
+class RecordCustomOps(TorchDispatchMode):
+    """Records the coda_ext custom-op calls (op overload, args, kwargs) a public function makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "coda_ext":
+            self.calls.append((func, args, kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("case", FEATURES, ids=lambda c: c.function)
+def test_opcheck(case):
+    """torch.library.opcheck of the custom op with the arguments its public function passes."""
+    args, kwargs = make_inputs(case)
+    with RecordCustomOps() as rec:
+        run(case, args, kwargs)
+    assert [str(c[0]) for c in rec.calls] == [f"coda_ext.{case.function}.default"]
+    torch.library.opcheck(*rec.calls[0])
+
+
+@pytest.mark.parametrize("case", FEATURES, ids=lambda c: c.function)
+def test_torch_compile_fullgraph_matches_eager(case):
+    args, kwargs = make_inputs(case)
+    fn = getattr(ops, case.function)
+    compiled = torch.compile(lambda *a: fn(*a, **kwargs), fullgraph=True)
+    got, want = compiled(*args), run(case, args, kwargs)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want):
+        assert torch.equal(g, w), case.id
+
+
+@pytest.mark.parametrize("case", FEATURES, ids=lambda c: c.function)
+def test_cuda_graph_replay_matches_eager(case):
+    """Captured once (after a warm-up on a side stream), replayed on new input values."""
+    args, kwargs = make_inputs(case)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run(case, args, kwargs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = run(case, args, kwargs)
+    new_args, new_kwargs = make_inputs(case, seed=1)
+    for a, b in zip([*args, *kwargs.values()], [*new_args, *new_kwargs.values()]):
+        if isinstance(a, torch.Tensor):
+            a.copy_(b)
+    graph.replay()
+    torch.cuda.synchronize()
+    for g, w in zip(static, run(case, new_args, new_kwargs)):
+        assert torch.equal(g, w), case.id
+
+
+def test_lm_head_llama3_vocabulary(report):
+    """M = 8192, K = 4096, V = 128256: the loss ('mean' and per token) and lse within the tolerance,
+    and the op's peak extra memory under 5 % of the M x V bf16 logits it never materializes."""
+    case = ops_cases.LM_HEAD_LARGE
+    args, _ = make_inputs(case)
+    ops.lm_head_cross_entropy(*args)  # loads the kernel
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss, lse = ops.lm_head_cross_entropy(*args, reduction="mean")
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    logits_bytes = case.M * case.N * 2
+    report(f"{case.label}: peak extra memory {extra / 2**20:.1f} MiB = {100 * extra / logits_bytes:.2f} % of logits")
+    assert extra < 0.05 * logits_bytes
+    for reduction, got in (("mean", (loss, lse)), ("none", run(case, args, {"reduction": "none"}))):
+        ref = lm_head_ce.reference(*args, reduction=reduction)
+        base = in_dtype(case, args, {"reduction": "none"})
+        if reduction == "mean":
+            base = (base[0][args[2] != -100].mean(), base[1])
+        check(case, got, ref, base, report, note=f" {reduction}")
