@@ -124,8 +124,8 @@ struct Turns {
   CUTLASS_HOST_DEVICE float operator()(float pos, float hi, float lo) const {
     float p = pos * hi;
     float err = fmaf(pos, hi, -p);
-    float frac = p - rintf(p);
-    return frac + fmaf(pos, lo, err);
+    float frac = (p - rintf(p)) + fmaf(pos, lo, err);
+    return frac - rintf(frac);  // the small terms can leave [-0.5, 0.5]
   }
 };
 // cos(2 pi t), sin(2 pi t): exact argument reduction in half-turns (cospif / sinpif).

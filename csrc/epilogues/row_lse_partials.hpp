@@ -38,9 +38,14 @@ struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
 
   // (m, s) of two parts of a row -> the whole row. Commutative (both lanes of a shuffle agree).
   CUTLASS_DEVICE static void merge(float& m, float& s, float m2, float s2) {
+    if (m != m || m2 != m2) {  // NaN propagates
+      m = s = m + m2;
+      return;
+    }
     float mx = fmaxf(m, m2);
     if (mx == -INFINITY) return;  // both empty
-    s = s * scalar::fast_exp(m - mx) + s2 * scalar::fast_exp(m2 - mx);
+    // exp(0) where a part holds the max: keeps +inf maxima from giving inf - inf
+    s = s * (m == mx ? 1.0f : scalar::fast_exp(m - mx)) + s2 * (m2 == mx ? 1.0f : scalar::fast_exp(m2 - mx));
     m = mx;
   }
 
@@ -69,9 +74,9 @@ struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
         float x = float(frg_input[i]);
         float m = rm(k), s = rs(k);
         float d = x - m;                               // +inf when m is still -inf
-        float e = scalar::fast_exp(-fabsf(d));
+        float e = x == m ? 1.0f : scalar::fast_exp(-fabsf(d));  // x == m == +inf: no inf - inf
         float s_new = d > 0.0f ? fmaf(s, e, 1.0f) : s + e;
-        float m_new = d > 0.0f ? x : m;
+        float m_new = (d > 0.0f || x != x) ? x : m;    // a NaN becomes the max: it propagates
         bool take = x != -INFINITY;                    // an -inf logit adds nothing (and would give inf - inf)
         if constexpr (CheckOOB) take = take && cute::elem_less(c(k), residue);
         rs(k) = take ? s_new : s;
@@ -111,7 +116,7 @@ struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < size(rm); ++j) {
         int row = base_row + int(get<0>(c(j)));
-        if (row < M) out[row] = rs(j) > 0.0f ? rm(j) + scalar::fast_log(rs(j)) : -INFINITY;
+        if (row < M) out[row] = rs(j) == 0.0f ? -INFINITY : rm(j) + scalar::fast_log(rs(j));  // NaN stays NaN
       }
     }
   };

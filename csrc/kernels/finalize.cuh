@@ -44,7 +44,7 @@ __device__ __forceinline__ float combine_partial(ReduceCombine c, float a, float
   if (c == ReduceCombine::LogSumExp) {  // log(e^a + e^b), -inf the identity, NaN propagates
     float hi = fmaxf(a, b), lo = fminf(a, b);
     if (a != a || b != b) return a + b;
-    if (lo == -INFINITY) return hi;
+    if (lo == -INFINITY || hi == INFINITY) return hi;
     return hi + log1pf(expf(lo - hi));
   }
   return (a != a || b != b) ? a + b : (b > a ? b : a);  // max that propagates NaN

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import sys
 import time
+import types
 
 from .compile import cached, kernel_source
 from .runtime import expand_items, prebuild
@@ -72,6 +73,16 @@ def main(argv: list[str] | None = None) -> int:
           f"({hits} already in the cache, {len(distinct) - hits} compiled)", file=sys.stderr)
     return 0
 
+
+class _CallableModule(types.ModuleType):
+    """Importing this CLI module rebinds the package attribute coda_ext.prebuild from the function to
+    the module; calling the module still runs the function, so coda_ext.prebuild(items) keeps working."""
+
+    def __call__(self, *args, **kwargs):
+        return prebuild(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,13 +3,16 @@ root, the per-key lock, and the nvcc driver's error and warm paths -- with a fak
 so no compiler runs here."""
 from __future__ import annotations
 
+import hashlib
 import json
+import multiprocessing
 import os
 import pathlib
 import shutil
 import stat
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -73,6 +76,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("CODA_EXT_CSRC", raising=False)
     monkeypatch.delenv("NVCC_APPEND_FLAGS", raising=False)
     monkeypatch.delenv("NVCC_PREPEND_FLAGS", raising=False)
+    monkeypatch.setattr(nvcc, "_VERIFIED", set())  # a fresh process: no entry verified yet
     # the include dirs (CUTLASS) do not matter to a fake nvcc; keep these tests independent of them
     monkeypatch.setattr(nvcc, "include_dirs", lambda: [paths.csrc_dir(), paths.csrc_dir() / "include"])
     _clear_lru_caches()
@@ -239,6 +243,13 @@ def test_cache_root_falls_back_to_xdg(tmp_path, monkeypatch):
     assert paths.cache_root() == tmp_path / "home" / ".cache" / "coda_ext"
 
 
+def _ok_nvcc(tmp_path, monkeypatch) -> pathlib.Path:
+    """Switches to the fake nvcc that succeeds; returns its call log."""
+    calls = tmp_path / "ok_calls.txt"
+    monkeypatch.setenv("CODA_EXT_NVCC", str(_write_fake_nvcc(tmp_path / "nvcc_ok", calls, SUCCEEDING_BODY)))
+    return calls
+
+
 def test_lock_is_exclusive(tmp_path):
     events: list[str] = []
     first_holds = threading.Event()
@@ -304,11 +315,20 @@ def test_nvcc_failure_raises_compile_error(isolated):
     assert len(calls) == 1 and f"-o {entry}/kernel.so.tmp" in calls[0]
 
 
-def test_warm_entry_does_not_invoke_nvcc(isolated):
-    src = _source()
+def _prebuilt_entry(src: str, content: bytes = b"prebuilt", meta: dict | None = None) -> pathlib.Path:
+    """A cache entry as a build leaves it: kernel.so and a meta.json with its checksum."""
     entry = cache.entry_dir(cache.cache_key(src))
     entry.mkdir(parents=True)
-    (entry / "kernel.so").write_bytes(b"prebuilt")
+    (entry / "kernel.so").write_bytes(content)
+    if meta is None:
+        meta = {"label": "prebuilt", "sha256": hashlib.sha256(content).hexdigest()}
+    (entry / "meta.json").write_text(json.dumps(meta))
+    return entry
+
+
+def test_warm_entry_does_not_invoke_nvcc(isolated):
+    src = _source()
+    entry = _prebuilt_entry(src)
     assert nvcc.build(src, "warm", quiet=True) == str(entry / "kernel.so")
     assert _compile_calls(isolated) == []           # the failing fake compiler never ran
     # and a different source is a miss, which does reach the (failing) compiler
@@ -422,3 +442,167 @@ def test_prebuild_cli_reports_cache_hits(tmp_path, monkeypatch, capsys):
     assert cli.main([str(items)]) == 0
     assert "(2 already in the cache, 0 compiled)" in capsys.readouterr().err
     assert len(_compile_calls(calls)) == 2
+
+
+# --- the cache under stress: concurrent processes, broken entries, unwritable directories ------------
+
+
+def _build_in_child(src: str, start, results) -> None:
+    start.wait(30)
+    try:
+        results.put(nvcc.build(src, "race", quiet=True))
+    except Exception as e:  # noqa: BLE001 - reported to the parent
+        results.put(f"error: {e!r}")
+
+
+def test_eight_processes_build_once(tmp_path, monkeypatch):
+    """8 processes ask for the same kernel at the same moment: one nvcc run, every process gets the
+    same complete library (the others wait on the lock, then find the entry)."""
+    calls = _ok_nvcc(tmp_path, monkeypatch)
+    src = _source()
+    cache.cache_key(src)  # warm the lru caches before forking
+    ctx = multiprocessing.get_context("fork")
+    start, results = ctx.Barrier(8), ctx.Queue()
+    with warnings.catch_warnings():  # fork() with torch's threads alive: harmless here (no torch in the children)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        procs = [ctx.Process(target=_build_in_child, args=(src, start, results)) for _ in range(8)]
+        for p in procs:
+            p.start()
+    got = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    entry = cache.entry_dir(cache.cache_key(src))
+    assert got == [str(entry / "kernel.so")] * 8
+    assert len(_compile_calls(calls)) == 1
+    assert (entry / "kernel.so").read_bytes() == b"not really a library"
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["sha256"] == hashlib.sha256(b"not really a library").hexdigest()
+    assert sorted(p.name for p in entry.iterdir()) == ["build.log", "kernel.cu", "kernel.so", "meta.json"]
+
+
+@pytest.mark.parametrize("damage,why", [
+    ("truncate", "does not match the checksum"),
+    ("flip a byte", "does not match the checksum"),
+    ("garbage meta", "meta.json is unreadable"),
+    ("no meta", "has no meta.json"),
+])
+def test_broken_entry_is_rebuilt_with_a_warning(tmp_path, monkeypatch, damage, why):
+    calls = _ok_nvcc(tmp_path, monkeypatch)
+    src = _source()
+    lib = pathlib.Path(nvcc.build(src, "victim", quiet=True))
+    entry = lib.parent
+    if damage == "truncate":
+        lib.write_bytes(lib.read_bytes()[:5])
+    elif damage == "flip a byte":
+        lib.write_bytes(b"N" + lib.read_bytes()[1:])
+    elif damage == "garbage meta":
+        (entry / "meta.json").write_text("{not json")
+    else:
+        (entry / "meta.json").unlink()
+    monkeypatch.setattr(nvcc, "_VERIFIED", set())  # another process
+    with pytest.warns(RuntimeWarning) as warned:
+        assert nvcc.build(src, "victim", quiet=True) == str(lib)
+    assert len(warned) == 1
+    message = str(warned[0].message)
+    assert "\n" not in message and why in message and "victim" in message and str(entry) in message
+    assert message.endswith("rebuilding it")
+    assert len(_compile_calls(calls)) == 2
+    assert lib.read_bytes() == b"not really a library"
+    assert json.loads((entry / "meta.json").read_text())["sha256"] == hashlib.sha256(lib.read_bytes()).hexdigest()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nvcc.build(src, "victim", quiet=True)  # healthy again: no warning, no build
+    assert len(_compile_calls(calls)) == 2
+
+
+def test_entry_without_checksum_is_trusted(isolated):
+    """Entries built before checksums (meta.json without sha256) load as before."""
+    src = _source()
+    entry = _prebuilt_entry(src, meta={"label": "old"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert nvcc.build(src, "old", quiet=True) == str(entry / "kernel.so")
+    assert _compile_calls(isolated) == []
+
+
+def test_checksum_is_verified_once_per_process(tmp_path, monkeypatch):
+    _ok_nvcc(tmp_path, monkeypatch)
+    src = _source()
+    entry = _prebuilt_entry(src)
+    hashed = []
+    real = nvcc.sha256
+    monkeypatch.setattr(nvcc, "sha256", lambda path: hashed.append(path) or real(path))
+    for _ in range(3):
+        assert nvcc.build(src, "hot", quiet=True) == str(entry / "kernel.so")
+    assert hashed == [entry / "kernel.so"]
+
+
+def test_corruption_after_verification_needs_a_new_process(tmp_path, monkeypatch):
+    """The check is per process: a library corrupted after it was verified is caught by the next process."""
+    calls = _ok_nvcc(tmp_path, monkeypatch)
+    src = _source()
+    lib = pathlib.Path(nvcc.build(src, "k", quiet=True))
+    lib.write_bytes(b"")
+    assert nvcc.build(src, "k", quiet=True) == str(lib) and len(_compile_calls(calls)) == 1
+    monkeypatch.setattr(nvcc, "_VERIFIED", set())
+    with pytest.warns(RuntimeWarning, match="checksum"):
+        nvcc.build(src, "k", quiet=True)
+    assert len(_compile_calls(calls)) == 2
+
+
+@pytest.mark.parametrize("blocked", ["root", "kernels", "locks"])
+def test_unwritable_cache_names_the_directory_and_the_variable(tmp_path, monkeypatch, blocked):
+    """A regular file where the cache (or one of its directories) should be: the error says which
+    directory and how to choose another (running as root, file modes would not stop us)."""
+    root = tmp_path / "cache"
+    if blocked == "root":
+        tmp_path.joinpath("file").write_text("")
+        root = tmp_path / "file" / "cache"
+    else:
+        root.mkdir()
+        (root / blocked).write_text("")
+    monkeypatch.setenv("CODA_EXT_CACHE_DIR", str(root))
+    with pytest.raises(ce.CompileError) as info:
+        nvcc.build(_source(), "k", quiet=True)
+    message = str(info.value)
+    assert str(root) in message and "CODA_EXT_CACHE_DIR" in message and "not writable" in message
+
+
+def test_complete_entry_loads_from_a_cache_that_cannot_be_written(isolated):
+    """Reading needs no lock and no writes: a copied, read-only cache serves its kernels."""
+    src = _source()
+    entry = _prebuilt_entry(src)
+    (entry.parent.parent / "locks").write_text("")  # no lock could be taken
+    assert nvcc.build(src, "ro", quiet=True) == str(entry / "kernel.so")
+    assert _compile_calls(isolated) == []
+
+
+def test_compile_failure_names_the_graph_and_the_log(isolated):
+    """ce.compile with a failing nvcc: CompileError with the graph digest, dtype, config and both paths."""
+    g = ce.Graph()
+    g.output(ce.silu(g.accumulator() + g.row_vector("bias")))
+    with pytest.raises(ce.CompileError) as info:
+        ce.compile(g, "float16")
+    e = info.value
+    message = str(e)
+    assert g.build().digest() in message and "float16" in message and ce.DEFAULT_CONFIG.tag in message
+    assert e.log_path and e.log_path in message and pathlib.Path(e.log_path).is_file()
+    assert e.source_path and e.source_path in message
+    assert "Bogus" in e.log_tail
+
+
+def test_prebuild_failure_names_the_graph(isolated):
+    from coda_ext.runtime import prebuild  # not ce.prebuild: see the regression test below
+
+    g = ce.Graph()
+    g.output(g.accumulator() * 3.0)
+    with pytest.raises(ce.CompileError, match=g.build().digest()):
+        prebuild([(g, "bfloat16", None)], jobs=1)
+
+
+def test_regression_prebuild_function_survives_importing_the_cli():
+    import importlib
+
+    importlib.import_module("coda_ext.prebuild")
+    assert callable(ce.prebuild), f"coda_ext.prebuild is {ce.prebuild!r}"

@@ -4,6 +4,10 @@ A key hashes everything that changes the binary: the emitted source, the bytes o
 project header, the nvcc version and flags, the CUTLASS version and the arch. Nothing
 machine-specific (no absolute paths) enters it, so an entry built on a machine without a
 GPU loads on the GPU machine with the same nvcc.
+
+An entry is kernels/<key>/ with kernel.so, meta.json (the key fields and the library's sha256),
+kernel.cu and build.log. A cache that cannot be written raises CompileError naming the
+directory and CODA_EXT_CACHE_DIR; reading a complete entry needs no write access.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import json
 import os
 import pathlib
 
+from ..errors import CompileError
 from .paths import cache_root, csrc_dir, cutlass_version, nvcc_version
 
 ARCH = "sm_90a"
@@ -64,16 +69,37 @@ def cache_key(source: str) -> str:
     return hashlib.sha256(json.dumps(key_fields(source), sort_keys=True).encode()).hexdigest()[:32]
 
 
+def unwritable(error: OSError) -> CompileError:
+    """The error for a cache that cannot be created or written."""
+    root = os.environ.get("CODA_EXT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "coda_ext")
+    where = f" ({error.filename})" if error.filename else ""
+    return CompileError(f"the coda_ext kernel cache {root} is not writable: {error.strerror or error}{where}; "
+                        "set CODA_EXT_CACHE_DIR to a writable directory")
+
+
+@contextlib.contextmanager
+def writing():
+    """Turns OSErrors of cache writes into the CompileError that names the directory."""
+    try:
+        yield
+    except OSError as e:
+        raise unwritable(e) from e
+
+
 def entry_dir(key: str) -> pathlib.Path:
-    return cache_root() / "kernels" / key
+    with writing():  # cache_root() creates the root
+        return cache_root() / "kernels" / key
 
 
 @contextlib.contextmanager
 def locked(key: str):
     """An exclusive inter-process lock per key (fcntl), so concurrent processes build once."""
-    lock_dir = cache_root() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f"{key}.lock", "w") as f:
+    with writing():
+        lock_dir = cache_root() / "locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        f = open(lock_dir / f"{key}.lock", "w")
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

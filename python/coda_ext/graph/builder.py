@@ -115,7 +115,9 @@ class Graph:
         try:  # epilogue math is fp32: constants are fp32 values
             value = struct.unpack("f", struct.pack("f", float(x)))[0]
         except OverflowError:
-            raise GraphError(f"{what} is {x!r}, outside the fp32 range of epilogue math") from None
+            value = math.inf
+        if not math.isfinite(value):  # some Pythons round beyond the range to inf instead of raising
+            raise GraphError(f"{what} is {x!r}, outside the fp32 range of epilogue math")
         return self._add(ir.Node("scalar", (), ir.make_attrs(mode="constant", value=value)))
 
     # --- leaves ---------------------------------------------------------------------------
@@ -143,9 +145,10 @@ class Graph:
         return Value(self, self._add(ir.Node("col_index")))
 
     def _input(self, kind: str, name: str, dtype: Any) -> Value:
-        self._claim(name, kind.replace("_", " "))
         is_vector = kind in ("row_vector", "col_vector")
-        attrs = ir.make_attrs(name=name, dtype=None if dtype is None else dtype_name(dtype, allow_int=is_vector))
+        resolved = None if dtype is None else _named_dtype(dtype, f"{kind.replace('_', ' ')} {name!r}", is_vector)
+        self._claim(name, kind.replace("_", " "))
+        attrs = ir.make_attrs(name=name, dtype=resolved)
         return Value(self, self._add(ir.Node(kind, (), attrs), dedup=False))
 
     def row_vector(self, name: str, dtype: Any = None) -> Value:
@@ -176,8 +179,9 @@ class Graph:
     def store(self, name: str, value: Value, dtype: Any = None) -> None:
         """An extra output holding `value` (M x N, or M x N/2 for a pair op). dtype: the op's by default."""
         src = self._value(value, f"store {name!r} value")
+        resolved = None if dtype is None else _named_dtype(dtype, f"store {name!r}")
         self._claim(name, "store")
-        attrs = ir.make_attrs(name=name, dtype=None if dtype is None else dtype_name(dtype))
+        attrs = ir.make_attrs(name=name, dtype=resolved)
         self._add(ir.Node("store", (src,), attrs), dedup=False)
 
     def _reduce(self, kind: str, name: str, value: Value, op: str) -> None:
@@ -212,15 +216,24 @@ class Graph:
         return canonicalize(verify(self.raw()))
 
 
-def _graph_of(*xs: Any) -> Graph:
+def _named_dtype(dtype: Any, what: str, allow_int: bool = False) -> str:
+    """dtype_name(), with the node it is for in the message."""
+    try:
+        return dtype_name(dtype, allow_int)
+    except GraphError as e:
+        raise GraphError(f"{what}: {e}") from None
+
+
+def _graph_of(kind: str, *xs: Any) -> Graph:
     for x in xs:
         if isinstance(x, Value):
             return x._graph
-    raise GraphError("at least one operand must be a coda_ext Value (from Graph.accumulator(), tile(), ...)")
+    raise GraphError(f"{kind}: at least one operand must be a coda_ext Value (from Graph.accumulator(), tile(), "
+                     "...); for plain numbers use Python's math")
 
 
 def _op(kind: str, *operands: Operand, **attrs: Any) -> Value:
-    g = _graph_of(*operands)
+    g = _graph_of(kind, *operands)
     idx = tuple(g._value(x, f"operand {i} of {kind}") for i, x in enumerate(operands))
     for i in idx:
         if g._nodes[i].kind in ir.PAIR_KINDS and kind != "store":

@@ -98,9 +98,15 @@ class GraphOp:
         if out:
             result = self.run(A, W, inputs, out)
         else:
-            tensors = [v if isinstance(v, torch.Tensor) else None for v in (inputs[n] for n in self.input_names)]
-            scalars = [0.0 if isinstance(v, torch.Tensor) else _number(n, v)
-                       for n, v in ((n, inputs[n]) for n in self.input_names)]
+            tensors, scalars = [], []
+            for n in self.input_names:
+                v = inputs[n]
+                if self._takes_tensor(n) and not isinstance(v, torch.Tensor):
+                    what = "is a device-pointer scalar and must be a one-element torch.Tensor" \
+                        if next(s for s in self.slots if s.name == n).mode == "pointer" else "must be a torch.Tensor"
+                    raise TypeError(f"{n} {what}, got {type(v).__name__}")
+                tensors.append(v if isinstance(v, torch.Tensor) else None)
+                scalars.append(0.0 if isinstance(v, torch.Tensor) else _number(n, v))
             values = torch.ops.coda_ext.run_graph(self.key, A, W, tensors, scalars)
             result = Outputs(zip(self.output_names, values))
         if len(lead) > 1:
@@ -113,6 +119,11 @@ class GraphOp:
 
     def run(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor]) -> Outputs:
         raise NotImplementedError
+
+    def _takes_tensor(self, name: str) -> bool:
+        """Tiles, vectors and device-pointer scalars are tensors; value scalars are numbers."""
+        s = next(s for s in self.slots if s.name == name)
+        return s.kind in ir.INPUT_KINDS or s.mode == "pointer"
 
     # --- leading dimensions ---------------------------------------------------------------
 
