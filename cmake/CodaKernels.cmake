@@ -1,18 +1,34 @@
 # cmake/CodaKernels.cmake — which of libcoda's kernel translation units to compile.
 #
-# Every kernel is csrc/kernels/ops/<op>_<dtype>.cu: one CUTLASS instantiation, about 60–80 s of
+# Every kernel is csrc/kernels/ops/<op>_<dtype>.cu: one CUTLASS instantiation, about 60–100 s of
 # nvcc on one core and ~4 GB of memory, so they build in parallel (cmake --build -jN).
 # CODA_KERNELS = "all" (the default) compiles all of them; a ;-list compiles a subset (CI uses
 # two); CODA_BUILD_OPS=OFF compiles none. Ops whose kernel is missing return
 # coda::StatusCode::kNotBuilt after validating their arguments.
 
 # op name -> coda::Op enumerator, dtype -> coda::DType enumerator
-set(CODA_ALL_OPS gemm gemm_bias_act gemm_residual gemm_swiglu gemm_row_sumsq)
+set(CODA_ALL_OPS gemm gemm_bias_act gemm_residual gemm_swiglu gemm_row_sumsq
+    linear_residual_norm rms_linear linear_swiglu linear_swiglu_train
+    qkv_rope qkv_rope_qk_norm64 qkv_rope_qk_norm128 lm_head_cross_entropy)
 set(CODA_OP_ENUM_gemm kGemm)
 set(CODA_OP_ENUM_gemm_bias_act kGemmBiasAct)
 set(CODA_OP_ENUM_gemm_residual kGemmResidual)
 set(CODA_OP_ENUM_gemm_swiglu kGemmSwiglu)
 set(CODA_OP_ENUM_gemm_row_sumsq kGemmRowSumSq)
+# The Transformer-block ops: translation units written by `python -m coda_ext.libgen
+# csrc/kernels/ops` from the graphs of coda_ext.ops (committed; CMake never runs Python).
+set(CODA_OP_ENUM_linear_residual_norm kLinearResidualNorm)
+set(CODA_OP_ENUM_rms_linear kRmsLinear)
+set(CODA_OP_ENUM_linear_swiglu kLinearSwiglu)
+set(CODA_OP_ENUM_linear_swiglu_train kLinearSwigluTrain)
+set(CODA_OP_ENUM_qkv_rope kQkvRope)
+set(CODA_OP_ENUM_qkv_rope_qk_norm64 kQkvRopeQkNorm64)
+set(CODA_OP_ENUM_qkv_rope_qk_norm128 kQkvRopeQkNorm128)
+set(CODA_OP_ENUM_lm_head_cross_entropy kLmHeadCrossEntropy)
+# Ops whose host code runs the small kernels of csrc/kernels/ops/finish.cu (a few seconds of
+# nvcc, compiled when any of their kernels is).
+set(CODA_FINISH_OPS linear_residual_norm linear_swiglu linear_swiglu_train
+    qkv_rope qkv_rope_qk_norm64 qkv_rope_qk_norm128 lm_head_cross_entropy)
 set(CODA_ALL_DTYPES bf16 fp16)
 set(CODA_DTYPE_ENUM_bf16 kBFloat16)
 set(CODA_DTYPE_ENUM_fp16 kFloat16)
@@ -24,8 +40,9 @@ foreach(op IN LISTS CODA_ALL_OPS)
   endforeach()
 endforeach()
 
-# Sets CODA_KERNEL_LIST (the kernels to compile), CODA_KERNEL_SOURCES, and the text blocks
-# CODA_KERNEL_DECLARATIONS / CODA_KERNEL_ROWS that csrc/lib/kernel_table.cpp.in expands.
+# Sets CODA_KERNEL_LIST (the kernels to compile), CODA_KERNEL_SOURCES, the text blocks
+# CODA_KERNEL_DECLARATIONS / CODA_KERNEL_ROWS that csrc/lib/kernel_table.cpp.in expands, and
+# CODA_WITH_FINISH (1: finish.cu is among the sources).
 function(coda_resolve_kernels)
   set(selected "")
   if(CODA_BUILD_OPS)
@@ -46,16 +63,24 @@ function(coda_resolve_kernels)
   set(sources "")
   set(decls "")
   set(rows "")
+  set(with_finish 0)
   foreach(op IN LISTS CODA_ALL_OPS)
     foreach(dtype IN LISTS CODA_ALL_DTYPES)
       set(k "${op}_${dtype}")
       if(k IN_LIST selected)
+        if(op IN_LIST CODA_FINISH_OPS)
+          set(with_finish 1)
+        endif()
         list(APPEND sources "${PROJECT_SOURCE_DIR}/csrc/kernels/ops/${k}.cu")
         string(APPEND decls "CODA_DECLARE_KERNEL(${k})\n")
         string(APPEND rows "      CODA_KERNEL_ROW(${CODA_OP_ENUM_${op}}, ${CODA_DTYPE_ENUM_${dtype}}, ${k})\n")
       endif()
     endforeach()
   endforeach()
+
+  if(with_finish)
+    list(APPEND sources "${PROJECT_SOURCE_DIR}/csrc/kernels/ops/finish.cu")
+  endif()
 
   list(LENGTH selected count)
   list(JOIN selected ";" joined)
@@ -64,4 +89,5 @@ function(coda_resolve_kernels)
   set(CODA_KERNEL_SOURCES ${sources} PARENT_SCOPE)
   set(CODA_KERNEL_DECLARATIONS "${decls}" PARENT_SCOPE)
   set(CODA_KERNEL_ROWS "${rows}" PARENT_SCOPE)
+  set(CODA_WITH_FINISH ${with_finish} PARENT_SCOPE)
 endfunction()

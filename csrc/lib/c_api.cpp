@@ -45,6 +45,9 @@ coda::Options to_options(const coda_options* o) {
 
 cudaStream_t to_stream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// An optional tensor: NULL is none ({}, a null data pointer).
+coda::TensorRef to_optional(const coda_tensor* t) { return t != nullptr ? to_ref(*t) : coda::TensorRef{}; }
+
 }  // namespace
 
 #define CODA_C_REQUIRE(op, ptr) \
@@ -100,6 +103,76 @@ int coda_gemm_row_sumsq(const coda_tensor* A, const coda_tensor* B, const coda_t
   CODA_C_REQUIRE("gemm_row_sumsq", sumsq);
   return record(coda::gemm_row_sumsq(to_ref(*A), to_ref(*B), to_ref(*D), to_ref(*sumsq), {workspace, workspace_bytes},
                                      to_stream(stream), to_options(options)));
+}
+
+int coda_linear_residual_norm(const coda_tensor* A, const coda_tensor* B, const coda_tensor* residual,
+                              const coda_tensor* norm_weight, float eps, const coda_tensor* D, const coda_tensor* H,
+                              const coda_tensor* rstd, void* workspace, size_t workspace_bytes, void* stream,
+                              const coda_options* options) {
+  CODA_C_REQUIRE("linear_residual_norm", A);
+  CODA_C_REQUIRE("linear_residual_norm", B);
+  CODA_C_REQUIRE("linear_residual_norm", residual);
+  CODA_C_REQUIRE("linear_residual_norm", norm_weight);
+  CODA_C_REQUIRE("linear_residual_norm", D);
+  CODA_C_REQUIRE("linear_residual_norm", H);
+  CODA_C_REQUIRE("linear_residual_norm", rstd);
+  return record(coda::linear_residual_norm(to_ref(*A), to_ref(*B), to_ref(*residual), to_ref(*norm_weight), eps,
+                                           to_ref(*D), to_ref(*H), to_ref(*rstd), {workspace, workspace_bytes},
+                                           to_stream(stream), to_options(options)));
+}
+
+int coda_rms_linear(const coda_tensor* A, const coda_tensor* B, const coda_tensor* rstd, int32_t activation,
+                    const coda_tensor* D, void* workspace, size_t workspace_bytes, void* stream,
+                    const coda_options* options) {
+  CODA_C_REQUIRE("rms_linear", A);
+  CODA_C_REQUIRE("rms_linear", B);
+  CODA_C_REQUIRE("rms_linear", rstd);
+  CODA_C_REQUIRE("rms_linear", D);
+  return record(coda::rms_linear(to_ref(*A), to_ref(*B), to_ref(*rstd), static_cast<coda::Activation>(activation),
+                                 to_ref(*D), {workspace, workspace_bytes}, to_stream(stream), to_options(options)));
+}
+
+int coda_linear_swiglu(const coda_tensor* A, const coda_tensor* B, const coda_tensor* rstd, const coda_tensor* Z,
+                       const coda_tensor* Y, void* workspace, size_t workspace_bytes, void* stream,
+                       const coda_options* options) {
+  CODA_C_REQUIRE("linear_swiglu", A);
+  CODA_C_REQUIRE("linear_swiglu", B);
+  CODA_C_REQUIRE("linear_swiglu", Y);
+  return record(coda::linear_swiglu(to_ref(*A), to_ref(*B), to_optional(rstd), to_optional(Z), to_ref(*Y),
+                                    {workspace, workspace_bytes}, to_stream(stream), to_options(options)));
+}
+
+int coda_qkv_rope(const coda_tensor* A, const coda_tensor* B, const coda_tensor* positions, const coda_tensor* freqs,
+                  int32_t n_heads, int32_t n_kv_heads, const coda_tensor* rstd, const coda_tensor* q_norm_weight,
+                  const coda_tensor* k_norm_weight, float eps, const coda_tensor* out, void* workspace,
+                  size_t workspace_bytes, void* stream, const coda_options* options) {
+  CODA_C_REQUIRE("qkv_rope", A);
+  CODA_C_REQUIRE("qkv_rope", B);
+  CODA_C_REQUIRE("qkv_rope", positions);
+  CODA_C_REQUIRE("qkv_rope", freqs);
+  CODA_C_REQUIRE("qkv_rope", out);
+  return record(coda::qkv_rope(to_ref(*A), to_ref(*B), to_ref(*positions), to_ref(*freqs), n_heads, n_kv_heads,
+                               to_optional(rstd), to_optional(q_norm_weight), to_optional(k_norm_weight), eps,
+                               to_ref(*out), {workspace, workspace_bytes}, to_stream(stream), to_options(options)));
+}
+
+int coda_rope_frequencies(int32_t head_dim, int32_t n_heads, int32_t n_kv_heads, double theta, const double* inv_freq,
+                          float* out, int64_t out_count) {
+  return record(coda::rope_frequencies(head_dim, n_heads, n_kv_heads, theta, inv_freq, out, out_count));
+}
+
+int coda_lm_head_cross_entropy(const coda_tensor* A, const coda_tensor* B, const coda_tensor* target,
+                               const coda_tensor* rstd, int32_t ignore_index, int32_t reduction,
+                               const coda_tensor* loss, const coda_tensor* lse, void* workspace,
+                               size_t workspace_bytes, void* stream, const coda_options* options) {
+  CODA_C_REQUIRE("lm_head_cross_entropy", A);
+  CODA_C_REQUIRE("lm_head_cross_entropy", B);
+  CODA_C_REQUIRE("lm_head_cross_entropy", target);
+  CODA_C_REQUIRE("lm_head_cross_entropy", loss);
+  CODA_C_REQUIRE("lm_head_cross_entropy", lse);
+  return record(coda::lm_head_cross_entropy(to_ref(*A), to_ref(*B), to_ref(*target), to_optional(rstd), ignore_index,
+                                            static_cast<coda::Reduction>(reduction), to_ref(*loss), to_ref(*lse),
+                                            {workspace, workspace_bytes}, to_stream(stream), to_options(options)));
 }
 
 size_t coda_workspace_size_of(int32_t op, int32_t dtype, int64_t M, int64_t N, int64_t K) {

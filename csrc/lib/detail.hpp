@@ -60,7 +60,8 @@ class Validator {
   Status fail(const std::string& message) const;
 
   // A (M, K) and B (N, K): sets dtype, M, N, K (16-bit dtype, K and N multiples of 8, ...).
-  Status operands(const TensorRef& A, const TensorRef& B);
+  // n_aligned = false: N may be any size (the kernel writes no D with TMA).
+  Status operands(const TensorRef& A, const TensorRef& B, bool n_aligned = true);
   // A rows x cols matrix of `dtype`; rows_name/cols_name spell its shape in messages.
   Status matrix(const char* name, const TensorRef& t, DType dtype, int64_t rows, int64_t cols,
                 const char* rows_name, const char* cols_name, Access access, bool output);
@@ -68,6 +69,8 @@ class Validator {
   Status vector(const char* name, const TensorRef& t, DType dtype, int64_t length, const char* length_name,
                 Access access, bool output);
   Status activation(Activation act) const;
+  // A float argument that must be finite and >= 0 (eps).
+  Status nonnegative(const char* name, float value) const;
   Status options(const Options& options) const;
   // The workspace against the kernel's need: present, large enough, 256-byte aligned, and
   // overlapping no operand.
@@ -89,7 +92,7 @@ class Validator {
   const char* op_;
   DType dtype_ = DType::kBFloat16;
   int64_t M_ = 0, N_ = 0, K_ = 0;
-  static constexpr int kMaxRegions = 8;
+  static constexpr int kMaxRegions = 12;
   Region regions_[kMaxRegions];
   int num_regions_ = 0;
 };
@@ -106,6 +109,36 @@ Status check_pointers(const Validator& v);
 // checks the workspace, the device and the pointers, then runs the kernel on `stream`.
 Status launch(Validator& v, Op op, CodaLaunch& launch, const Workspace& workspace, cudaStream_t stream,
               const Options& options);
+
+// launch() in two steps, for ops that run small kernels of their own around the GEMM:
+// prepare() does every check of launch() and fills the launch arguments; the workspace must hold
+// host_workspace_bytes(op, M, N) bytes for the op's own use (returned in *host_part, 256-byte
+// aligned; the kernel gets the rest); run() then runs the kernel.
+Status prepare(Validator& v, Op op, CodaLaunch& launch, const Workspace& workspace, const Options& options,
+               KernelEntry* kernel, char** host_part);
+Status run(const Validator& v, const KernelEntry& kernel, CodaLaunch& launch, cudaStream_t stream);
+
+// Bytes at the start of the workspace that an op itself uses (block_ops.cpp); 0 for most ops.
+size_t host_workspace_bytes(Op op, int64_t M, int64_t N);
+
+// Op-specific defaults of Options::swizzle == 0 and Options::raster == kDefault.
+struct LaunchDefaults {
+  int32_t swizzle = 1;
+  int32_t raster_order = 0;  // CodaLaunch numbering: 0 heuristic, 1 along M, 2 along N
+};
+LaunchDefaults launch_defaults(Op op);
+
+// ---- the small kernels around the block ops (csrc/kernels/ops/finish.h) ----------------------
+struct FinishKernels {
+  int (*fill)(float* out, int64_t n, float value, void* stream);
+  int (*rstd)(float* x, int64_t M, int64_t n_cols, float eps, void* stream);
+  int (*qk_norm_vectors)(const void* q_weight, const void* k_weight, int32_t dtype, int64_t head_dim,
+                         int64_t n_heads, int64_t n_kv_heads, float* norm_a, float* norm_b, void* stream);
+  int (*cross_entropy)(const float* lse, const float* target_logit, const int32_t* target, int64_t M,
+                       int64_t n_classes, int32_t ignore_index, int32_t reduction, float* loss, void* stream);
+};
+// nullptr when this libcoda was built without them (then it has no kernel that needs them).
+const FinishKernels* finish_kernels();
 
 // A CodaLaunch with the GEMM operands of `v`'s problem filled in.
 CodaLaunch make_launch(const Validator& v, const TensorRef& A, const TensorRef& B, const TensorRef& D);

@@ -98,8 +98,8 @@ CodaLaunch make_launch(const Validator& v, const TensorRef& A, const TensorRef& 
   return L;
 }
 
-Status launch(Validator& v, Op op, CodaLaunch& L, const Workspace& workspace, cudaStream_t stream,
-              const Options& options) {
+Status prepare(Validator& v, Op op, CodaLaunch& L, const Workspace& workspace, const Options& options,
+               KernelEntry* kernel_out, char** host_part) {
   Status s = v.options(options);
   if (!s.ok()) return s;
   s = v.no_overlap();
@@ -110,7 +110,8 @@ Status launch(Validator& v, Op op, CodaLaunch& L, const Workspace& workspace, cu
                   cat("coda::", v.op(), ": this libcoda was built without the ", kernel_name(op, v.dtype()),
                       " kernel (it has: ", *built_kernel_list() ? built_kernel_list() : "no kernels",
                       "); reconfigure with -DCODA_BUILD_OPS=ON -DCODA_KERNELS=all and rebuild"));
-  s = v.workspace(workspace, kernel.workspace_size(L.M, L.N, L.K));  // also checks its overlaps
+  const size_t host = host_workspace_bytes(op, L.M, L.N);
+  s = v.workspace(workspace, host + kernel.workspace_size(L.M, L.N, L.K));  // also checks its overlaps
   if (!s.ok()) return s;
   s = check_current_device(v.op());
   if (!s.ok()) return s;
@@ -118,15 +119,42 @@ Status launch(Validator& v, Op op, CodaLaunch& L, const Workspace& workspace, cu
     s = check_pointers(v);
     if (!s.ok()) return s;
   }
-  L.workspace = workspace.data;
-  L.workspace_bytes = workspace.bytes;
+  char* base = static_cast<char*>(workspace.data);
+  if (host > 0) {  // the op's own part first, the kernel's after it
+    L.workspace = base + host;
+    L.workspace_bytes = workspace.bytes - host;
+  } else {
+    L.workspace = workspace.data;
+    L.workspace_bytes = workspace.bytes;
+  }
+  const LaunchDefaults defaults = launch_defaults(op);
   L.sm_count = options.sm_count;
-  L.max_swizzle = options.swizzle;
-  L.raster_order = static_cast<int32_t>(options.raster);
+  L.max_swizzle = options.swizzle != 0 ? options.swizzle : defaults.swizzle;
+  switch (options.raster) {
+    case Raster::kAlongM: L.raster_order = 1; break;
+    case Raster::kAlongN: L.raster_order = 2; break;
+    case Raster::kHeuristic: L.raster_order = 0; break;
+    default: L.raster_order = defaults.raster_order; break;  // kDefault
+  }
+  *kernel_out = kernel;
+  *host_part = host > 0 ? base : nullptr;
+  return Status();
+}
+
+Status run(const Validator& v, const KernelEntry& kernel, CodaLaunch& L, cudaStream_t stream) {
   char err[512] = {0};
   const int code = kernel.run(&L, static_cast<void*>(stream), err, sizeof(err));
   if (code == CODA_OK) return Status();
   return Status(static_cast<StatusCode>(code), cat("coda::", v.op(), ": ", err));
+}
+
+Status launch(Validator& v, Op op, CodaLaunch& L, const Workspace& workspace, cudaStream_t stream,
+              const Options& options) {
+  KernelEntry kernel;
+  char* host_part = nullptr;
+  Status s = prepare(v, op, L, workspace, options, &kernel, &host_part);
+  if (!s.ok()) return s;
+  return run(v, kernel, L, stream);
 }
 
 }  // namespace coda::detail

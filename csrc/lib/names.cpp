@@ -1,6 +1,7 @@
 // csrc/lib/names.cpp — names of libcoda's enums (messages, kernel names) and its version.
 #include "coda/coda.hpp"
 #include "detail.hpp"
+#include "kernels/ops/contract_generated.h"
 
 namespace coda {
 
@@ -9,6 +10,7 @@ const char* dtype_name(DType dtype) {
     case DType::kBFloat16: return "bf16";
     case DType::kFloat16: return "fp16";
     case DType::kFloat32: return "fp32";
+    case DType::kInt32: return "int32";
   }
   return "unknown";
 }
@@ -18,6 +20,7 @@ size_t dtype_size(DType dtype) {
     case DType::kBFloat16: return 2;
     case DType::kFloat16: return 2;
     case DType::kFloat32: return 4;
+    case DType::kInt32: return 4;
   }
   return 0;
 }
@@ -44,6 +47,10 @@ const char* op_name(Op op) {
     case Op::kGemmResidual: return "gemm_residual";
     case Op::kGemmSwiglu: return "gemm_swiglu";
     case Op::kGemmRowSumSq: return "gemm_row_sumsq";
+#define CODA_OP_NAME(op, ns) \
+  case Op::op: return ops::gen::ns::kName;
+      CODA_GENERATED_KERNELS(CODA_OP_NAME)
+#undef CODA_OP_NAME
   }
   return "unknown";
 }
@@ -55,6 +62,15 @@ const char* activation_name(Activation act) {
     case Activation::kSilu: return "silu";
     case Activation::kGeluTanh: return "gelu_tanh";
     case Activation::kGelu: return "gelu";
+  }
+  return "unknown";
+}
+
+const char* reduction_name(Reduction reduction) {
+  switch (reduction) {
+    case Reduction::kNone: return "none";
+    case Reduction::kSum: return "sum";
+    case Reduction::kMean: return "mean";
   }
   return "unknown";
 }

@@ -3,6 +3,7 @@
 #include "coda/coda.hpp"
 #include "detail.hpp"
 #include "kernels/ops/contract.h"
+#include "kernels/ops/contract_generated.h"
 
 // Returns the first failing check's Status.
 #define CODA_CHECK(expr)                 \
@@ -98,7 +99,7 @@ size_t workspace_size(const Problem& p) {
       p.K >= (int64_t(1) << 31))
     return 0;
   const detail::KernelEntry kernel = detail::find_kernel(p.op, p.dtype);
-  return kernel ? kernel.workspace_size(p.M, p.N, p.K) : 0;
+  return kernel ? detail::host_workspace_bytes(p.op, p.M, p.N) + kernel.workspace_size(p.M, p.N, p.K) : 0;
 }
 
 bool is_built(Op op, DType dtype) { return static_cast<bool>(detail::find_kernel(op, dtype)); }
@@ -107,6 +108,46 @@ KernelConfig kernel_config() {
   return {ops::kTileM, ops::kTileN, ops::kTileK, ops::kClusterM, ops::kClusterN,
           ops::kCooperative ? "cooperative" : "pingpong"};
 }
+
+namespace {
+Raster raster_of(int launch_order) {
+  return launch_order == ops::gen::kRasterAlongM   ? Raster::kAlongM
+         : launch_order == ops::gen::kRasterAlongN ? Raster::kAlongN
+                                                   : Raster::kHeuristic;
+}
+}  // namespace
+
+KernelConfig kernel_config(Op op) {
+  switch (op) {
+    case Op::kGemm:
+    case Op::kGemmBiasAct:
+    case Op::kGemmResidual:
+    case Op::kGemmSwiglu:
+    case Op::kGemmRowSumSq:
+      return kernel_config();
+#define CODA_OP_CONFIG(op, ns)                                                                             \
+  case Op::op: {                                                                                           \
+    namespace g = ops::gen::ns;                                                                            \
+    return {g::kTileM,          g::kTileN,          g::kTileK,   g::kClusterM,        g::kClusterN, g::kSchedule, \
+            g::kEpilogueTileM, g::kEpilogueTileN, g::kSwizzle, raster_of(g::kRaster)};                     \
+  }
+      CODA_GENERATED_KERNELS(CODA_OP_CONFIG)
+#undef CODA_OP_CONFIG
+  }
+  return {0, 0, 0, 0, 0, "", 0, 0, 0, Raster::kHeuristic};
+}
+
+namespace detail {
+LaunchDefaults launch_defaults(Op op) {
+  switch (op) {
+#define CODA_OP_DEFAULTS(op, ns) \
+  case Op::op: return {ops::gen::ns::kSwizzle, ops::gen::ns::kRaster};
+    CODA_GENERATED_KERNELS(CODA_OP_DEFAULTS)
+#undef CODA_OP_DEFAULTS
+    default: return {};  // the gemm_* ops: swizzle 1, CUTLASS's raster heuristic
+  }
+}
+}  // namespace detail
 
 Status check_device() { return detail::check_current_device("check_device"); }
 

@@ -1,5 +1,6 @@
 // csrc/lib/validate.cpp — argument validation of libcoda's ops. Pure host code: it reads the
 // TensorRef descriptions only, never the memory they point to, and never calls CUDA.
+#include <cmath>
 #include <cstdio>
 
 #include "detail.hpp"
@@ -32,7 +33,7 @@ Status Validator::fail(const std::string& message) const {
 }
 
 void Validator::add_region(const char* name, const void* data, uint64_t bytes, bool output) {
-  if (num_regions_ >= kMaxRegions) return;  // ops have at most 6 operands + workspace
+  if (num_regions_ >= kMaxRegions) return;  // ops have at most 9 operands + workspace
   Region& r = regions_[num_regions_++];
   r.name = name;
   r.begin = reinterpret_cast<uintptr_t>(data);
@@ -40,7 +41,7 @@ void Validator::add_region(const char* name, const void* data, uint64_t bytes, b
   r.output = output;
 }
 
-Status Validator::operands(const TensorRef& A, const TensorRef& B) {
+Status Validator::operands(const TensorRef& A, const TensorRef& B, bool n_aligned) {
   for (auto [name, t] : {std::pair<const char*, const TensorRef*>{"A", &A}, {"B", &B}}) {
     if (t->data == nullptr)
       return fail(cat(name, " is null; pass a device pointer to the ", name, name[0] == 'A' ? " (M, K)" : " (N, K)",
@@ -67,7 +68,7 @@ Status Validator::operands(const TensorRef& A, const TensorRef& B) {
   if (K_ % align != 0)
     return fail(cat("K = ", K_, " must be a multiple of ", align, " (16 bytes of ", dtype_name(dtype_),
                     ") for the TMA loads of A and B; pad K with zeros"));
-  if (N_ % align != 0)
+  if (n_aligned && N_ % align != 0)
     return fail(cat("N = ", N_, " must be a multiple of ", align, " (16 bytes of ", dtype_name(dtype_),
                     ") for the TMA store of the output; pad N (B's rows) with zeros"));
   Status s = matrix("A", A, dtype_, M_, K_, "M", "K", Access::kTma, /*output=*/false);
@@ -147,6 +148,12 @@ Status Validator::activation(Activation act) const {
   return Status();
 }
 
+Status Validator::nonnegative(const char* name, float value) const {
+  if (!std::isfinite(value) || value < 0.0f)
+    return fail(cat(name, " = ", value, " must be a finite value >= 0 (e.g. 1e-6)"));
+  return Status();
+}
+
 Status Validator::options(const Options& options) const {
   if (options.sm_count < 0)
     return fail(cat("options.sm_count = ", options.sm_count, " must be >= 0 (0: all SMs of the device)"));
@@ -154,8 +161,9 @@ Status Validator::options(const Options& options) const {
   if (sw != 0 && sw != 1 && sw != 2 && sw != 4 && sw != 8)
     return fail(cat("options.swizzle = ", sw, " must be 1, 2, 4 or 8"));
   const int32_t raster = static_cast<int32_t>(options.raster);
-  if (raster < 0 || raster > 2)
-    return fail(cat("options.raster = ", raster, " is not one of kHeuristic (0), kAlongM (1), kAlongN (2)"));
+  if (raster < 0 || raster > 3)
+    return fail(cat("options.raster = ", raster,
+                    " is not one of kDefault (0), kAlongM (1), kAlongN (2), kHeuristic (3)"));
   return Status();
 }
 

@@ -25,10 +25,11 @@ inline constexpr int kVersionPatch = 0;
 enum class DType : int32_t {
   kBFloat16 = 0,  // GEMM operands and outputs
   kFloat16 = 1,   // GEMM operands and outputs
-  kFloat32 = 2,   // reduction outputs (e.g. the per-row sum of squares)
+  kFloat32 = 2,   // reduction outputs (e.g. the per-row sum of squares), rstd, positions, losses
+  kInt32 = 3,     // class indices (lm_head_cross_entropy's target)
 };
 
-CODA_API const char* dtype_name(DType dtype);  // "bf16", "fp16", "fp32"; "unknown" otherwise
+CODA_API const char* dtype_name(DType dtype);  // "bf16", "fp16", "fp32", "int32"; "unknown" otherwise
 CODA_API size_t dtype_size(DType dtype);       // bytes per element; 0 for an unknown value
 
 // ---------------------------------------------------------------------------------------------
@@ -115,15 +116,27 @@ struct Workspace {
 // ---------------------------------------------------------------------------------------------
 // Ops, problems, options
 // ---------------------------------------------------------------------------------------------
+// The kernels of libcoda: with a dtype, an enumerator names one compiled kernel (CODA_KERNELS
+// calls it "<op_name>_<dtype>"). The ops of a Transformer block (kLinearResidualNorm and after)
+// are built from the graphs of coda_ext.ops; an op with variants (linear_swiglu with or without
+// Z, qkv_rope with or without QK-norm) has a kernel for each, and the op function picks it.
 enum class Op : int32_t {
-  kGemm = 0,           // D = A · Bᵀ
-  kGemmBiasAct = 1,    // D = act(A · Bᵀ + bias)
-  kGemmResidual = 2,   // D = A · Bᵀ + residual
-  kGemmSwiglu = 3,     // Z = A · Bᵀ;  Y[:, i] = silu(Z[:, 2i]) · Z[:, 2i+1]
-  kGemmRowSumSq = 4,   // D = A · Bᵀ;  sumsq[m] = Σ_n (A · Bᵀ)[m, n]²  (fp32)
+  kGemm = 0,                 // D = A · Bᵀ
+  kGemmBiasAct = 1,          // D = act(A · Bᵀ + bias)
+  kGemmResidual = 2,         // D = A · Bᵀ + residual
+  kGemmSwiglu = 3,           // Z = A · Bᵀ;  Y[:, i] = silu(Z[:, 2i]) · Z[:, 2i+1]
+  kGemmRowSumSq = 4,         // D = A · Bᵀ;  sumsq[m] = Σ_n (A · Bᵀ)[m, n]²  (fp32)
+  kLinearResidualNorm = 5,   // linear_residual_norm: D = A · Bᵀ + residual, H = D ⊙ norm_weight, rstd
+  kRmsLinear = 6,            // rms_linear: D = act(rstd ⊙row A · Bᵀ)
+  kLinearSwiglu = 7,         // linear_swiglu without Z: only Y
+  kLinearSwigluTrain = 8,    // linear_swiglu with Z
+  kQkvRope = 9,              // qkv_rope without QK-norm (head_dim 64 or 128)
+  kQkvRopeQkNorm64 = 10,     // qkv_rope with QK-norm, head_dim 64
+  kQkvRopeQkNorm128 = 11,    // qkv_rope with QK-norm, head_dim 128
+  kLmHeadCrossEntropy = 12,  // lm_head_cross_entropy
 };
-inline constexpr int kNumOps = 5;
-CODA_API const char* op_name(Op op);  // "gemm", "gemm_bias_act", ...; "unknown" otherwise
+inline constexpr int kNumOps = 13;
+CODA_API const char* op_name(Op op);  // "gemm", "gemm_bias_act", ..., "qkv_rope_qk_norm64"; "unknown" otherwise
 
 // Activations of gemm_bias_act, chosen at run time (one kernel serves all of them).
 enum class Activation : int32_t {
@@ -136,6 +149,15 @@ enum class Activation : int32_t {
 inline constexpr int kNumActivations = 5;
 CODA_API const char* activation_name(Activation act);  // "identity", "relu", ...; "unknown"
 
+// How lm_head_cross_entropy reduces its per-token losses (torch's cross_entropy `reduction`).
+enum class Reduction : int32_t {
+  kNone = 0,  // loss has length M: one loss per token (0 where the target is ignore_index)
+  kSum = 1,   // loss has length 1: Σ over tokens
+  kMean = 2,  // loss has length 1: Σ over tokens / the number of tokens whose target is not ignore_index
+};
+inline constexpr int kNumReductions = 3;
+CODA_API const char* reduction_name(Reduction reduction);  // "none", "sum", "mean"; "unknown"
+
 // One GEMM problem of one op: A is (M, K), B is (N, K), D is (M, N).
 struct Problem {
   Op op = Op::kGemm;
@@ -144,23 +166,34 @@ struct Problem {
 };
 
 // Order in which the persistent tile scheduler walks output tiles.
-enum class Raster : int32_t { kHeuristic = 0, kAlongM = 1, kAlongN = 2 };
+enum class Raster : int32_t {
+  kDefault = 0,    // the order the op's config was tuned with: kernel_config(op).raster
+  kAlongM = 1,
+  kAlongN = 2,
+  kHeuristic = 3,  // CUTLASS's choice by the tile counts (the default of the gemm_* ops)
+};
 
-// Per-call launch options (none of them recompiles anything).
+// Per-call launch options (none of them recompiles anything). The defaults are the launch
+// arguments each op's config was chosen with (kernel_config(op)).
 struct Options {
   int32_t sm_count = 0;               // SMs the persistent kernel may use; 0: all SMs of the current device
-  int32_t swizzle = 1;                // tile-scheduler swizzle: 1, 2, 4 or 8 (0 means 1)
-  Raster raster = Raster::kHeuristic;  // tile order of the persistent scheduler
+  int32_t swizzle = 0;                // tile-scheduler swizzle: 1, 2, 4 or 8; 0: kernel_config(op).swizzle
+  Raster raster = Raster::kDefault;   // tile order of the persistent scheduler
   bool check_pointers = true;         // ask the CUDA runtime (about 1 µs per pointer) that every pointer is
                                       // device or managed memory of the current device, so a host pointer
                                       // is an error message rather than a fault that kills the context
 };
 
-// The mainloop configuration every kernel of this libcoda was compiled with.
+// The mainloop configuration a kernel of this libcoda was compiled with (kernel_config(op)), and
+// the launch arguments it was chosen with (what Options' defaults use).
 struct KernelConfig {
   int32_t tile_m, tile_n, tile_k;
   int32_t cluster_m, cluster_n;
-  const char* schedule;  // "cooperative" or "pingpong"
+  const char* schedule;            // "cooperative" or "pingpong"
+  int32_t epilogue_tile_m = 0;     // the epilogue subtile; 0: CUTLASS's choice
+  int32_t epilogue_tile_n = 0;
+  int32_t swizzle = 1;             // tile-scheduler swizzle the op launches with by default
+  Raster raster = Raster::kHeuristic;  // tile order the op launches with by default
 };
 
 }  // namespace coda

@@ -8,13 +8,17 @@
 //   CODA_DEFINE_NAMED_ENTRY_POINTS(coda_gemm_bias_act_bf16, Op::Kernel, Op::fusion_arguments,
 //                                  Op::kReductions)
 //
-// The slots each op reads are fixed in contract.h; csrc/lib fills them.
+// The slots each op reads are fixed in contract.h; csrc/lib fills them. Most kernels of the
+// ready ops (linear_residual_norm, linear_swiglu, qkv_rope, ...) are emitted from their Python
+// graphs instead (python -m coda_ext.libgen, contract_generated.h); RmsLinear below is the one
+// of them written here, because its activation is chosen at run time.
 #pragma once
 
 #include <type_traits>
 
 #include "../epilogue_gemm.cuh"
 #include "contract.h"
+#include "contract_generated.h"
 
 namespace coda::ops {
 
@@ -137,6 +141,31 @@ struct GemmRowSumSq {
     return a1;
   }
   static constexpr ReductionList kReductions{1, {{slot::kRowSumSq, ReduceAxis::Rows, ReduceCombine::Sum}}};
+  using Kernel = coda::kernels::EpilogueGemm<Cfg, Fusion>;
+};
+
+// D = act(rstd[m] · (A · Bᵀ)), act a coda::Activation chosen at run time: the tree the JIT emits
+// for coda_ext.ops.rms_scale.graph(activation) (Mul(rstd, acc), then the activation), with
+// SelectActivation in place of the fixed activation. Cfg is the emitted graph's (the generated
+// rms_linear_<dtype>.cu passes it); the slots are the graph's, then the activation's.
+template <class Cfg>
+struct RmsLinear {
+  using n0 = ColVector<Cfg, float>;  // rstd
+  using n1 = Accumulator;
+  using n2 = Compute<Cfg, Mul>;
+  using n3 = Compute<Cfg, SelectActivation>;
+  using t2 = fusion::Sm90EVT<typename n2::Node, typename n0::Node, n1::Node>;
+  using t3 = fusion::Sm90EVT<typename n3::Node, t2>;
+  using Fusion = t3;
+
+  static typename Fusion::Arguments fusion_arguments(CodaLaunch const& L, float* const*) {
+    namespace s = gen::rms_linear::slot;
+    typename t2::Arguments a2{n0::args(L.slots[s::kRstd]), n1::args(), n2::args()};
+    typename n3::Node::Arguments activation{static_cast<int32_t>(L.slots[s::kActivation].value)};
+    typename t3::Arguments a3{a2, activation};
+    return a3;
+  }
+  static constexpr ReductionList kReductions{0, {}};
   using Kernel = coda::kernels::EpilogueGemm<Cfg, Fusion>;
 };
 
