@@ -18,10 +18,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CodaError", "CompileError", "DEFAULT_CONFIG", "Graph", "GraphError", "KernelConfig", "LaunchError",
-    "Outputs", "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "div", "emit_source",
-    "eq", "exp", "fma", "ge", "gelu", "gt", "interpret", "kernel_source", "le", "log", "lt", "maximum", "minimum",
+    "Outputs", "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "diagram", "div", "emit_source",
+    "eq", "exp", "explain", "fma", "ge", "gelu", "gt", "interpret", "kernel_source", "le", "log", "lt", "maximum", "minimum",
     "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu", "rotate_pairs", "rsqrt", "segment_reduce", "sigmoid", "silu",
     "sin_turns", "sqrt", "square", "sub", "swiglu_pairs", "tanh", "turns", "where",
 ]
 
 from . import ops  # noqa: E402  (the ready ops register their torch custom ops)
+
+
+def __getattr__(name: str):
+    """explain and diagram (coda_ext.analysis) load on first use: importing coda_ext stays light."""
+    if name in ("explain", "diagram"):
+        from . import analysis
+
+        return getattr(analysis, name)
+    raise AttributeError(f"module 'coda_ext' has no attribute {name!r}")
