@@ -17,11 +17,12 @@ from .graph.math import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "CodaError", "CompileError", "DEFAULT_CONFIG", "Graph", "GraphError", "KernelConfig", "LaunchError",
-    "Outputs", "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "diagram", "div", "emit_source",
-    "eq", "exp", "explain", "fma", "ge", "gelu", "gt", "interpret", "kernel_source", "le", "log", "lt", "maximum", "minimum",
-    "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu", "rotate_pairs", "rsqrt", "segment_reduce", "sigmoid", "silu",
-    "sin_turns", "sqrt", "square", "sub", "swiglu_pairs", "tanh", "turns", "where",
+    "CodaError", "CompileError", "DEFAULT_CONFIG", "Graph", "GraphError", "KernelConfig", "LaunchError", "Outputs",
+    "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "diagram", "div", "emit_source",
+    "eq", "exp", "explain", "fma", "ge", "gelu", "gt", "interpret", "kernel_source", "le", "log", "lt", "maximum",
+    "minimum", "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu", "rotate_pairs", "rsqrt",
+    "segment_reduce", "sigmoid", "silu", "sin_turns", "sqrt", "square", "sub", "swiglu_pairs", "tanh", "turns",
+    "where",
 ]
 
 from . import ops  # noqa: E402  (the ready ops register their torch custom ops)

@@ -1,0 +1,217 @@
+"""Checks the IO/roofline model (coda_ext.analysis) against Nsight Compute on an H100: DRAM bytes
+read and written, and kernel time, of every benchmark graph's op at M = 128 and M = 16384.
+
+    python -m coda_ext.prebuild benchmarks/validate_io.py -j 16     # the kernels, ahead of time
+    python benchmarks/validate_io.py [--cases design,swiglu] [--shapes 16384,6144,4096 ...] [--ncu PATH]
+
+For each (graph, shape) the config is the one config="auto" picks (the model's "auto"); this script
+then runs itself in runner mode (--run) under
+
+    ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \\
+        --profile-from-start off --cache-control all --clock-control none --csv --page details --print-units base
+
+The runner builds inputs and calls the op twice to warm up, then profiles one call between
+cudaProfilerStart and cudaProfilerStop, so every kernel of that call is measured (int64 narrowing
+copies, the GEMM, the finalize) and nothing else. Caches are flushed before each kernel, as the
+model assumes nothing in L2; clocks are left to the GPU because the model's rates are sustained
+boost-clock rates. The measured kernels are summed and compared with the model's fused variant;
+the model time compared is max(compute, memory) per kernel, without the launch cost (Nsight
+Compute times kernels, not the gaps between them).
+
+Writes benchmarks/results/io_validation_h100.json (--out) and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import graphs  # noqa: E402
+
+import coda_ext as ce  # noqa: E402
+from coda_ext import tuning  # noqa: E402
+from coda_ext.analysis import io_model  # noqa: E402
+from coda_ext.analysis.roofline import gpu_spec  # noqa: E402
+
+METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"
+UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1e-9, "usecond": 1e-6,
+         "msecond": 1e-3, "second": 1.0}
+DTYPE = "bfloat16"
+DEFAULT_OUT = HERE / "results" / "io_validation_h100.json"
+
+
+def default_shapes() -> list[tuple[int, int, int]]:
+    """The Llama shapes of bench_graphs.py at M = 128 and M = 16384."""
+    import bench_graphs
+
+    return [s for s in bench_graphs.SHAPES["llama"] if s[0] in (128, 16384)]
+
+
+def model_of(case: str, shape: tuple[int, int, int], gpu):
+    return io_model(graphs.CASES[case][0](), DTYPE, shape, config="auto", gpu=gpu)
+
+
+def build_items():
+    """(graph, dtype, config) of every kernel this script runs (for coda_ext.prebuild)."""
+    gpu = gpu_spec("H100 SXM")
+    items, seen = [], set()
+    for case in graphs.CASES:
+        for shape in default_shapes():
+            cfg = model_of(case, shape, gpu).config
+            if (case, cfg.tag) not in seen:
+                seen.add((case, cfg.tag))
+                items.append((graphs.CASES[case][0](), DTYPE, cfg))
+    return items
+
+
+# --- runner mode: one profiled call ----------------------------------------------------------
+
+def run_once(case: str, shape: tuple[int, int, int], tag: str) -> None:
+    import torch
+
+    import bench_graphs
+
+    cfg = tuning.config_by_tag(tag, tuning.CANDIDATES)
+    if cfg is None:
+        raise SystemExit(f"unknown config tag {tag!r}")
+    op = ce.compile(graphs.CASES[case][0](), DTYPE, cfg)
+    M, N, K = shape
+    A, W, inputs = bench_graphs.make_inputs(op, M, N, K, seed=0)
+    for _ in range(2):
+        op(A, W, **inputs)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    op(A, W, **inputs)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+# --- parent mode: ncu, parsing, comparison ---------------------------------------------------
+
+def parse_ncu_csv(text: str) -> list[dict]:
+    """Kernels in launch order, each {name, read_bytes, write_bytes, time_s}, from ncu --csv output."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    if start is None:
+        return []
+    kernels: dict[str, dict] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        if not row.get("Metric Name") or row.get("ID") is None:
+            continue
+        k = kernels.setdefault(row["ID"], {"name": row.get("Kernel Name", "")[:120]})
+        value = float(row["Metric Value"].replace(",", "")) * UNITS.get(row.get("Metric Unit", ""), 1.0)
+        key = {"dram__bytes_read.sum": "read_bytes", "dram__bytes_write.sum": "write_bytes",
+               "gpu__time_duration.sum": "time_s"}.get(row["Metric Name"])
+        if key:
+            k[key] = value
+    return [kernels[i] for i in sorted(kernels, key=int)]
+
+
+def measure(ncu: str, case: str, shape: tuple[int, int, int], tag: str, timeout: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = pathlib.Path(tmp) / "ncu.csv"
+        cmd = [ncu, "--metrics", METRICS, "--profile-from-start", "off", "--cache-control", "all",
+               "--clock-control", "none", "--csv", "--page", "details", "--print-units", "base", "--log-file", str(log),
+               sys.executable, str(pathlib.Path(__file__).resolve()), "--run", case,
+               "--shape", ",".join(map(str, shape)), "--config", tag]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        text = log.read_text() if log.is_file() else ""
+    kernels = parse_ncu_csv(text)
+    if proc.returncode != 0 or not kernels:
+        tail = (proc.stdout + proc.stderr + text)[-2000:]
+        return {"error": f"ncu exited {proc.returncode} with {len(kernels)} kernel(s) measured", "log_tail": tail}
+    return {"kernels": kernels, "read_bytes": sum(k.get("read_bytes", 0.0) for k in kernels),
+            "write_bytes": sum(k.get("write_bytes", 0.0) for k in kernels),
+            "time_s": sum(k.get("time_s", 0.0) for k in kernels)}
+
+
+def model_summary(model) -> dict:
+    fused, gpu = model.variants["fused"], model.gpu
+    kernels = []
+    for k in fused.kernels:
+        t = k.timing(gpu)
+        kernels.append({"name": k.name, "read_bytes": k.read, "write_bytes": k.written,
+                        "time_s": max(t.compute_s, t.memory_s), "bound": t.bound})
+    return {"kernels": kernels, "read_bytes": fused.read, "write_bytes": fused.written,
+            "time_s": sum(k["time_s"] for k in kernels), "schedule": model.schedule.describe()}
+
+
+def _ratio(measured: float, modelled: float) -> float | None:
+    return measured / modelled if modelled else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", default=",".join(graphs.CASES))
+    p.add_argument("--shapes", nargs="*", default=None, help="M,N,K ... (default: the Llama shapes at M 128 and 16384)")
+    p.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
+    p.add_argument("--gpu", default="H100 SXM", help="the model's GPU (coda_ext.analysis.GPUS)")
+    p.add_argument("--timeout", type=int, default=600, help="seconds per profiled run")
+    p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--run", metavar="CASE", help=argparse.SUPPRESS)      # runner mode (under ncu)
+    p.add_argument("--shape", help=argparse.SUPPRESS)
+    p.add_argument("--config", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.run:
+        run_once(args.run, tuple(int(x) for x in args.shape.split(",")), args.config)
+        return 0
+
+    import torch
+
+    from harness import gpu_info
+
+    cases = args.cases.split(",")
+    unknown = [c for c in cases if c not in graphs.CASES]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; known: {list(graphs.CASES)}")
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else default_shapes()
+    gpu = dataclasses.replace(gpu_spec(args.gpu), sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    rows = []
+    print(f"{'case':<13s} {'M x N x K':<18s} {'config':<32s} {'kernels':>8s} {'read GB model/meas':>21s} "
+          f"{'write GB model/meas':>21s} {'time us model/meas':>21s}", flush=True)
+    for case in cases:
+        for shape in shapes:
+            model = model_of(case, shape, gpu)
+            row = {"case": case, "shape": list(shape), "config": model.config.tag, "model": model_summary(model),
+                   "measured": measure(args.ncu, case, shape, model.config.tag, args.timeout)}
+            mod, meas = row["model"], row["measured"]
+            label = f"{case:<13s} {'x'.join(map(str, shape)):<18s} {model.config.tag:<32s}"
+            if "error" in meas:
+                print(f"{label} {meas['error']}", flush=True)
+            else:
+                row["ratio_measured_to_model"] = {k: _ratio(meas[k], mod[k])
+                                                  for k in ("read_bytes", "write_bytes", "time_s")}
+                print(f"{label} {len(mod['kernels']):>3d}/{len(meas['kernels']):<4d}"
+                      f" {mod['read_bytes'] / 1e9:>9.3f}/{meas['read_bytes'] / 1e9:<9.3f}"
+                      f"  {mod['write_bytes'] / 1e9:>9.4f}/{meas['write_bytes'] / 1e9:<9.4f}"
+                      f"  {mod['time_s'] * 1e6:>9.1f}/{meas['time_s'] * 1e6:<9.1f}", flush=True)
+            rows.append(row)
+    ok = [r for r in rows if "ratio_measured_to_model" in r]
+    result = {"gpu_model": dataclasses.asdict(gpu), "environment": gpu_info(), "metrics": METRICS,
+              "ncu_flags": "--profile-from-start off --cache-control all --clock-control none", "rows": rows}
+    if ok:
+        for key in ("read_bytes", "write_bytes", "time_s"):
+            ratios = sorted(r["ratio_measured_to_model"][key] for r in ok if r["ratio_measured_to_model"][key])
+            result[f"{key}_ratio_range"] = [ratios[0], ratios[-1]] if ratios else None
+            if ratios:
+                print(f"measured / model {key}: {ratios[0]:.2f} .. {ratios[-1]:.2f} "
+                      f"(median {ratios[len(ratios) // 2]:.2f})")
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0 if len(ok) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
