@@ -606,3 +606,36 @@ def test_regression_prebuild_function_survives_importing_the_cli():
 
     importlib.import_module("coda_ext.prebuild")
     assert callable(ce.prebuild), f"coda_ext.prebuild is {ce.prebuild!r}"
+
+
+def test_cached_says_no_for_a_corrupt_entry(tmp_path, monkeypatch):
+    """Regression: cached() looked only for the file, so prebuild counted a broken entry as a hit."""
+    import json
+
+    from coda_ext.compile import cached, kernel_source
+    from coda_ext.compile.cache import cache_key, entry_dir
+
+    monkeypatch.setenv("CODA_EXT_CACHE_DIR", str(tmp_path / "cache"))
+    g = ce.Graph()
+    g.output(g.accumulator())
+    ks = kernel_source(g, "bfloat16")
+    entry = entry_dir(cache_key(ks.source))
+    entry.mkdir(parents=True)
+    (entry / nvcc.LIBRARY).write_bytes(b"not a library")
+    (entry / "meta.json").write_text(json.dumps({"sha256": "0" * 64}))
+    assert not cached(ks)
+    (entry / "meta.json").write_text(json.dumps({"sha256": nvcc.sha256(entry / nvcc.LIBRARY)}))
+    assert cached(ks)
+
+
+def test_an_nvcc_that_cannot_run_is_a_compile_error(tmp_path, monkeypatch):
+    fake = tmp_path / "nvcc"
+    fake.write_bytes(b"\x7fELF-not-really")  # executable bit, but not a program this machine runs
+    fake.chmod(0o755)
+    monkeypatch.setenv("CODA_EXT_NVCC", str(fake))
+    paths.nvcc_version.cache_clear()
+    try:
+        with pytest.raises(ce.CompileError, match="cannot run .*--version"):
+            paths.nvcc_version()
+    finally:
+        paths.nvcc_version.cache_clear()

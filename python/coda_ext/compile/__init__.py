@@ -60,10 +60,10 @@ def emit_source(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | None
 
 
 def cached(source: KernelSource) -> bool:
-    """True if the kernel of `source` is already in the cache (no nvcc needed)."""
+    """True if the kernel of `source` is in the cache and usable (its checksum matches): no nvcc needed."""
     from .cache import cache_key, entry_dir
 
-    return (entry_dir(cache_key(source.source)) / nvcc.LIBRARY).is_file()
+    return nvcc.check_entry(entry_dir(cache_key(source.source))) is None
 
 
 def build_kernels(items: Iterable[tuple[Any, Any, KernelConfig | None]], jobs: int | None = None) -> list[str]:

@@ -80,7 +80,11 @@ def nvcc_path() -> str:
 
 @functools.lru_cache(maxsize=None)
 def nvcc_version() -> str:
-    out = subprocess.run([nvcc_path(), "--version"], capture_output=True, text=True, check=False).stdout
+    try:
+        out = subprocess.run([nvcc_path(), "--version"], capture_output=True, text=True, check=False).stdout
+    except OSError as e:  # not executable, wrong architecture, ...
+        raise CompileError(f"cannot run {nvcc_path()} --version ({e}); point CUDA_HOME or CODA_EXT_NVCC at a "
+                           "working nvcc") from e
     lines = [line for line in out.splitlines() if line.strip()]
     if not lines:
         raise CompileError(f"{nvcc_path()} --version printed nothing; is it a working nvcc?")
