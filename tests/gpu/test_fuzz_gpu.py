@@ -87,6 +87,8 @@ def _run(op, case, A, W, inputs, M, N):
 def test_random_graph_matches_reference(fuzz_ops, index):
     case = CASES[index]
     op = fuzz_ops[index]
+    if isinstance(op, ce.UnsupportedError) and "shared memory" in str(op):
+        pytest.skip(f"refused before nvcc (the epilogue would starve the mainloop): {op}")
     if isinstance(op, Exception):
         pytest.fail(f"{case!r}\ndoes not compile: {op}")
     for M, N, K in SHAPES:

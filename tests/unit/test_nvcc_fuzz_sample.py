@@ -76,9 +76,6 @@ def _wide_epilogue_default_config():
     return g, None
 
 
-@pytest.mark.xfail(strict=True, raises=ce.CompileError,
-                   reason="the epilogue's shared memory leaves the mainloop fewer than 2 stages: nvcc stops at "
-                          "CUTLASS's static_assert instead of the emitter refusing the graph or using fewer stages")
 def test_regression_epilogue_smem_compiles_or_is_refused(real_nvcc):
     """Each graph either compiles or is refused before nvcc with an UnsupportedError."""
     from coda_ext.runtime import prebuild

@@ -138,3 +138,36 @@ def test_rotate_pairs_is_the_rope_rotation_of_each_pair():
     want = torch.stack([a * theta.cos() - b * theta.sin(), b * theta.cos() + a * theta.sin()], -1).reshape(M, N)
     assert torch.allclose(out, want, atol=1e-9)
     assert "Compute<Cfg, RotatePairs>" in ce.emit_source(g, torch.bfloat16)
+
+
+def test_an_epilogue_that_starves_the_mainloop_is_refused_before_nvcc():
+    """Regression (found by the fuzzer): fp32 tiles and stores on a wide epilogue subtile left the
+    mainloop fewer than two stages and stopped nvcc at a CUTLASS static_assert."""
+    g, acc = _acc()
+    g.output(ce.segment_reduce(acc, 128) * g.tile("t", "float32"))
+    with pytest.raises(ce.UnsupportedError, match=r"tile 't' 128 KB.*fewer than 2 stages.*use 16-bit tiles"):
+        ce.emit_source(g, torch.bfloat16, ce.KernelConfig(tile=(128, 256, 64), schedule="cooperative"))
+    g, acc = _acc()
+    g.output(ce.segment_reduce(acc, 128) * g.tile("t"))  # a bf16 tile fits
+    ce.emit_source(g, torch.bfloat16, ce.KernelConfig(tile=(128, 256, 64), schedule="cooperative"))
+
+
+def test_no_graph_the_project_builds_is_refused_for_shared_memory():
+    """The estimate is a lower bound: every benchmark/test graph and ready op with every candidate config passes."""
+    import sys
+    import pathlib
+
+    from coda_ext import ops, tuning
+
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
+    import cases
+
+    configs = tuning.CANDIDATES + (ce.DEFAULT_CONFIG,)
+    for build, dtypes in cases.CASES.values():
+        for d in dtypes:
+            for c in configs:
+                ce.kernel_source(build(), d, c)
+    for m in ops.MODULES:
+        for build, args in m.BUILDS:
+            for c in configs:
+                ce.kernel_source(build(*args), "bfloat16", c)

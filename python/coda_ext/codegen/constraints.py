@@ -4,6 +4,13 @@ A segment_reduce reads a whole segment of a row in one visit, so the epilogue su
 exactly one segment wide: (EPI_M, size), with EPI_M the rows one schedule's epilogue visits at
 once (64 for ping-pong, TILE_M for cooperative), and a segment must lie inside one N tile.
 A config without an epilogue tile gets that one; a config that contradicts it is refused.
+
+The epilogue's shared memory (D's staging buffer, TMA-loaded tiles, TMA-stored outputs, each a few
+stages of one epilogue subtile) is carved out of what the mainloop's pipeline gets. A graph whose
+epilogue leaves the mainloop fewer than two stages would stop nvcc at one of CUTLASS's static_asserts;
+it is refused here instead, with the fix. The estimate counts only those buffers, at the fewest stages
+CUTLASS gives them, against the whole 227 KB: a lower bound of what CUTLASS allocates, so a graph that
+fits is never refused.
 """
 from __future__ import annotations
 
@@ -12,6 +19,10 @@ import dataclasses
 from ..config import KernelConfig
 from ..errors import UnsupportedError
 from ..graph import ir
+
+SMEM_BYTES = 232448       # shared memory per CTA on SM90 (227 KB)
+MIN_MAINLOOP_STAGES = 2   # CUTLASS's SM90 mainloops need at least two stages
+_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def segment_size(graph: ir.Graph) -> int | None:
@@ -44,3 +55,37 @@ def fit_config(graph: ir.Graph, config: KernelConfig) -> KernelConfig:
             f"segment_reduce(size={size}) needs the epilogue tile {want} (one segment per subtile) with config "
             f"{config.tag}; pass epilogue_tile={want} or leave it None")
     return config
+
+
+def epilogue_tile(config: KernelConfig) -> tuple[int, int]:
+    """The epilogue subtile CUTLASS uses: the config's, else its choice for 16-bit D (N 32;
+    M the schedule's: TILE_M for cooperative, 64 for ping-pong)."""
+    if config.epilogue_tile is not None:
+        return tuple(config.epilogue_tile)
+    tm = config.tile[0]
+    return (tm if config.schedule != "pingpong" else min(tm, 64), 32)
+
+
+def check_shared_memory(graph: ir.Graph, dtype: str, config: KernelConfig) -> None:
+    """Raises UnsupportedError if the epilogue's buffers leave the mainloop fewer than two stages."""
+    tm, tn, tk = config.tile
+    em, en = epilogue_tile(config)
+    subtiles = (tm // em) * (tn // en)
+    stages_d, stages_c = min(subtiles, 2), min(subtiles, 4)
+    sub = em * en
+    parts = {"D staging": stages_d * sub * _BYTES[dtype]}
+    for n in graph.nodes:
+        if n.kind == "tile":
+            parts[f"tile {n.name!r}"] = stages_c * sub * _BYTES[n.attr("dtype")]
+        elif n.kind == "store":
+            parts[f"store {n.name!r}"] = stages_d * sub * _BYTES[n.attr("dtype")]
+    epilogue = sum(parts.values())
+    stage = (tm + tn) * tk * _BYTES[dtype]
+    if (SMEM_BYTES - epilogue) // stage >= MIN_MAINLOOP_STAGES:
+        return
+    listing = ", ".join(f"{k} {v // 1024} KB" for k, v in parts.items())
+    raise UnsupportedError(
+        f"the epilogue needs at least {epilogue // 1024} KB of shared memory ({listing}) with config {config.tag} "
+        f"(epilogue subtile {em}x{en}), leaving the mainloop fewer than {MIN_MAINLOOP_STAGES} stages of "
+        f"{stage // 1024} KB: use 16-bit tiles and stores instead of float32, fewer of them, a smaller epilogue tile "
+        "or a smaller TILE_N")
