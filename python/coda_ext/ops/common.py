@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..graph.interpret import torch_dtype
+from ..graph.builder import dtype_name  # noqa: F401  (the ops name their dtype with it)
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -74,14 +74,3 @@ def graph_op(build: Callable[..., Any], dtype: str, config: str, *args: Any) -> 
     from ..runtime.api import compile
 
     return compile(build(*args), dtype, config)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    name = str(dtype).replace("torch.", "")
-    torch_dtype(name)
-    return name
-
-
-def prebuild_items(builds: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> list[tuple[Any, str, str]]:
-    """(graph, dtype, "auto") for every graph variant of an op, in bf16 and fp16."""
-    return [(build(*args), d, "auto") for build, args in builds for d in ("bfloat16", "float16")]
