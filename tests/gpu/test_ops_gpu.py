@@ -9,6 +9,8 @@ memory pool whose free memory is filled with NaN first: an unwritten element sho
 """
 from __future__ import annotations
 
+import pathlib
+import sys
 import contextlib
 import os
 import zlib
@@ -16,12 +18,14 @@ import zlib
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import coda_ext as ce
 import ops_cases
 from coda_ext import ops
 from coda_ext.ops import lm_head_ce, qkv, residual_norm, rms_scale, swiglu
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from custom_op_calls import RecordCustomOps  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -188,19 +192,6 @@ def test_op_matches_reference(case, report):
 
 
 FEATURES = ops_cases.feature_cases()
-
-
-class RecordCustomOps(TorchDispatchMode):
-    """Records the coda_ext custom-op calls (op overload, args, kwargs) a public function makes."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "coda_ext":
-            self.calls.append((func, args, kwargs or {}))
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("case", FEATURES, ids=lambda c: c.function)

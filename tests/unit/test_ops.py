@@ -9,6 +9,8 @@ torch.compile(fullgraph=True) tracing every op without a graph break.
 """
 from __future__ import annotations
 
+import pathlib
+import sys
 import types
 import zlib
 
@@ -17,13 +19,15 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.backends.registry import lookup_backend
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import coda_ext as ce
 from coda_ext import ops
 from coda_ext.graph.interpret import Outputs
 from coda_ext.ops import common, lm_head_ce, qkv, residual_norm, rms_scale, swiglu
 from coda_ext.runtime import TunedOp
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from custom_op_calls import RecordCustomOps  # noqa: E402
 
 BF16, FP16 = torch.bfloat16, torch.float16
 K = 64                            # x's last dimension
@@ -242,25 +246,12 @@ def test_fakes_give_shapes_without_a_kernel(no_kernel, lead, dtype):
         assert (q.shape, k.shape, v.shape) == ((*lead, 4, 64), (*lead, 2, 64), (*lead, 2, 64))
 
 
-class _RecordCustomOps(TorchDispatchMode):
-    """Records the coda_ext custom-op calls (op overload, args, kwargs) a public function makes."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "coda_ext":
-            self.calls.append((func, args, kwargs or {}))
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("lead", [(37,), (2, 5)], ids=_lead_id)
 def test_opcheck(lead):
     """torch.library.opcheck of each custom op with the arguments its public function passes:
     schema, fake vs real (here the interpreter) shapes and dtypes, AOT dispatch with dynamic shapes."""
     for name, fn, args, kwargs, _ in _calls(lead, BF16, "cpu"):
-        with _RecordCustomOps() as rec:
+        with RecordCustomOps() as rec:
             fn(*args, **kwargs)
         assert [str(c[0]) for c in rec.calls] == [f"coda_ext.{name}.default"]
         torch.library.opcheck(*rec.calls[0])
