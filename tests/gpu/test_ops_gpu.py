@@ -9,10 +9,10 @@ memory pool whose free memory is filled with NaN first: an unwritten element sho
 """
 from __future__ import annotations
 
-import pathlib
-import sys
 import contextlib
 import os
+import pathlib
+import sys
 import zlib
 
 import pytest
