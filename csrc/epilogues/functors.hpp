@@ -9,6 +9,9 @@
 // 16-bit rounding of every stored result), the rest are IEEE fp32.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
+
 #include <cutlass/array.h>
 #include <cutlass/cutlass.h>
 #include <cutlass/numeric_conversion.h>
@@ -198,6 +201,37 @@ CODA_EPI_FUNCTOR(SinTurns)
 template <class S>
 struct RoundThrough {
   template <class T> struct Fn : MapArrays<scalar::RoundVia<S>> {};
+};
+
+// Packed pairs: a 32-bit container (carried as fp32 bits) holding two 16-bit elements S, the
+// even column in the low half (little-endian memory order of an (M, 2N) tensor).
+namespace scalar {
+template <class S, int Half>
+struct UnpackHalf {
+  CUTLASS_HOST_DEVICE float operator()(float packed) const {
+    uint32_t bits;
+    memcpy(&bits, &packed, sizeof(bits));
+    return float(S::bitcast(static_cast<uint16_t>(Half ? bits >> 16 : bits & 0xffffu)));
+  }
+};
+template <class S>
+struct PackPair {
+  CUTLASS_HOST_DEVICE float operator()(float even, float odd) const {
+    cutlass::NumericConverter<S, float> round;
+    uint32_t bits = uint32_t(round(even).raw()) | (uint32_t(round(odd).raw()) << 16);
+    float packed;
+    memcpy(&packed, &bits, sizeof(packed));
+    return packed;
+  }
+};
+}  // namespace scalar
+template <class S, int Half>
+struct UnpackHalf {
+  template <class T> struct Fn : MapArrays<scalar::UnpackHalf<S, Half>> {};
+};
+template <class S>
+struct PackPair {
+  template <class T> struct Fn : MapArrays<scalar::PackPair<S>> {};
 };
 
 // Full width: each pair (a, b) = (x[2i], x[2i + 1]) rotated by θ = 2π·t[2i] (RoPE): one sincospif per

@@ -104,6 +104,22 @@ struct Cast {
   static typename Node::Arguments args() { return {}; }
 };
 
+// One element (Half 0: even column, 1: odd) of each 16-bit pair of a pair tile (a TileLoad<Cfg, float>
+// of the (M, 2N) tensor viewed as (M, N) 32-bit elements), as fp32.
+template <class Cfg, class T, int Half>
+struct Unpack {
+  using Node = fusion::Sm90Compute<UnpackHalf<T, Half>::template Fn, float, float, kRound>;
+  static typename Node::Arguments args() { return {}; }
+};
+
+// Two values rounded to T and packed into one 32-bit element per column (for a TileStore<Cfg, float>
+// of the (M, 2N) output viewed as (M, N)).
+template <class Cfg, class T>
+struct Pack {
+  using Node = fusion::Sm90Compute<PackPair<T>::template Fn, float, float, kRound>;
+  static typename Node::Arguments args() { return {}; }
+};
+
 // The global column index of each element, as fp32.
 struct ColIndex {
   using Node = Sm90ColIndex;

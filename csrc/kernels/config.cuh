@@ -1,7 +1,8 @@
 // coda/kernels/config.cuh — the fixed SM90 GEMM configuration every coda_ext kernel uses.
 //
-// A (M, K) and B = W (N, K) are K-contiguous (torch.nn.Linear's layout); D (M, N) is
-// row-major. Accumulation and epilogue math are fp32. What varies per kernel is the tile,
+// A (M, K) and B = W (N, K) are K-contiguous (torch.nn.Linear's layout) unless AMajorM / BMajorN
+// make M of A / N of B the contiguous dimension (transposed views: the backward GEMMs read
+// operands as they are stored); D (M, N) is row-major. Accumulation and epilogue math are fp32. What varies per kernel is the tile,
 // the cluster, the schedule (cooperative or ping-pong) and the epilogue graph.
 #pragma once
 
@@ -41,7 +42,9 @@ template <
   int ClusterM, int ClusterN,
   class Schedule_,      // Cooperative or Pingpong
   int EpiTileM = 0,     // epilogue subtile (0, 0): CUTLASS's choice (128x32 cooperative, 64x32 ping-pong)
-  int EpiTileN = 0
+  int EpiTileN = 0,
+  bool AMajorM = false, // A (M, K) with M contiguous
+  bool BMajorN = false  // B (N, K) with N contiguous
 >
 struct Config {
   using ElementAB = ElementAB_;
@@ -56,8 +59,8 @@ struct Config {
   using Schedule = Schedule_;
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
-  using LayoutA = cutlass::layout::RowMajor;     // (M, K), K contiguous
-  using LayoutB = cutlass::layout::ColumnMajor;  // (N, K), K contiguous
+  using LayoutA = cute::conditional_t<AMajorM, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
+  using LayoutB = cute::conditional_t<BMajorN, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
   using LayoutD = cutlass::layout::RowMajor;     // (M, N), N contiguous
   using EpilogueTileType = cute::conditional_t<(EpiTileM > 0 && EpiTileN > 0),
       cute::Shape<cute::Int<(EpiTileM > 0 ? EpiTileM : 1)>, cute::Int<(EpiTileN > 0 ? EpiTileN : 1)>>,
@@ -68,6 +71,15 @@ struct Config {
   static constexpr int kAlignmentD = 128 / cutlass::sizeof_bits<ElementDStaging>::value;
   // Stride types (M/N, K or N, L) with a unit inner stride and a runtime leading stride.
   using StrideRowMajor = cute::Stride<int64_t, cute::_1, int64_t>;
+  using StrideMajorMN = cute::Stride<cute::_1, int64_t, int64_t>;   // (M or N, K) with M or N contiguous
+  using StrideA = cute::conditional_t<AMajorM, StrideMajorMN, StrideRowMajor>;
+  using StrideB = cute::conditional_t<BMajorN, StrideMajorMN, StrideRowMajor>;
+  // An operand's stride from its leading (non-unit) stride.
+  template <class Stride>
+  static Stride operand_stride(int64_t ld) {
+    if constexpr (cute::is_same_v<Stride, StrideMajorMN>) return Stride{cute::_1{}, ld, int64_t(0)};
+    else return Stride{ld, cute::_1{}, int64_t(0)};
+  }
   using RowVectorStride = cute::Stride<cute::_0, cute::_1, int64_t>;  // length N, broadcast over M
   using ColVectorStride = cute::Stride<cute::_1, cute::_0, int64_t>;  // length M, broadcast over N
   using ScalarStride = cute::Stride<cute::_0, cute::_0, int64_t>;

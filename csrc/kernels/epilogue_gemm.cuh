@@ -104,9 +104,9 @@ struct EpilogueGemm {
     args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
     args.problem_shape = {int(L.M), int(L.N), int(L.K), 1};
     args.mainloop.ptr_A = static_cast<ElementAB const*>(L.A);
-    args.mainloop.dA = Stride{L.lda, cute::_1{}, int64_t(0)};
+    args.mainloop.dA = Cfg::template operand_stride<typename Cfg::StrideA>(L.lda);
     args.mainloop.ptr_B = static_cast<ElementAB const*>(L.B);
-    args.mainloop.dB = Stride{L.ldb, cute::_1{}, int64_t(0)};
+    args.mainloop.dB = Cfg::template operand_stride<typename Cfg::StrideB>(L.ldb);
     args.epilogue.thread = fusion;
     args.epilogue.ptr_C = nullptr;
     args.epilogue.dC = Stride{L.ldd, cute::_1{}, int64_t(0)};

@@ -28,9 +28,11 @@ CodaLaunch make_launch(const at::Tensor& A, const at::Tensor& W, const std::opti
   L.N = W.size(0);
   L.K = A.size(1);
   L.A = A.data_ptr();
-  L.lda = A.stride(0);
+  // The leading (non-unit) stride: the row stride of a K-contiguous operand, the column stride of a
+  // transposed view (the Python checks guarantee the layout the kernel was built for).
+  L.lda = A.stride(1) == 1 ? A.stride(0) : A.stride(1);
   L.B = W.data_ptr();
-  L.ldb = W.stride(0);
+  L.ldb = W.stride(1) == 1 ? W.stride(0) : W.stride(1);
   L.D = D.has_value() ? D->data_ptr() : nullptr;  // none: the graph writes no main output
   L.ldd = D.has_value() ? D->stride(0) : L.N;
   L.num_slots = static_cast<int32_t>(slot_tensors.size());

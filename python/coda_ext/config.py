@@ -6,6 +6,11 @@ import dataclasses
 from .errors import UnsupportedError
 
 SCHEDULES = ("cooperative", "pingpong", "streamk")
+#: Operand layouts: which dimension of A (M, K) and of W (N, K) is contiguous. "kk": both K
+#: (x @ Wᵀ with W as torch.nn.Linear stores it); "kn": W is a transposed view (the dX GEMM
+#: dz @ W reads W (N_out, K_in) as it is stored); "mn": both transposed views (the weight
+#: gradient dzᵀ @ x); "mk": A transposed.
+MAJORS = ("kk", "kn", "mk", "mn")
 
 
 _TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk"}
@@ -20,6 +25,8 @@ class KernelConfig:
     schedule = cooperative | pingpong | streamk (cooperative with the stream-K tile scheduler: the K
     loop of each output tile is split across CTAs when there are too few tiles to fill the GPU;
     deterministic); epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice.
+    major = "kk" | "kn" | "mk" | "mn": the contiguous dimension of A (M, K) and of W (N, K) (MAJORS);
+    the op reads each operand in that layout, so a transposed view needs no copy.
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
     """
@@ -30,6 +37,7 @@ class KernelConfig:
     epilogue_tile: tuple[int, int] | None = None
     swizzle: int = 1
     raster: str = "heuristic"
+    major: str = "kk"
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
@@ -51,6 +59,9 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: swizzle must be 1, 2, 4 or 8, got {self.swizzle}")
         if self.raster not in RASTER_ORDERS:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
+        if self.major not in MAJORS:
+            raise UnsupportedError(f"KernelConfig: major must be one of {MAJORS} (the contiguous dimension of A "
+                                   f"and of W), got {self.major!r}")
         if self.cluster not in ((1, 1), (2, 1), (1, 2), (2, 2)):
             raise UnsupportedError(f"KernelConfig: cluster {self.cluster} unsupported; use (1,1), (2,1), (1,2) or (2,2)")
 
@@ -65,6 +76,8 @@ class KernelConfig:
             tag += f"_s{self.swizzle}"
         if self.raster != "heuristic":
             tag += f"_{self.raster}"
+        if self.major != "kk":
+            tag += f"_{self.major}"
         return tag
 
 

@@ -35,19 +35,23 @@ def load_items(path: str):
 def ready_op_names() -> list[str]:
     from . import ops
 
-    return [m.NAME for m in ops.MODULES]
+    return [m.NAME for m in ops.MODULES + ops.BACKWARD_MODULES]
 
 
 def ready_op_items(names: list[str], dtypes: list[str]):
-    """(graph, dtype, "auto") of every graph variant of the named ready ops (all if none named)."""
+    """(graph, dtype, config) of every config "auto" may use for every graph variant (and its operand
+    layout) of the named ready ops (all if none named)."""
     from . import ops
 
-    known = {m.NAME: m for m in ops.MODULES}
+    known = {m.NAME: m for m in ops.MODULES + ops.BACKWARD_MODULES}
     unknown = sorted(set(names) - set(known))
     if unknown:
         raise SystemExit(f"unknown ready op(s) {unknown}; known: {sorted(known)}")
-    chosen = [known[n] for n in names] if names else list(ops.MODULES)
-    return [(build(*args), d, "auto") for m in chosen for build, args in m.BUILDS for d in dtypes]
+    chosen = [known[n] for n in names] if names else list(known.values())
+    from .runtime.tuned import TunedOp
+
+    return [item for m in chosen for build, args, major in m.BUILDS for d in dtypes
+            for item in TunedOp(build(*args), d, tune=False, major=major).prebuild_items()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,7 @@ def main_variant(op: str, m: Model) -> tuple:
 
 def variants(op: str, m: Model) -> list[tuple]:
     """Every graph variant of op (its BUILDS) that the model's shapes take."""
-    return [args for _, args in MODULES[op].BUILDS if op != "qkv_rope" or args[2] == m.head_dim]
+    return [args for _, args, _ in MODULES[op].BUILDS if op != "qkv_rope" or args[2] == m.head_dim]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,7 @@ KIND_COSTS: dict[str, KindCost] = {
     # leaves: the accumulator and computed leaves are on chip (the operands are counted apart)
     "accumulator": KindCost(), "scalar": KindCost(), "col_index": KindCost(),
     "row_vector": KindCost(hbm="read"), "col_vector": KindCost(hbm="read"), "tile": KindCost(hbm="read"),
+    "pair_tile": KindCost(hbm="read"),                # (M, 2N) 16-bit, read as N 32-bit pairs
     # element-wise math
     **{k: KindCost(1.0) for k in _ONE},
     "fma": KindCost(2.0),
@@ -51,6 +52,8 @@ KIND_COSTS: dict[str, KindCost] = {
     "gelu_tanh": KindCost(TRANSCENDENTAL + 7),        # 0.5 x (1 + tanh(c (x + 0.044715 x^3)))
     "gelu_erf": KindCost(TRANSCENDENTAL + 5),         # 0.5 x (1 + erf(x / sqrt 2))
     "pair_swap": KindCost(0.0),                       # a register shuffle
+    "unpack": KindCost(1.0),                          # a shift or mask, and a widening
+    "pack": KindCost(2.0),                            # two roundings and a shift-or
     "rotate_pairs": KindCost(TRANSCENDENTAL + 3),     # a cos and a sin per pair; two products and a sum
     "turns": KindCost(5.0),                           # product, FMA error recovery, fractional part
     "cos_turns": KindCost(TRANSCENDENTAL + 1), "sin_turns": KindCost(TRANSCENDENTAL + 1),
@@ -60,6 +63,7 @@ KIND_COSTS: dict[str, KindCost] = {
     # sinks
     "output": KindCost(hbm="write"), "store": KindCost(hbm="write"),
     "pair_gated_store": KindCost(hbm="write", half=True),
+    "pair_store": KindCost(hbm="write"),              # (M, 2N): two values per column
     "row_reduce": KindCost(hbm="partials"), "col_reduce": KindCost(hbm="partials"),
     "keep_first": KindCost(),
 }

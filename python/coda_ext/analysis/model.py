@@ -65,11 +65,13 @@ def io_tensor(node: ir.Node, M: int, N: int, dtype: str, half: bool = False) -> 
         return "pair store", (M, N // 2), own
     return {
         "tile": ("tile input", (M, N), own),
+        "pair_tile": ("tile input", (M, 2 * N), own),
         "row_vector": ("row vector", (N,), own),
         "col_vector": ("col vector", (M,), own),
         "output": ("output D", (M, N), dtype),
         "store": ("store", (M, N), own),
         "pair_gated_store": ("pair store", (M, N // 2), own),
+        "pair_store": ("store", (M, 2 * N), own),
         "row_reduce": ("row reduction", (M,), "float32"),
         "col_reduce": ("col reduction", (N,), "float32"),
     }[node.kind]
@@ -221,7 +223,7 @@ def _compile_style(lowered: ir.Graph, dtype: str, M: int, N: int, tensors: _Tens
     return Variant("compile", tuple(kernels))
 
 
-_LEAF_SHAPES = {"accumulator": "full", "tile": "full", "row_vector": "row", "col_vector": "col",
+_LEAF_SHAPES = {"accumulator": "full", "tile": "full", "pair_tile": "full", "row_vector": "row", "col_vector": "col",
                 "scalar": "scalar", "col_index": "row"}
 
 

@@ -79,6 +79,10 @@ def check_shared_memory(graph: ir.Graph, dtype: str, config: KernelConfig) -> No
             parts[f"tile {n.name!r}"] = stages_c * sub * _BYTES[n.attr("dtype")]
         elif n.kind == "store":
             parts[f"store {n.name!r}"] = stages_d * sub * _BYTES[n.attr("dtype")]
+        elif n.kind == "pair_tile":   # 32-bit elements: two 16-bit values per column
+            parts[f"pair tile {n.name!r}"] = stages_c * sub * 4
+        elif n.kind == "pair_store":
+            parts[f"pair store {n.name!r}"] = stages_d * sub * 4
     epilogue = sum(parts.values())
     stage = (tm + tn) * tk * _BYTES[dtype]
     if (SMEM_BYTES - epilogue) // stage >= MIN_MAINLOOP_STAGES:

@@ -66,6 +66,14 @@ def node_alias(node: ir.Node, check_oob: bool = True) -> str:
         return f"ColVector<Cfg, {t}>"
     if k == "tile":
         return f"TileLoad<Cfg, {t}>"
+    if k == "pair_tile":   # (M, 2N) 16-bit pairs read as (M, N) 32-bit elements
+        return "TileLoad<Cfg, float>"
+    if k == "pair_store":
+        return "TileStore<Cfg, float>"
+    if k == "unpack":
+        return f"Unpack<Cfg, {t}, {node.attr('half')}>"
+    if k == "pack":
+        return f"Pack<Cfg, {t}>"
     if k == "store":
         return f"TileStore<Cfg, {t}>"
     if k == "cast":
@@ -94,7 +102,7 @@ def node_arguments(alias: str, node: ir.Node, slot: dict[int, int], reduction: d
         if mode == "constant":
             return f"{alias}::constant({float_literal(node.attr('value'))})"
         return f"{alias}::{mode}(L.slots[{slot[index]}])"
-    if k in ir.INPUT_KINDS or k in ("store", "pair_gated_store"):
+    if k in ir.INPUT_KINDS or k in ("store", "pair_gated_store", "pair_store"):
         return f"{alias}::args(L.slots[{slot[index]}])"
     if k in ("row_reduce", "col_reduce"):
         return f"{alias}::args(partials[{reduction[index]}], {REDUCE_IDENTITY[node.attr('op')]})"
@@ -145,6 +153,8 @@ def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
     cm, cn = config.cluster
     em, en = config.epilogue_tile or (0, 0)
     epi = f", {em}, {en}" if config.epilogue_tile else ""
+    if config.major != "kk":   # operand layouts: A's M / W's N contiguous
+        epi = f", {em}, {en}, {str(config.major[0] == 'm').lower()}, {str(config.major[1] == 'n').lower()}"
     return _TEMPLATE.substitute(
         prelude=NO_PDL_PRELUDE if config.schedule in NO_PDL_SCHEDULES else "",
         digest=graph.digest(),

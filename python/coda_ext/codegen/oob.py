@@ -21,7 +21,7 @@ def zero_outside(graph: ir.Graph, node: int, axis: str) -> bool:
     """True if `node` is exactly 0 beyond the problem along `axis` ('cols': n >= N, 'rows': m >= M)."""
     n = graph[node]
     k = n.kind
-    if k in ("accumulator", "tile"):
+    if k in ("accumulator", "tile", "unpack"):  # TMA fills a (pair) tile with 0 beyond the problem
         return True
     if k == "row_vector":
         return axis == "cols"

@@ -165,6 +165,17 @@ class Graph:
         """A full M x N tensor input (a residual), row-major, TMA-loaded."""
         return self._input("tile", name, dtype)
 
+    def pair_tile(self, name: str, dtype: Any = None) -> tuple[Value, Value]:
+        """An (M, 2N) input whose columns come in pairs (2i, 2i+1) — interleaved gate/up, say — read at the
+        GEMM's width N: returns (even, odd), the values of columns 2i and 2i+1 at column i. 16-bit
+        dtypes only (each pair is loaded as one 32-bit element)."""
+        resolved = None if dtype is None else _named_dtype(dtype, f"pair tile {name!r}")
+        if resolved == "float32":
+            raise GraphError(f"pair tile {name!r}: pairs are 16-bit elements; use torch.bfloat16 or torch.float16")
+        self._claim(name, "pair tile")
+        t = self._add(ir.Node("pair_tile", (), ir.make_attrs(name=name, dtype=resolved)), dedup=False)
+        return tuple(Value(self, self._add(ir.Node("unpack", (t,), ir.make_attrs(half=h)))) for h in (0, 1))
+
     # --- sinks ----------------------------------------------------------------------------
 
     def output(self, value: Value, name: str = "out") -> None:
@@ -183,6 +194,22 @@ class Graph:
         self._claim(name, "store")
         attrs = ir.make_attrs(name=name, dtype=resolved)
         self._add(ir.Node("store", (src,), attrs), dedup=False)
+
+    def store_pairs(self, name: str, even: Operand, odd: Operand, dtype: Any = None) -> None:
+        """An extra (M, 2N) output whose columns interleave two M x N values: out[:, 2i] = even[:, i],
+        out[:, 2i+1] = odd[:, i] (the inverse of pair_tile). dtype: the op's by default, 16-bit only."""
+        resolved = None if dtype is None else _named_dtype(dtype, f"store_pairs {name!r}")
+        if resolved == "float32":
+            raise GraphError(f"store_pairs {name!r}: pairs are 16-bit elements; use torch.bfloat16 or torch.float16")
+        a = self._value(even, f"store_pairs {name!r} even value")
+        b = self._value(odd, f"store_pairs {name!r} odd value")
+        for i in (a, b):
+            if self._nodes[i].kind in ir.PAIR_KINDS + ir.PACKED_KINDS:
+                raise GraphError(f"store_pairs {name!r}: its values must be full-width element-wise values, not the "
+                                 f"result of {self._nodes[i].kind}")
+        self._claim(name, "pair store")
+        packed = self._add(ir.Node("pack", (a, b), ir.make_attrs(dtype=resolved)), dedup=False)
+        self._add(ir.Node("pair_store", (packed,), ir.make_attrs(name=name, dtype=resolved)), dedup=False)
 
     def _reduce(self, kind: str, name: str, value: Value, op: str) -> None:
         if op not in ir.REDUCE_OPS:
@@ -236,6 +263,9 @@ def _op(kind: str, *operands: Operand, **attrs: Any) -> Value:
     g = _graph_of(kind, *operands)
     idx = tuple(g._value(x, f"operand {i} of {kind}") for i, x in enumerate(operands))
     for i in idx:
+        if g._nodes[i].kind in ir.PACKED_KINDS:
+            raise GraphError(f"{kind}: its operand is a packed pair value ({g._nodes[i].kind}); use the two values "
+                             "pair_tile returns, and store_pairs to write pairs")
         if g._nodes[i].kind in ir.PAIR_KINDS and kind != "store":
             raise GraphError(
                 f"{kind}: its operand is the half-width result of {g._nodes[i].kind}; such a value can only be "

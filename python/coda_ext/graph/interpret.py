@@ -113,7 +113,7 @@ def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: to
     for i in g.input_nodes():
         n = g[i]
         if n.kind in ir.INPUT_KINDS:
-            want = {"tile": (M, N), "row_vector": (N,), "col_vector": (M,)}[n.kind]
+            want = {"tile": (M, N), "pair_tile": (M, 2 * N), "row_vector": (N,), "col_vector": (M,)}[n.kind]
             got = tuple(getattr(inputs[n.name], "shape", ()))
             if got != want:
                 raise ValueError(f"interpret: input {n.name!r} ({n.kind}) must have shape {want}, got {got}")
@@ -146,6 +146,15 @@ def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: to
             vals[i] = inputs[n.name].to(cd)[:, None]
         elif k == "tile":
             vals[i] = inputs[n.name].to(cd)
+        elif k == "pair_tile":   # packed pairs as (M, N, 2)
+            vals[i] = inputs[n.name].to(cd).reshape(M, N, 2)
+        elif k == "unpack":
+            vals[i] = x[0][..., n.attr("half")]
+        elif k == "pack":        # each element rounds to the stored dtype
+            dt = torch_dtype(n.attr("dtype") or _element_dtype(A))
+            vals[i] = torch.stack([_full(v, A, W, cd).to(dt).to(cd) for v in x], dim=-1)
+        elif k == "pair_store":
+            outs[n.name] = x[0].reshape(M, 2 * N)
         elif k == "col_index":
             vals[i] = torch.arange(N, dtype=cd, device=A.device)[None, :]
         elif k == "pair_swap":
@@ -179,6 +188,11 @@ def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: to
         else:
             raise NotImplementedError(f"interpret: node kind {k!r}")
     return outs
+
+
+def _element_dtype(A: torch.Tensor) -> str:
+    """The op's dtype, where a graph leaves a pack's dtype to it: A's if 16-bit, else bfloat16."""
+    return str(A.dtype).replace("torch.", "") if A.dtype in (torch.bfloat16, torch.float16) else "bfloat16"
 
 
 def _full(x: torch.Tensor, A: torch.Tensor, W: torch.Tensor, cd: torch.dtype) -> torch.Tensor:

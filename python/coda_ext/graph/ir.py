@@ -14,18 +14,24 @@ from typing import Any
 # --- node kinds -------------------------------------------------------------------------
 
 #: Leaves: the GEMM accumulator and the runtime inputs of the epilogue.
-LEAF_KINDS = ("accumulator", "scalar", "row_vector", "col_vector", "tile", "col_index")
+LEAF_KINDS = ("accumulator", "scalar", "row_vector", "col_vector", "tile", "col_index", "pair_tile")
 #: Element-wise math, by arity.
 UNARY_KINDS = (
     "neg", "abs", "exp", "log", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "silu", "relu",
     "gelu_tanh", "gelu_erf", "cast", "cos_turns", "sin_turns",
     "pair_swap",  # full width: y[:, 2i] = x[:, 2i+1], y[:, 2i+1] = x[:, 2i] (RoPE's partner column)
+    "unpack",     # one element (attr half: 0 even, 1 odd column) of each pair of a pair_tile
 )
 #: Comparisons give 1.0 where true and 0.0 where false.
 COMPARE_KINDS = ("eq", "ne", "lt", "le", "gt", "ge")
 #: rotate_pairs(x, t): each adjacent pair (x[2i], x[2i+1]) rotated by 2π·t[2i] (RoPE), full width.
 BINARY_KINDS = ("add", "sub", "mul", "div", "max", "min", "rotate_pairs") + COMPARE_KINDS
 TERNARY_KINDS = ("fma", "where", "turns")
+#: Packed pairs: a pair_tile input (M, 2N) is read as N pairs per row (a 32-bit container of two
+#: 16-bit elements keeps the tile N wide); unpack gives either element, pack(a, b) makes the
+#: pairs a pair_store writes as (M, 2N), columns interleaved (a, b). Packed values feed only
+#: unpack (pair_tile) or pair_store (pack).
+PACKED_KINDS = ("pair_tile", "pack")
 COMMUTATIVE_KINDS = ("add", "mul", "max", "min", "eq", "ne")
 #: Values that read a whole segment of their row (every column of it must be in the same
 #: epilogue subtile): segment_reduce(x; size, op) broadcasts each segment's reduction back.
@@ -33,7 +39,7 @@ SEGMENT_KINDS = ("segment_reduce",)
 #: Project visitor nodes: pairwise ops on adjacent columns (2i, 2i+1) -> half width.
 PAIR_KINDS = ("pair_gate",)
 #: Sinks: the main output D, aux stores and reductions. They produce no value.
-SINK_KINDS = ("output", "store", "row_reduce", "col_reduce")
+SINK_KINDS = ("output", "store", "row_reduce", "col_reduce", "pair_store")
 #: Kinds introduced by lowering passes (never built by users).
 LOWERED_KINDS = ("pair_gated_store", "keep_first")
 
@@ -42,6 +48,7 @@ ARITY = {
     **{k: 1 for k in UNARY_KINDS},
     **{k: 2 for k in BINARY_KINDS},
     **{k: 3 for k in TERNARY_KINDS},
+    "pack": 2,
     **{k: 1 for k in PAIR_KINDS},
     **{k: 1 for k in SEGMENT_KINDS},
     **{k: 1 for k in SINK_KINDS},
@@ -49,7 +56,7 @@ ARITY = {
 }
 
 #: Inputs supplied by the caller at run time (they get launch slots).
-INPUT_KINDS = ("row_vector", "col_vector", "tile")
+INPUT_KINDS = ("row_vector", "col_vector", "tile", "pair_tile")
 #: Reduction ops a row/col reduction supports (logsumexp: row reductions only; a segment
 #: reduction takes sum, max or sumsq).
 REDUCE_OPS = ("sum", "max", "sumsq", "logsumexp")

@@ -59,6 +59,8 @@ def verify(graph: ir.Graph) -> ir.Graph:
                         f"{nodes[j].describe(j)} reads the half-width result of {n.describe(i)}: a pair op's "
                         "result can only be stored with g.store(name, value)")
 
+    _check_packed(graph, consumers)
+
     n_slots = len(graph.slots())
     if n_slots > MAX_SLOTS:
         raise GraphError(f"the graph has {n_slots} runtime inputs and outputs; at most {MAX_SLOTS} are supported")
@@ -93,8 +95,32 @@ def _check_attrs(n: ir.Node, where: str) -> None:
         if n.attr("op") not in ("sum", "max", "sumsq") or n.attr("size") not in (32, 64, 128):
             raise GraphError(f"{where}: needs op in ('sum', 'max', 'sumsq') and size 32, 64 or 128, got "
                              f"op={n.attr('op')!r}, size={n.attr('size')!r}")
+    if n.kind in ("pair_tile", "pack", "pair_store") and n.attr("dtype") not in (None, "bfloat16", "float16"):
+        raise GraphError(f"{where}: pairs are 16-bit elements; dtype must be bfloat16 or float16, got {n.attr('dtype')!r}")
+    if n.kind == "unpack" and n.attr("half") not in (0, 1):
+        raise GraphError(f"{where}: unpack takes half 0 (even column) or 1 (odd column), got {n.attr('half')!r}")
     if n.kind in ir.PAIR_KINDS and n.attr("act") not in ir.PAIR_ACTIVATIONS:
         raise GraphError(f"{where}: activation {n.attr('act')!r} is not one of {ir.PAIR_ACTIVATIONS}")
+
+
+def _check_packed(graph: ir.Graph, consumers: list[list[int]]) -> None:
+    """Packed pair values are containers, not numbers: a pair_tile feeds only unpack, a pack only
+    pair_store; unpack reads a pair_tile, pair_store a pack."""
+    nodes = graph.nodes
+    allowed = {"pair_tile": "unpack", "pack": "pair_store"}
+    for i, n in enumerate(nodes):
+        if n.kind in allowed:
+            for j in consumers[i]:
+                if nodes[j].kind != allowed[n.kind]:
+                    raise GraphError(f"{nodes[j].describe(j)} reads the packed pairs of {n.describe(i)}; use the two "
+                                     "values Graph.pair_tile returns, and Graph.store_pairs to write pairs")
+        want = {"unpack": "pair_tile", "pair_store": "pack"}.get(n.kind)
+        if want and nodes[n.inputs[0]].kind != want:
+            raise GraphError(f"{n.describe(i)} must read a {want}, not {nodes[n.inputs[0]].describe(n.inputs[0])}")
+        if n.kind == "pack":
+            for j in n.inputs:
+                if nodes[j].kind in ir.PAIR_KINDS + ir.PACKED_KINDS:
+                    raise GraphError(f"{n.describe(i)}: packs full-width values, not {nodes[j].describe(j)}")
 
 
 def _live(graph: ir.Graph) -> list[bool]:

@@ -68,9 +68,10 @@ def rows(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def graph_op(build: Callable[..., Any], dtype: str, config: str, *args: Any) -> Any:
+def graph_op(build: Callable[..., Any], dtype: str, config: str, *args: Any, major: str = "kk") -> Any:
     """The compiled op of graph `build(*args)` for `dtype` (one per process; kernels load from the
-    cache, or compile on first use). config "auto": a kernel config per shape."""
+    cache, or compile on first use). config "auto": a kernel config per shape. major: the operand
+    layout (coda_ext.config.MAJORS)."""
     from ..runtime.api import compile
 
-    return compile(build(*args), dtype, config)
+    return compile(build(*args), dtype, config, major=major)

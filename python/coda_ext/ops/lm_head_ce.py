@@ -7,6 +7,12 @@ memory (2 · 4 bytes per row and tile: about 0.8 % of the bf16 logits at V = 128
     logits = [rstd ⊙row] (x @ weightᵀ)       (fp32, never stored)
     lse    = logsumexp(logits, -1)
     loss   = lse − logits[m, target[m]]     (0 where target == ignore_index)
+
+Backward (autograd): the logits are recomputed one vocabulary chunk at a time; the epilogue turns
+them straight into dlogits = softmax · c − onehot(target) · g (c, g: per-row loss gradients, lse
+from the forward), scaled by rstd and with the row statistic Σ acc·dlogits for rstd's gradient;
+then dx += dlogits_chunk @ W_chunk and dW_chunk = dlogits_chunkᵀ @ x. Memory: one M × chunk
+tensor (chunk_bytes), never the M × V logits.
 """
 from __future__ import annotations
 
@@ -16,10 +22,12 @@ import torch
 
 import coda_ext as ce
 
-from . import common
+from . import common, linear_grad
 
 NAME = "lm_head_cross_entropy"
 REDUCTIONS = ("none", "sum", "mean")
+#: Bytes of the one dlogits chunk the backward holds (M × chunk columns, 16-bit).
+CHUNK_BYTES = 256 * 2**20
 
 
 def graph(scaled: bool) -> ce.Graph:
@@ -30,6 +38,23 @@ def graph(scaled: bool) -> ce.Graph:
     g.row_reduce("lse", logits, "logsumexp")
     picked = ce.where(ce.eq(g.col_index(), g.col_vector("target", "int32")), logits, 0.0)
     g.row_reduce("target_logit", picked, "sum")
+    return g
+
+
+def backward_graph(scaled: bool) -> ce.Graph:
+    """dlogits of one vocabulary chunk (columns offset: target is chunk-relative), times rstd."""
+    g = ce.Graph()
+    acc = g.accumulator()
+    rstd = g.col_vector("rstd", "float32") if scaled else None
+    logits = acc * rstd if scaled else acc
+    hit = ce.eq(g.col_index(), g.col_vector("target", "int32"))
+    dlogits = ce.exp(logits - g.col_vector("lse", "float32")) * g.col_vector("coef", "float32") \
+        - ce.where(hit, g.col_vector("g_target", "float32"), 0.0)
+    if scaled:
+        g.output(dlogits * rstd, name="dacc")
+        g.row_reduce("drstd", acc * dlogits, "sum")
+    else:
+        g.output(dlogits, name="dacc")
     return g
 
 
@@ -100,4 +125,79 @@ def lm_head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     return (loss.reshape(lead) if reduction == "none" else loss), lse.reshape(lead)
 
 
-BUILDS = [(graph, (s,)) for s in (False, True)]
+def row_gradients(dloss: torch.Tensor, dlse: Optional[torch.Tensor], target: torch.Tensor, ignore_index: int,
+                  reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(coef, g) fp32 per row: dlogits = softmax · coef − onehot(target) · g."""
+    valid = (target != ignore_index).float()
+    if reduction == "none":
+        g = dloss.float() * valid
+    elif reduction == "sum":
+        g = dloss.float() * valid
+    else:
+        g = dloss.float() / valid.sum() * valid
+    coef = g if dlse is None else g + dlse.float()
+    return coef, g
+
+
+def chunk_columns(M: int, V: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Vocabulary columns per backward chunk: the M × chunk dlogits fit chunk_bytes (multiple of 256)."""
+    cols = max(256, chunk_bytes // max(1, 2 * M) // 256 * 256)
+    return min(cols, (V + 7) // 8 * 8)
+
+
+@torch.library.custom_op("coda_ext::lm_head_cross_entropy_backward", mutates_args=())
+def _op_backward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor],
+                 lse: torch.Tensor, coef: torch.Tensor, g: torch.Tensor,
+                 chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dtype = common.dtype_name(x.dtype)
+    M, V = x.shape[0], weight.shape[0]
+    scaled = rstd is not None
+    op_d = common.graph_op(backward_graph, dtype, "auto", scaled)
+    op_dx = common.graph_op(linear_grad.graph, dtype, "auto", False, major="kn")
+    op_dx_acc = common.graph_op(linear_grad.graph, dtype, "auto", True, major="kn")
+    op_dw = common.graph_op(linear_grad.graph, dtype, "auto", False, major="mn")
+    dW = torch.empty_like(weight)
+    drstd = torch.zeros(M, dtype=torch.float32, device=x.device)
+    target32 = target.to(torch.int32)
+    inputs = {"lse": lse, "coef": coef, "g_target": g}
+    if scaled:
+        inputs["rstd"] = rstd
+    dx = None
+    for v0 in range(0, V, chunk):
+        w = weight[v0:v0 + chunk]
+        r = op_d.run(x, w, {**inputs, "target": target32 - v0}, {})
+        if scaled:
+            drstd += r.drstd
+        dx = op_dx.run(r.dacc, w.t(), {}, {}).out if dx is None else \
+            op_dx_acc.run(r.dacc, w.t(), {"residual": dx}, {}).out
+        op_dw.run(r.dacc.t(), x.t(), {}, {"out": dW[v0:v0 + chunk]})
+    return dx, dW, drstd
+
+
+@_op_backward.register_fake
+def _fake_backward(x, weight, target, rstd, lse, coef, g, chunk):
+    return torch.empty_like(x), torch.empty_like(weight), x.new_empty(x.shape[0], dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, target, rstd, ignore_index, reduction = inputs
+    ctx.save_for_backward(x, weight, target, rstd, output[1])
+    ctx.ignore_index, ctx.reduction = ignore_index, reduction
+
+
+def _backward(ctx, dloss, dlse):
+    x, weight, target, rstd, lse = ctx.saved_tensors
+    V = weight.shape[0]
+    if V % 8:
+        raise ValueError(f"{NAME}: the backward pass needs a vocabulary that is a multiple of 8 (got {V}); pad the "
+                         "LM head's rows")
+    coef, g = row_gradients(dloss, dlse, target, ctx.ignore_index, ctx.reduction)
+    dx, dW, drstd = torch.ops.coda_ext.lm_head_cross_entropy_backward(
+        x, weight, target, rstd, lse, coef, g, chunk_columns(x.shape[0], V))
+    return dx, dW, None, (drstd if rstd is not None else None), None, None
+
+
+_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+BUILDS = [(graph, (s,), "kk") for s in (False, True)] + [(backward_graph, (s,), "kk") for s in (False, True)]

@@ -166,4 +166,4 @@ def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.T
     return heads.split([n_heads, n_kv_heads, n_kv_heads], dim=-2)
 
 
-BUILDS = [(graph, (s, n, hd)) for s in (False, True) for n in (False, True) for hd in (64, 128)]
+BUILDS = [(graph, (s, n, hd), "kk") for s in (False, True) for n in (False, True) for hd in (64, 128)]

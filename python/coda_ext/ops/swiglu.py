@@ -92,4 +92,4 @@ def linear_swiglu_train(x: torch.Tensor, weight: torch.Tensor,
     return y.reshape(*lead, weight.shape[0] // 2), z.reshape(*lead, weight.shape[0])
 
 
-BUILDS = [(graph, (s, p)) for s in (False, True) for p in (False, True)]
+BUILDS = [(graph, (s, p), "kk") for s in (False, True) for p in (False, True)]

@@ -3,15 +3,17 @@ from __future__ import annotations
 
 from ..graph import ir
 
-_HAS_DTYPE = ir.INPUT_KINDS + ("store",)
+_HAS_DTYPE = ir.INPUT_KINDS + ("store", "pack", "pair_store")
 
 
 def resolve_dtypes(graph: ir.Graph, dtype: str) -> ir.Graph:
-    nodes = []
+    """Also gives each unpack the element dtype of the pair_tile it reads (the kernel needs it)."""
+    nodes: list[ir.Node] = []
     for n in graph.nodes:
-        if n.kind in _HAS_DTYPE and n.attr("dtype") is None:
+        want = nodes[n.inputs[0]].attr("dtype") if n.kind == "unpack" else dtype
+        if (n.kind in _HAS_DTYPE or n.kind == "unpack") and n.attr("dtype") is None:
             attrs = dict(n.attrs)
-            attrs["dtype"] = dtype
+            attrs["dtype"] = want
             n = ir.Node(n.kind, n.inputs, ir.make_attrs(**attrs))
         nodes.append(n)
     return ir.Graph(tuple(nodes))

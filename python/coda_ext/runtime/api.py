@@ -4,11 +4,12 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from ..compile import build_kernels, kernel_source, nvcc
-from ..config import KernelConfig
+from ..config import DEFAULT_CONFIG, KernelConfig
 from ..errors import UnsupportedError
 
 
-def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | None = None):  # noqa: A001
+def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | None = None,  # noqa: A001
+            major: str | None = None):
     """Returns an op for `graph` with GEMM operands of `dtype`, building its kernel on a cache miss.
 
     config: a KernelConfig; None for the default (coda_ext.DEFAULT_CONFIG, one kernel); "auto" for
@@ -16,15 +17,22 @@ def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | No
     shape heuristic (coda_ext.tuning.heuristic) — the fast choice at any shape, compiling each
     config on its first use; "tune" for one that measures the candidate configs on the first call
     of an unknown shape. `prebuild([(graph, dtype, "auto")])` builds what "auto" may use.
+    major: the operand layout (coda_ext.config.MAJORS): "kn" reads W as a transposed view (dz @ W for
+    a dX GEMM: op(dz, W.t())), "mn" both operands (the weight gradient dzᵀ @ x: op(dz.t(), x.t()));
+    None keeps the config's ("kk" by default).
     Every op is a torch custom op (coda_ext::run_graph): it works under torch.compile(fullgraph=True)
     and in CUDA-graph capture."""
+    import dataclasses
+
     from .op import CompiledOp
     from .tuned import TunedOp
 
     if isinstance(config, str):
         if config not in ("auto", "tune"):
             raise UnsupportedError(f"config must be a KernelConfig, None, 'auto' or 'tune'; got {config!r}")
-        return TunedOp(graph, dtype, tune=config == "tune")
+        return TunedOp(graph, dtype, tune=config == "tune", major=major or "kk")
+    if major is not None:
+        config = dataclasses.replace(config or DEFAULT_CONFIG, major=major)
     ks = kernel_source(graph, dtype, config)
     library = nvcc.build(ks.source, ks.label)
     return CompiledOp(ks.graph, ks.lowered, ks.dtype, ks.config, library, ks.source)

@@ -51,9 +51,10 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype, device: torch.device 
     return t
 
 
-def check_operands(A: Any, W: Any, dtype: torch.dtype, has_d: bool = True) -> tuple[int, int, int]:
-    """A (M, K) and W (N, K) on one SM90 GPU. Returns (M, N, K). has_d: the kernel writes D
-    (its rows must be 16-byte aligned for the TMA store)."""
+def check_operands(A: Any, W: Any, dtype: torch.dtype, has_d: bool = True, major: str = "kk") -> tuple[int, int, int]:
+    """A (M, K) and W (N, K) on one SM90 GPU, each contiguous along the dimension `major` names
+    (config.MAJORS: "k" for A or W, "m" for A, "n" for W). Returns (M, N, K). has_d: the kernel
+    writes D (its rows must be 16-byte aligned for the TMA store)."""
     for name, t in (("A", A), ("W", W)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -65,19 +66,39 @@ def check_operands(A: Any, W: Any, dtype: torch.dtype, has_d: bool = True) -> tu
     N = W.shape[0]
     if W.shape[1] != K:
         raise ValueError(f"A is (M, K) = {tuple(A.shape)} but W is {tuple(W.shape)}: W must be (N, K) with the "
-                         "same K, as torch.nn.Linear stores its weight")
+                         "same K, as torch.nn.Linear stores it")
     if M < 1 or N < 1 or K < 1:
         raise ValueError(f"empty problem: M={M}, N={N}, K={K}; every dimension must be at least 1")
     if max(M, N, K) >= 2**31:
         raise ValueError(f"M, N and K must be < 2**31, got {(M, N, K)}")
-    check_tensor("A", A, dtype=dtype, device=A.device, shape=(M, K))
-    check_tensor("W", W, dtype=dtype, device=A.device, shape=(N, K))
+    for name, t, rows, m in (("A", A, "M", major[0]), ("W", W, "N", major[1])):
+        if m == "k":
+            check_tensor(name, t, dtype=dtype, device=A.device, shape=tuple(t.shape))
+        else:
+            _check_transposed(name, t, dtype, A.device, rows)
     esize = A.element_size()
     if has_d and (N * esize) % _ALIGN:
         raise ValueError(f"N = {N} (W.shape[0]) gives output rows of {N * esize} bytes; N must be a multiple of "
                          f"{_ALIGN // esize} for the TMA store of D")
     require_sm90(A.device)
     return M, N, K
+
+
+def _check_transposed(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device, rows: str) -> None:
+    """An operand read with its first dimension contiguous: a transposed view such as x.t()."""
+    what = f"{name} ({rows}, K) = {tuple(t.shape)}"
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but A is on {device}; put the operands on one device")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected {dtype}; convert it with .to({dtype})")
+    per16 = _ALIGN // t.element_size()
+    if t.stride(0) != 1 or t.stride(1) < t.shape[0]:
+        raise ValueError(f"{what} must be contiguous along {rows} (a transposed view such as x.t(), strides (1, ld) "
+                         f"with ld >= {t.shape[0]}), got strides {t.stride()}; this op reads {name} in that layout")
+    if t.shape[0] % per16 or t.stride(1) % per16 or t.data_ptr() % _ALIGN:
+        raise ValueError(f"{what} is read along {rows}: {rows} and the stride of K must be multiples of {per16} "
+                         f"elements and the data 16-byte aligned (got {rows} = {t.shape[0]}, strides {t.stride()}); "
+                         "pad the contiguous dimension")
 
 
 def check_scalar_value(name: str, v: Any) -> float:

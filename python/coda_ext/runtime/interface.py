@@ -63,13 +63,15 @@ class GraphOp:
             return (M, N), torch_dtype(s.dtype)
         if s.kind == "pair_gated_store":
             return (M, N // 2), torch_dtype(s.dtype)
+        if s.kind == "pair_store":
+            return (M, 2 * N), torch_dtype(s.dtype)
         if s.kind == "row_reduce":
             return (M,), torch.float32
         return (N,), torch.float32  # col_reduce
 
     def input_shape(self, name: str, M: Any, N: Any) -> tuple[Any, ...] | None:
         s = next(s for s in self.slots if s.name == name)
-        return {"tile": (M, N), "row_vector": (N,), "col_vector": (M,)}.get(s.kind)
+        return {"tile": (M, N), "pair_tile": (M, 2 * N), "row_vector": (N,), "col_vector": (M,)}.get(s.kind)
 
     # --- the call -------------------------------------------------------------------------
 
@@ -129,19 +131,19 @@ class GraphOp:
 
     def _row_input(self, name: str) -> bool:
         s = next((s for s in self.slots if s.name == name), None)
-        return s is not None and s.kind in ("tile", "col_vector")
+        return s is not None and s.kind in ("tile", "pair_tile", "col_vector")
 
     def _flatten(self, name: str, v: Any, n_lead: int) -> Any:
         if not (isinstance(v, torch.Tensor) and self._row_input(name) and v.dim() > 1):
             return v
         s = next(s for s in self.slots if s.name == name)
-        return v.reshape(-1, v.shape[-1]) if s.kind == "tile" else v.reshape(-1)
+        return v.reshape(-1, v.shape[-1]) if s.kind in ("tile", "pair_tile") else v.reshape(-1)
 
     def _flatten_out(self, name: str, v: Any, n_lead: int) -> Any:
         if not isinstance(v, torch.Tensor):
             return v
         per_row = name == self.output_name or any(
-            s.name == name and s.kind in ("store", "pair_gated_store", "row_reduce") for s in self.slots)
+            s.name == name and s.kind in ("store", "pair_gated_store", "pair_store", "row_reduce") for s in self.slots)
         if not per_row:
             return v
         flat = v.view(-1, v.shape[-1]) if v.dim() > n_lead else v.view(-1)
@@ -149,7 +151,7 @@ class GraphOp:
 
     def _unflatten(self, name: str, v: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
         s = next((s for s in self.slots if s.name == name), None)
-        if name == self.output_name or (s is not None and s.kind in ("store", "pair_gated_store")):
+        if name == self.output_name or (s is not None and s.kind in ("store", "pair_gated_store", "pair_store")):
             return v.reshape(*lead, v.shape[-1])
         if s is not None and s.kind == "row_reduce":
             return v.reshape(lead)

@@ -48,7 +48,8 @@ class CompiledOp(GraphOp):
         from ..compile.binding import load_binding
 
         self.check_names(inputs, out)
-        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None)
+        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None,
+                                        major=self.config.major)
         device = A.device
         if self.pairs and N % 2:
             raise ValueError(f"this op pairs adjacent columns (2i, 2i+1), so N = {N} (W.shape[0]) must be even")
@@ -86,11 +87,15 @@ class CompiledOp(GraphOp):
                 checked_inputs[s.name] = t
                 if t.dtype == torch.int64:  # kernels read integer vectors as int32 (exact in fp32 below 2**24)
                     t = t.to(torch.int32)
-                ld = t.stride(0) if s.kind == "tile" else 0
+                if s.kind == "pair_tile":  # the kernel reads each 16-bit pair as one 32-bit element
+                    t = t.view(torch.float32)
+                ld = t.stride(0) if s.kind in ("tile", "pair_tile") else 0
             else:
                 # TMA-stored tiles need 16-byte rows; the pair store writes single elements.
                 row_align = torch_dtype(s.dtype).itemsize if s.kind == "pair_gated_store" else 16
                 t = output_tensor(s.name, row_align)
+                if s.kind == "pair_store":
+                    t = t.view(torch.float32)
                 ld = t.stride(0) if t.dim() == 2 else 0
             tensors.append(t)
             lds.append(ld)

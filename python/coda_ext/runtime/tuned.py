@@ -2,6 +2,7 @@
 (N, K, M bucket) on this GPU — remembered from tuning, else the shape heuristic (tuning.py)."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from typing import Any, Callable
 
@@ -20,20 +21,27 @@ class TunedOp(GraphOp):
 
     def __init__(self, graph: Any, dtype: Any, tune: bool,
                  candidates: tuple[KernelConfig, ...] = tuning.CANDIDATES, reps: int = 20,
-                 time_fn: Callable[[Callable[[], Any], int], list[float]] = tuning.cuda_event_time_ms):
-        self.graph, self.tune = graph, tune
-        self.candidates = candidates
+                 time_fn: Callable[[Callable[[], Any], int], list[float]] = tuning.cuda_event_time_ms,
+                 major: str = "kk"):
+        self.graph, self.tune, self.major = graph, tune, major
+        self.candidates = tuple(self._laid_out(c) for c in candidates)
         self.reps, self.time_fn = reps, time_fn
         first = kernel_source(graph, dtype, candidates[0])
         self.digest, self.dtype_name = first.graph.digest(), first.dtype
         self.epilogue = tuning.Epilogue.of(first.lowered)
         self._ops: dict[str, Any] = {}
         self._chosen: dict[tuple, Any] = {}  # (M bucket, N, K, device) -> op, so a call reads no file
-        self._init_interface(first.lowered, first.dtype, f"{self.digest}|{first.dtype}|{'tune' if tune else 'auto'}")
+        layout = "" if major == "kk" else f"|{major}"
+        self._init_interface(first.lowered, first.dtype,
+                             f"{self.digest}|{first.dtype}|{'tune' if tune else 'auto'}{layout}")
 
     def __repr__(self) -> str:
         return (f"<coda_ext.TunedOp graph={self.digest} dtype={self.dtype} {'tune' if self.tune else 'auto'} "
-                f"inputs={list(self.input_names)} outputs={list(self.output_names)}>")
+                f"major={self.major} inputs={list(self.input_names)} outputs={list(self.output_names)}>")
+
+    def _laid_out(self, config: KernelConfig) -> KernelConfig:
+        """The config with this op's operand layout."""
+        return config if config.major == self.major else dataclasses.replace(config, major=self.major)
 
     @staticmethod
     def sms(A: Any) -> int:
@@ -44,7 +52,7 @@ class TunedOp(GraphOp):
 
     def config_for(self, M: int, N: int, K: int, sms: int = tuning.DEFAULT_SMS) -> KernelConfig:
         """The heuristic's choice for this graph (used where tuning has remembered nothing)."""
-        return tuning.heuristic(tuning.m_bucket(M), N, K, sms, self.epilogue)
+        return self._laid_out(tuning.heuristic(tuning.m_bucket(M), N, K, sms, self.epilogue))
 
     def op_for(self, config: KernelConfig):
         from .api import compile as compile_op
@@ -71,7 +79,8 @@ class TunedOp(GraphOp):
         return best
 
     def run(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any]) -> Outputs:
-        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None)  # before any tuning
+        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None,
+                                        major=self.major)  # before any tuning
         where = (tuning.m_bucket(M), N, K, A.device.index)
         op = self._chosen.get(where)
         if op is None:  # first call of this shape class in this process
@@ -81,4 +90,4 @@ class TunedOp(GraphOp):
     def prebuild_items(self) -> list[tuple[Any, Any, KernelConfig]]:
         """What this op may compile: the heuristic's configs, or every candidate when tuning."""
         configs = self.candidates if self.tune else tuning.HEURISTIC_CONFIGS
-        return [(self.graph, self.dtype_name, c) for c in configs]
+        return [(self.graph, self.dtype_name, self._laid_out(c)) for c in configs]

@@ -1,0 +1,147 @@
+"""The plain GEMMs of a block's forward and backward, each reading its operands as they are stored:
+
+    linear_residual(x, W, residual) = x @ Wᵀ + residual        (a down/output projection)
+    linear_dx(dz, W)                = dz @ W                    (the dX GEMM: W read as stored, (N, K))
+    weight_grad(dz, x, accumulate)  = dzᵀ @ x [+ accumulate]    (the weight gradient, (N, K))
+
+The backward GEMMs take transposed views (W.t(), dz.t(), x.t()) of the stored tensors: the
+kernels are built for those layouts (coda_ext.config.MAJORS), so nothing is copied.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import coda_ext as ce
+
+from . import common
+
+NAME = "linear_grad"
+
+
+def graph(residual: bool) -> ce.Graph:
+    """acc (+ a tile): linear_residual, linear_dx and weight_grad (with accumulate) in one graph family."""
+    g = ce.Graph()
+    acc = g.accumulator()
+    g.output(acc + g.tile("residual") if residual else acc)
+    return g
+
+
+def reference_linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """fp32 reference of linear_residual."""
+    return x.float() @ weight.float().t() + residual.float()
+
+
+def reference_linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp32 reference of linear_dx."""
+    return dz.float() @ weight.float()
+
+
+def reference_weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """fp32 reference of weight_grad (leading dimensions of dz and x are the summed rows)."""
+    out = common.rows(dz).float().t() @ common.rows(x).float()
+    return out if accumulate is None else out + accumulate.float()
+
+
+reference = reference_linear_residual
+
+
+def _run(A, B, tile, major):
+    op = common.graph_op(graph, common.dtype_name(A.dtype), "auto", tile is not None, major=major)
+    return op.run(A, B, {} if tile is None else {"residual": tile}, {}).out
+
+
+@torch.library.custom_op("coda_ext::linear_residual", mutates_args=())
+def _op_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    return _run(x, weight, residual, "kk")
+
+
+@_op_residual.register_fake
+def _fake_residual(x, weight, residual):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+@torch.library.custom_op("coda_ext::linear_dx", mutates_args=())
+def _op_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return _run(dz, weight.t(), None, "kn")
+
+
+@_op_dx.register_fake
+def _fake_dx(dz, weight):
+    return dz.new_empty(dz.shape[0], weight.shape[1])
+
+
+@torch.library.custom_op("coda_ext::weight_grad", mutates_args=())
+def _op_wgrad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor]) -> torch.Tensor:
+    return _run(dz.t(), x.t(), accumulate, "mn")
+
+
+@_op_wgrad.register_fake
+def _fake_wgrad(dz, x, accumulate):
+    return dz.new_empty(dz.shape[1], x.shape[1])
+
+
+def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """x @ weightᵀ + residual in x's dtype. x (..., K), weight (N, K), residual (..., N)."""
+    common.check_linear("linear_residual", x, weight)
+    lead, N = tuple(x.shape[:-1]), weight.shape[0]
+    common.check_rows("linear_residual", "residual", residual, lead, N, x.dtype, x.device)
+    return torch.ops.coda_ext.linear_residual(common.rows(x), weight, common.rows(residual)).reshape(*lead, N)
+
+
+def linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """dz @ weight (..., K) in dz's dtype: the input gradient of x @ weightᵀ. dz (..., N), weight (N, K)
+    as torch.nn.Linear stores it (read in place, no transposed copy)."""
+    _check_pair("linear_dx", dz, "dz", weight, "weight", 0)
+    lead = tuple(dz.shape[:-1])
+    return torch.ops.coda_ext.linear_dx(common.rows(dz), weight).reshape(*lead, weight.shape[1])
+
+
+def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """dzᵀ @ x (N, K) in dz's dtype, summed over every leading row of dz (..., N) and x (..., K): the
+    weight gradient of x @ Wᵀ (fp32 accumulation, one rounding). accumulate (N, K): a gradient to add
+    (gradient accumulation), read in the epilogue."""
+    op = "weight_grad"
+    for name, t in (("dz", dz), ("x", x)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if dz.dtype not in common.DTYPES or x.dtype != dz.dtype:
+        raise TypeError(f"{op}: dz and x must share one 16-bit dtype (bfloat16 or float16), got {dz.dtype} and "
+                        f"{x.dtype}")
+    if dz.dim() < 1 or x.dim() < 1 or dz.shape[:-1] != x.shape[:-1]:
+        raise ValueError(f"{op}: dz (..., N) and x (..., K) must have the same leading dimensions (one row per "
+                         f"token), got {tuple(dz.shape)} and {tuple(x.shape)}")
+    if x.device != dz.device:
+        raise ValueError(f"{op}: dz is on {dz.device} and x on {x.device}; put them on one device")
+    N, K = dz.shape[-1], x.shape[-1]
+    if accumulate is not None:
+        if not isinstance(accumulate, torch.Tensor) or tuple(accumulate.shape) != (N, K) \
+                or accumulate.dtype != dz.dtype or accumulate.device != dz.device:
+            raise ValueError(f"{op}: accumulate must be a ({N}, {K}) {dz.dtype} tensor on {dz.device}")
+    dz2, x2 = common.rows(dz), common.rows(x)
+    if not dz2.is_contiguous() or not x2.is_contiguous():
+        raise ValueError(f"{op}: dz and x must be contiguous (each is read transposed, along its rows); "
+                         "call .contiguous()")
+    return torch.ops.coda_ext.weight_grad(dz2, x2, accumulate)
+
+
+def _check_pair(op: str, a: torch.Tensor, a_name: str, w: torch.Tensor, w_name: str, dim: int) -> None:
+    """a (..., w.shape[dim]) and a 2-D w of one 16-bit dtype on one device."""
+    for name, t in ((a_name, a), (w_name, w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if a.dtype not in common.DTYPES or w.dtype != a.dtype:
+        raise TypeError(f"{op}: {a_name} and {w_name} must share one 16-bit dtype (bfloat16 or float16), got "
+                        f"{a.dtype} and {w.dtype}")
+    if w.dim() != 2 or a.dim() < 1 or a.shape[-1] != w.shape[dim]:
+        raise ValueError(f"{op}: {a_name} (..., {w.shape[dim] if w.dim() == 2 else 'N'}) must match {w_name} "
+                         f"(N, K) as torch.nn.Linear stores it, got {tuple(a.shape)} and {tuple(w.shape)}")
+    if a.device != w.device:
+        raise ValueError(f"{op}: {a_name} is on {a.device} and {w_name} on {w.device}; put them on one device")
+    if not w.is_contiguous():
+        raise ValueError(f"{op}: {w_name} must be contiguous (it is read in its stored layout); call .contiguous()")
+
+
+BUILDS = [(graph, (True,), "kk"), (graph, (False,), "kn"), (graph, (True,), "kn"), (graph, (False,), "mn"),
+          (graph, (True,), "mn")]

@@ -1,0 +1,75 @@
+"""SwiGLU backward in the epilogue of the down projection's dX GEMM (CODA):
+
+    acc = dy @ W_down                             (M, F): dL/d(silu(g)·u)
+    (g, u) = z[:, 2i], z[:, 2i+1]                 the saved interleaved pre-activation, read as pairs
+    dg  = acc · u · σ(g) · (1 + g (1 − σ(g)))     du = acc · silu(g)
+    dz  = (dg, du) interleaved (M, 2F)            the gate/up GEMM's output gradient
+    y   = silu(g) · u                             recomputed: dW_down = weight_grad(dy, y)
+    zdz = Σ_i (g·dg + u·du)                       fp32 per row: the ZdZ of the gate/up GEMM, for the
+                                                  RMSNorm backward in its dX GEMM (norm_backward)
+
+z is read and dz written as 32-bit pairs (Graph.pair_tile / store_pairs), so the tile stays F wide.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import coda_ext as ce
+
+from . import common
+from .linear_grad import _check_pair
+
+NAME = "swiglu_backward_linear"
+
+
+def graph() -> ce.Graph:
+    g = ce.Graph()
+    acc = g.accumulator()
+    gate, up = g.pair_tile("z")
+    sig = ce.sigmoid(gate)
+    silu = gate * sig
+    dg = acc * up * sig * (1.0 + gate * (1.0 - sig))
+    du = acc * silu
+    g.store_pairs("dz", dg, du)
+    g.store("y", silu * up)
+    g.row_reduce("zdz", gate * dg + up * du, "sum")
+    return g
+
+
+def reference(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor):
+    """fp32 reference: (dz, y, zdz) (autograd of silu(g)·u)."""
+    acc = dy.float() @ weight.float()
+    gate, up = z.float()[..., 0::2], z.float()[..., 1::2]
+    sig = torch.sigmoid(gate)
+    dg = acc * up * sig * (1 + gate * (1 - sig))
+    du = acc * F.silu(gate)
+    dz = torch.stack([dg, du], dim=-1).flatten(-2)
+    return dz, F.silu(gate) * up, (gate * dg + up * du).sum(-1)
+
+
+@torch.library.custom_op("coda_ext::swiglu_backward_linear", mutates_args=())
+def _op(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    op = common.graph_op(graph, common.dtype_name(dy.dtype), "auto", major="kn")
+    r = op.run(dy, weight.t(), {"z": z}, {})
+    return r.dz, r.y, r.zdz
+
+
+@_op.register_fake
+def _fake(dy, weight, z):
+    M, F_ = dy.shape[0], weight.shape[1]
+    return dy.new_empty(M, 2 * F_), dy.new_empty(M, F_), dy.new_empty(M, dtype=torch.float32)
+
+
+def swiglu_backward_linear(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor):
+    """(dz, y, zdz) from dy (..., d), the gradient of the down projection's output, its weight (d, F) as
+    stored, and z (..., 2F) the interleaved pre-activation linear_swiglu_train saved. dz (..., 2F) and
+    y (..., F) in dy's dtype, zdz (...) fp32. F must be a multiple of 4 (z's rows 16-byte aligned)."""
+    _check_pair(NAME, dy, "dy", weight, "weight", 0)
+    lead, F_ = tuple(dy.shape[:-1]), weight.shape[1]
+    common.check_rows(NAME, "z", z, lead, 2 * F_, dy.dtype, dy.device)
+    dz, y, zdz = torch.ops.coda_ext.swiglu_backward_linear(common.rows(dy), weight, common.rows(z))
+    return dz.reshape(*lead, 2 * F_), y.reshape(*lead, F_), zdz.reshape(lead)
+
+
+BUILDS = [(graph, (), "kn")]

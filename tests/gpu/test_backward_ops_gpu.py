@@ -1,0 +1,267 @@
+"""The backward GEMM ops (coda_ext.ops: linear_dx, weight_grad, linear_residual, rms_norm_backward_linear,
+swiglu_backward_linear, qkv_rope_backward, the LM head + cross-entropy backward) on an SM90 GPU against
+their fp32 references, with the DESIGN.md rule: max error ≤ 2× the error of the same math done by
+PyTorch in the op's dtype, plus a small floor. Outputs come from a NaN-filled memory pool.
+
+Shapes: Llama-3-1B-like (d 2048, F 8192) and 8B (d 4096, F 14336) at token counts that are not
+tile multiples (333, 2×77) and M = 1.
+"""
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import coda_ext as ce
+from coda_ext import ops, tuning
+from coda_ext.ops import linear_grad, lm_head_ce, norm_backward, rope_backward, swiglu_backward
+from coda_ext.runtime.tuned import TunedOp
+from test_ops_gpu import max_err, nan_memory
+
+pytestmark = pytest.mark.gpu
+
+DEVICE = "cuda"
+MODELS = {"1b": (2048, 8192), "8b": (4096, 14336)}
+LEADS = ((333,), (2, 77), (1,))
+DTYPES = ("bfloat16", "float16")
+
+
+def _cases():
+    out = []
+    for model, (d, f) in MODELS.items():
+        for lead in LEADS:
+            for op in ("linear_dx", "weight_grad", "weight_grad_acc", "linear_residual", "norm_backward",
+                       "norm_backward_acc", "swiglu_backward"):
+                out.append((op, model, lead, "bfloat16"))
+        out += [(op, model, (333,), "float16") for op in ("linear_dx", "weight_grad", "norm_backward_acc",
+                                                          "swiglu_backward")]
+    return out
+
+
+CASES = _cases()
+
+
+def _gemm(op: str, d: int, f: int, tokens: int) -> tuple:
+    """(module graph args, major, (M, N, K) of the GEMM as launched) of a case."""
+    return {
+        "linear_dx": ((False,), "kn", (tokens, f, d)),          # dz (M, d) @ W_down (d, f)
+        "weight_grad": ((False,), "mn", (d, f, tokens)),        # dzᵀ (d, M) @ x (M, f)
+        "weight_grad_acc": ((True,), "mn", (d, f, tokens)),
+        "linear_residual": ((True,), "kk", (tokens, d, f)),
+        "norm_backward": ((False,), "kn", (tokens, d, 3 * d)),  # dz (M, 3d) @ W (3d, d): a QKV-like consumer
+        "norm_backward_acc": ((True,), "kn", (tokens, d, 2 * f)),
+        "swiglu_backward": ((), "kn", (tokens, f, d)),
+    }[op]
+
+
+_MODULE = {"linear_dx": linear_grad, "weight_grad": linear_grad, "weight_grad_acc": linear_grad,
+           "linear_residual": linear_grad, "norm_backward": norm_backward, "norm_backward_acc": norm_backward,
+           "swiglu_backward": swiglu_backward}
+
+
+def _item(items: dict, graph, dtype: str, major: str, mnk: tuple, sms: int) -> None:
+    cfg = TunedOp(graph, dtype, tune=False, major=major).config_for(*mnk, sms)
+    items[(graph.build().digest(), dtype, cfg.tag)] = (graph, dtype, cfg)
+
+
+def build_items(sms: int | None = None) -> list:
+    """(graph, dtype, config) of every kernel the cases (and the LM head test) run, for prebuild."""
+    sms = sms or (torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available()
+                  else tuning.DEFAULT_SMS)
+    items: dict = {}
+    for op, model, lead, dtype in CASES:
+        args, major, mnk = _gemm(op, *MODELS[model], math.prod(lead))
+        _item(items, _MODULE[op].graph(*args), dtype, major, mnk, sms)
+    for M, V, d in LM_SHAPES:
+        _item(items, lm_head_ce.graph(True), "bfloat16", "kk", (M, V, d), sms)
+        for c in _chunks(M, V):
+            _item(items, lm_head_ce.backward_graph(True), "bfloat16", "kk", (M, c, d), sms)
+            _item(items, linear_grad.graph(False), "bfloat16", "kn", (M, d, c), sms)
+            _item(items, linear_grad.graph(True), "bfloat16", "kn", (M, d, c), sms)
+            _item(items, linear_grad.graph(False), "bfloat16", "mn", (c, d, M), sms)
+    return list(items.values())
+
+
+LM_SHAPES = ((333, 32000, 2048), (1024, 128256, 2048))   # (M, V, d)
+LM_CHUNK_BYTES = 8 * 2**20
+
+
+def _chunks(M: int, V: int) -> set:
+    c = lm_head_ce.chunk_columns(M, V, LM_CHUNK_BYTES)
+    return {c} | ({V % c} if V % c else set())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    ce.prebuild(build_items(), jobs=os.cpu_count())
+
+
+def _rand(gen, dt, *shape, scale=1.0):
+    return (torch.randn(shape, generator=gen, device=DEVICE) * scale).to(dt)
+
+
+def _inputs(op, model, lead, dtype):
+    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(f"{op}/{model}/{lead}/{dtype}".encode()))
+    dt = getattr(torch, dtype)
+    d, f = MODELS[model]
+    r = lambda *s, scale=1.0: _rand(gen, dt, *s, scale=scale)  # noqa: E731
+    rstd = torch.rand(lead, generator=gen, device=DEVICE) + 0.5
+    if op == "linear_dx":
+        return (r(*lead, d), r(d, f, scale=f ** -0.5))
+    if op.startswith("weight_grad"):
+        acc = r(d, f, scale=0.1) if op.endswith("acc") else None
+        return (r(*lead, d, scale=0.3), r(*lead, f), acc)
+    if op == "linear_residual":
+        return (r(*lead, f), r(d, f, scale=f ** -0.5), r(*lead, d))
+    if op.startswith("norm_backward"):
+        n_out = 3 * d if op == "norm_backward" else 2 * f
+        zdz = torch.randn(lead, generator=gen, device=DEVICE) * 10
+        dx_in = r(*lead, d) if op.endswith("acc") else None
+        return (r(*lead, n_out), r(n_out, d, scale=n_out ** -0.5), r(*lead, d), rstd, r(d), zdz, dx_in)
+    return (r(*lead, d), r(d, f, scale=f ** -0.5), r(*lead, 2 * f))   # swiglu_backward
+
+
+def _run(op, args):
+    fn = {"linear_dx": ops.linear_dx, "weight_grad": ops.weight_grad, "weight_grad_acc": ops.weight_grad,
+          "linear_residual": ops.linear_residual, "norm_backward": ops.rms_norm_backward_linear,
+          "norm_backward_acc": ops.rms_norm_backward_linear, "swiglu_backward": ops.swiglu_backward_linear}[op]
+    out = fn(*args)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _reference(op, args):
+    if op == "linear_dx":
+        return (linear_grad.reference_linear_dx(*args),)
+    if op.startswith("weight_grad"):
+        return (linear_grad.reference_weight_grad(*args),)
+    if op == "linear_residual":
+        return (linear_grad.reference_linear_residual(*args),)
+    if op.startswith("norm_backward"):
+        return norm_backward.reference(*args)
+    return swiglu_backward.reference(*args)
+
+
+def _in_dtype(op, args):
+    """The same math by PyTorch in the inputs' dtype (GEMM in it, then each pointwise step in it)."""
+    if op == "linear_dx":
+        return (args[0] @ args[1],)
+    if op.startswith("weight_grad"):
+        dz, x, acc = args
+        out = dz.reshape(-1, dz.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        return (out if acc is None else out + acc,)
+    if op == "linear_residual":
+        return (F.linear(args[0], args[1]) + args[2],)
+    if op.startswith("norm_backward"):
+        dz, w, x, rstd, gamma, zdz, dx_in = args
+        dt = dz.dtype
+        acc = dz @ w
+        r = rstd.to(dt)[..., None]
+        xhat = x * r
+        dx = (acc * gamma - xhat * (zdz.to(dt)[..., None] / x.shape[-1])) * r
+        if dx_in is not None:
+            dx = dx + dx_in
+        return dx, xhat * gamma, (acc * xhat).reshape(-1, x.shape[-1]).sum(0)
+    dy, w, z = args
+    acc = dy @ w
+    g, u = z[..., 0::2], z[..., 1::2]
+    sig = torch.sigmoid(g)
+    dg, du = acc * u * sig * (1 + g * (1 - sig)), acc * F.silu(g)
+    return torch.stack([dg, du], -1).flatten(-2), F.silu(g) * u, (g * dg + u * du).sum(-1)
+
+
+def _check(label, got, ref, base, report):
+    assert len(got) == len(ref) == len(base), label
+    for i, (g, r, b) in enumerate(zip(got, ref, base)):
+        assert g.shape == r.shape, f"{label}[{i}]: shape {tuple(g.shape)} != {tuple(r.shape)}"
+        assert not torch.isnan(g).any(), f"{label}[{i}]: NaN (unwritten elements?)"
+        err, err_torch = max_err(g, r), max_err(b, r)
+        floor = 1e-5 * (1.0 + r.abs().max().item())
+        report(f"{label}[{i}]: max_err={err:.3e} torch_dtype_err={err_torch:.3e}")
+        assert err <= 2 * err_torch + floor, f"{label}[{i}]: {err:.3e} > 2 x {err_torch:.3e} + {floor:.1e}"
+
+
+@pytest.fixture
+def report(capsys):
+    def emit(line: str) -> None:
+        with capsys.disabled():
+            print(line)
+    return emit
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2]))}-{c[3]}")
+def test_backward_op(case, report):
+    op, model, lead, dtype = case
+    args = _inputs(op, model, lead, dtype)
+    with nan_memory():
+        got = _run(op, args)
+    torch.cuda.synchronize()
+    _check("-".join(map(str, case)), got, _reference(op, args), _in_dtype(op, args), report)
+
+
+def test_backward_ops_repeat_bit_identical():
+    """Same inputs, same kernels: the same bits (the dγ column partials finish in a fixed order)."""
+    args = _inputs("norm_backward_acc", "1b", (333,), "bfloat16")
+    first = _run("norm_backward_acc", args)
+    for _ in range(3):
+        again = _run("norm_backward_acc", args)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_backward_matches_autograd(dtype):
+    """qkv_rope_backward on the GPU: dz is the autograd gradient of the fp64 RoPE reference."""
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    nh, nkv, hd, M = 32, 8, 64, 333
+    N = (nh + 2 * nkv) * hd
+    dt = getattr(torch, dtype)
+    pos = torch.randint(0, 100_000, (M,), generator=gen, device=DEVICE)
+    freqs = ops.rope_frequencies(hd, nh, nkv, theta=500000.0, device=DEVICE)
+    z = torch.randn(M, N, generator=gen, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    dqkv = torch.randn(M, N, generator=gen, device=DEVICE).to(dt)
+    heads = z.unflatten(-1, (nh + 2 * nkv, hd))
+    t = pos.double()[:, None, None] * ops.default_inv_freq(hd, 500000.0).to(DEVICE)
+    c, s = torch.cos(t), torch.sin(t)
+    a, b = heads[:, : nh + nkv, 0::2], heads[:, : nh + nkv, 1::2]
+    rot = torch.stack([a * c - b * s, b * c + a * s], -1).flatten(-2)
+    qkv = torch.cat([rot, heads[:, nh + nkv:]], 1).flatten(-2)
+    (dz_ref,) = torch.autograd.grad(qkv, z, dqkv.double())
+    dz, zdz = ops.qkv_rope_backward(dqkv, qkv.detach().to(dt), pos, freqs, nh, nkv)
+    assert dz.dtype == dt
+    tol = 2 * (dz_ref.to(dt).double() - dz_ref).abs().max().item() + 1e-6
+    assert max_err(dz, dz_ref) <= tol
+    zdz_ref = (qkv.detach().to(dt).double() * dqkv.double()).sum(-1)
+    assert max_err(zdz, zdz_ref) <= 1e-4 * (1 + zdz_ref.abs().max().item())
+
+
+@pytest.mark.parametrize("shape", LM_SHAPES, ids=lambda s: f"M{s[0]}-V{s[1]}-d{s[2]}")
+def test_lm_head_cross_entropy_backward(shape, report, monkeypatch):
+    """Gradients of the mean loss w.r.t. x, W and rstd against fp32 autograd, several vocabulary
+    chunks (a small chunk budget), ignored tokens, through torch.autograd."""
+    monkeypatch.setattr(lm_head_ce, "CHUNK_BYTES", LM_CHUNK_BYTES)
+    M, V, d = shape
+    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(shape).encode()))
+    x = (torch.randn(M, d, generator=gen, device=DEVICE) * 2).bfloat16()
+    w = (torch.randn(V, d, generator=gen, device=DEVICE) * d ** -0.5).bfloat16()
+    rstd = torch.rand(M, generator=gen, device=DEVICE) + 0.5
+    target = torch.randint(0, V, (M,), generator=gen, device=DEVICE)
+    target[torch.rand(M, generator=gen, device=DEVICE) < 0.1] = -100
+
+    def grads(xx, ww, rr, fn):
+        xx, ww, rr = (t.detach().requires_grad_() for t in (xx, ww, rr))
+        loss = fn(xx, ww, rr)
+        return torch.autograd.grad(loss, (xx, ww, rr))
+
+    def torch_loss(xx, ww, rr):
+        logits = (xx @ ww.t()) * rr.to(xx.dtype)[:, None]
+        return F.cross_entropy(logits, target)
+
+    with nan_memory():
+        got = grads(x, w, rstd, lambda a, b, c: ops.lm_head_cross_entropy(a, b, target, c)[0])
+    torch.cuda.synchronize()
+    ref = grads(x.float(), w.float(), rstd, torch_loss)
+    base = grads(x, w, rstd, torch_loss)
+    _check(f"lm_head_ce_backward-M{M}-V{V}", got, ref, base, report)
