@@ -7,6 +7,7 @@
 #   CACHE_SEED=dir - a kernel cache built elsewhere (e.g. on a machine without a GPU) to start from;
 #                    the prebuild line says how many kernels it supplied
 #   LIBCODA=1    - also build libcoda and run its CTests and example
+#   SANITIZE=0   - skip compute-sanitizer over the kernel families and the numerics table
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${LOGDIR:-gpu-logs}
@@ -28,9 +29,18 @@ if [ -n "${CACHE_SEED:-}" ]; then
   cp -r "$CACHE_SEED"/. "$CODA_EXT_CACHE_DIR"/
 fi
 start=$(date +%s)
-python3 -m coda_ext.prebuild tests/gpu/cases.py benchmarks/bench_epilogue.py -j "$(nproc)" 2>&1 | tail -3 | tee "$LOGDIR/prebuild.log"
+prebuild_files=(tests/gpu/cases.py benchmarks/bench_epilogue.py)
+[ "${SANITIZE:-1}" != 0 ] && prebuild_files+=(benchmarks/sanitize.py benchmarks/numerics_table.py)
+python3 -m coda_ext.prebuild "${prebuild_files[@]}" -j "$(nproc)" 2>&1 | tail -3 | tee "$LOGDIR/prebuild.log"
 echo "prebuild took $(( $(date +%s) - start )) s"
 python3 -m coda_ext.demo 2>&1 | tee "$LOGDIR/demo.log" | tail -n 12
+if [ "${SANITIZE:-1}" != 0 ]; then
+  # memcheck, racecheck and initcheck over every kernel family, the initcheck/TMA-store probe; the
+  # per-node-kind numerics table (results/sanitizer_h100.{log,json}, results/numerics_h100.json)
+  python3 benchmarks/sanitize.py 2>&1 | tee "$LOGDIR/sanitize.log" | tail -n 15
+  python3 benchmarks/numerics_table.py 2>&1 | tee "$LOGDIR/numerics.log" | tail -n 100
+  cp benchmarks/results/sanitizer_h100.log "$LOGDIR/" 2>/dev/null || true
+fi
 python3 -m pytest tests -q -rs --durations=5 2>&1 | tee "$LOGDIR/tests.log" | tail -n 120
 python3 benchmarks/bench_epilogue.py ${BENCH_ARGS:-} 2>&1 | tee "$LOGDIR/bench.log" | tail -n 40
 cp benchmarks/results/*.json benchmarks/results/*.png "$LOGDIR/" 2>/dev/null || true

@@ -7,6 +7,10 @@ coda_ext.interpret) and shrunk by Hypothesis. Node kinds come from three tables 
 per builder call -- LEAVES, OPS, SINKS -- and a row whose `needs` names something coda_ext (or
 coda_ext.Graph) does not have yet is left out: a new kind is one row.
 
+Packed pairs: `v3 = g.pair_tile('pt1')` is one step whose value is the pair of halves; operands
+name them as (step, half) -- `v3[0]` (even columns), `v3[1]` (odd) in the program -- and a
+pair tile is never an operand itself. `g.store_pairs(name, a, b)` is a sink of two operands.
+
 Random choices come from a `Chooser`: Hypothesis' `draw` (tests/unit) or a seeded
 random.Random (tests/gpu, whose graphs must be known before anything compiles).
 
@@ -39,6 +43,7 @@ import coda_ext as ce
 TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
          "int32": torch.int32, "int64": torch.int64}
 FLOATS = ("bfloat16", "float16", "float32")
+PAIR_DTYPES = ("bfloat16", "float16")   # pair tiles and pair stores: 16-bit elements
 CONSTANTS = (2.0, 0.5, -1.5, 0.0, 1.0, -0.25, 3.0, 0.1, -0.0, 1e-3)
 
 
@@ -93,6 +98,21 @@ def _turns(pos, hi, lo):
 
 def _pair_swap(x):
     return x.reshape(x.shape[0], -1, 2).flip(-1).reshape(x.shape)
+
+
+def _halves(t):
+    """pair_tile: (even, odd) with even[:, i] = t[:, 2i], odd[:, i] = t[:, 2i+1]."""
+    return t[:, 0::2], t[:, 1::2]
+
+
+def _interleave(even, odd):
+    """out[:, 2i] = even[:, i], out[:, 2i+1] = odd[:, i] (both M x N)."""
+    return torch.stack([even, odd], dim=-1).reshape(even.shape[0], 2 * even.shape[1])
+
+
+def _store_pairs(even, odd, dtype):
+    """store_pairs: the two values interleaved, each rounded to the 16-bit dtype (None: unrounded)."""
+    return _interleave(_cast(even, dtype), _cast(odd, dtype)) if dtype else _interleave(even, odd)
 
 
 def _logsumexp(x, dim):
@@ -167,10 +187,13 @@ class Row:
     params: tuple = ()              # ((param, choices or a function giving them), ...)
     needs: str | None = None        # a coda_ext or coda_ext.Graph attribute the call needs
     exact: bool = False             # the result is one of its inputs, 0 or 1 (rounds nothing itself)
-    layout: str = "map"             # map | swap | rotate | segment | pair (read the operands at full M x N)
+    layout: str = "map"             # map | swap | rotate | segment | pair (read the operands at full M x N);
+    #                                 packed: a pair tile (its value is the pair of halves, never an operand)
     decide: Callable | None = None  # elements where the result may flip under fp32 rounding
     guard: str | None = None        # how mode "gpu" keeps the operands in range
-    input: str | None = None        # leaves: the runtime input (value, pointer, row, col, tile)
+    input: str | None = None        # leaves: the runtime input (value, pointer, row, col, tile, pair)
+    adds: tuple = ()                # other IR kinds the call adds (pair_tile: unpack; store_pairs: pack)
+    variants: tuple = ()            # more features a case with this row should exercise (kind:variant)
 
     @property
     def arity(self) -> int:
@@ -189,6 +212,10 @@ def _input(lane, name, **_):
     return lane.inputs[name]
 
 
+#: What a case may read of a pair tile (features "pair_tile:<use>").
+PAIR_TILE_USES = ("even half only", "odd half only", "both halves")
+
+
 LEAVES = [
     Row("accumulator", "g.accumulator()", lambda lane, name: lane.acc),
     Row("scalar", "g.scalar(value={value!r})", lambda lane, name, value: lane.const(value),
@@ -204,6 +231,10 @@ LEAVES = [
     Row("tile", "g.tile({name!r})", _input, input="tile", exact=True),
     Row("tile", "g.tile({name!r}, {dtype!r})", _input, params=(("dtype", FLOATS),), input="tile", exact=True),
     Row("col_index", "g.col_index()", lambda lane, name: lane.col_index, needs="col_index", exact=True),
+    Row("pair_tile", "g.pair_tile({name!r})", _input, needs="pair_tile", input="pair", exact=True, layout="packed",
+        adds=("unpack",), variants=PAIR_TILE_USES),
+    Row("pair_tile", "g.pair_tile({name!r}, {dtype!r})", _input, params=(("dtype", PAIR_DTYPES),),
+        needs="pair_tile", input="pair", exact=True, layout="packed", adds=("unpack",), variants=PAIR_TILE_USES),
 ]
 
 OPS = [
@@ -263,6 +294,9 @@ SINKS = [
     Row("row_reduce", "g.row_reduce({name!r}, {0})"),
     Row("row_reduce", "g.row_reduce({name!r}, {0}, {op!r})", params=(("op", row_reduce_ops),)),
     Row("col_reduce", "g.col_reduce({name!r}, {0}, {op!r})", params=(("op", ("sum", "max", "sumsq")),)),
+    Row("pair_store", "g.store_pairs({name!r}, {0}, {1})", _store_pairs, needs="store_pairs", adds=("pack",)),
+    Row("pair_store", "g.store_pairs({name!r}, {0}, {1}, dtype={dtype!r})", _store_pairs,
+        params=(("dtype", PAIR_DTYPES),), needs="store_pairs", adds=("pack",)),
 ]
 
 TABLES = {"leaf": LEAVES, "op": OPS, "sink": SINKS}
@@ -275,11 +309,28 @@ def rows(table: str) -> list[int]:
 
 # --- cases -------------------------------------------------------------------------------------
 
+def is_ref(a) -> bool:
+    """An operand naming a value -- a step index, or (step, half) of a pair tile -- not a number."""
+    return not isinstance(a, float)
+
+
+def step_of(a) -> int:
+    """The step an operand reference reads."""
+    return a[0] if isinstance(a, tuple) else a
+
+
+def expr(a) -> str:
+    """An operand as the program writes it: v3, v3[1] (a pair tile's odd half) or a number."""
+    if isinstance(a, tuple):
+        return f"v{a[0]}[{a[1]}]"
+    return f"v{a}" if isinstance(a, int) else repr(a)
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     table: str                  # leaf | op | sink
     row: int                    # index into TABLES[table]
-    args: tuple = ()            # operands: step indices (int) or Python numbers (float)
+    args: tuple = ()            # operands: step indices (int), (step, half) of a pair tile, or numbers (float)
     params: tuple = ()          # ((param, value), ...)
     name: str | None = None
 
@@ -300,7 +351,7 @@ class Case:
     def lines(self) -> list[str]:
         out = ["g = ce.Graph()"]
         for i, s in enumerate(self.steps):
-            args = [f"v{a}" if isinstance(a, int) else repr(a) for a in s.args]
+            args = [expr(a) for a in s.args]
             call = s.spec.code.format(*args, name=s.name, **dict(s.params))
             out.append(call if s.table == "sink" else f"v{i} = {call}")
         return out
@@ -316,7 +367,27 @@ class Case:
     def __repr__(self) -> str:
         return f"Case(dtype={self.dtype!r}, config={getattr(self.config, 'tag', None)!r}):\n{self.program()}"
 
+    @property
+    def major(self) -> str:
+        """The operand layout of the config (KernelConfig.major: "kk" when none)."""
+        return getattr(self.config, "major", "kk")
+
     # --- what the graph needs and gives -----------------------------------------------------
+
+    def layout(self, a) -> str:
+        """The layout of the row that made operand `a` (a pair tile's half, a number: map)."""
+        return self.steps[a].spec.layout if isinstance(a, int) else "map"
+
+    def values(self) -> list[str]:
+        """Every full-width value as the program names it (v4, v3[0]): what a line added to the
+        program may use as an operand."""
+        out = []
+        for i, s in enumerate(self.steps):
+            if s.table != "sink" and s.spec.layout == "packed":
+                out += [expr((i, 0)), expr((i, 1))]
+            elif s.table != "sink" and s.spec.layout != "pair":
+                out.append(expr(i))
+        return out
 
     @property
     def n_multiple(self) -> int:
@@ -340,20 +411,28 @@ class Case:
         for s in self.steps:
             if s.table == "sink":
                 kind = s.spec.kind
-                half = self.steps[s.args[0]].spec.layout == "pair"
+                half = self.layout(s.args[0]) == "pair"
                 dtype = "float32" if kind.endswith("reduce") else s.param("dtype", self.dtype)
                 out[s.name] = (kind, dtype, half)
         return out
 
+    def output_shape(self, name: str, M: int, N: int) -> tuple[int, ...]:
+        """The shape of output `name` for an (M, N) problem: (M, 2N) for pair stores."""
+        kind, _, half = self.outputs()[name]
+        return {"row_reduce": (M,), "col_reduce": (N,), "pair_store": (M, 2 * N)}.get(kind, (M, N // 2 if half else N))
+
     def features(self) -> set[str]:
         """What the case exercises: row codes, kinds, and kind:param=value."""
         f = set()
-        for s in self.steps:
-            f |= {s.spec.code, s.spec.kind} | {f"{s.spec.kind}:{k}={v}" for k, v in s.params}
+        for i, s in enumerate(self.steps):
+            f |= {s.spec.code, s.spec.kind} | set(s.spec.adds) | {f"{s.spec.kind}:{k}={v}" for k, v in s.params}
             if any(isinstance(a, float) for a in s.args):
                 f.add(f"{s.spec.kind}:number operand")
-            if s.table == "sink" and self.steps[s.args[0]].spec.layout == "pair":
+            if s.table == "sink" and self.layout(s.args[0]) == "pair":
                 f.add(f"{s.spec.kind}:half width")
+            if s.spec.layout == "packed":
+                halves = {a[1] for t in self.steps for a in t.args if isinstance(a, tuple) and a[0] == i}
+                f.add(f"{s.spec.kind}:{PAIR_TILE_USES[2 if len(halves) == 2 else min(halves, default=0)]}")
         if not any(s.spec.kind == "output" for s in self.steps):
             f.add("no output")
         return f
@@ -361,7 +440,7 @@ class Case:
 
 def make_case(*calls: tuple, dtype: str = "bfloat16") -> Case:
     """A Case written by hand: (row code, operands, params, name) per call; operands are indices of
-    earlier calls or Python numbers."""
+    earlier calls, (index, half) of an earlier pair tile, or Python numbers (floats)."""
     steps = []
     for code, args, params, name in calls:
         table, row = next((t, i) for t in TABLES for i, r in enumerate(TABLES[t]) if r.code == code)
@@ -387,15 +466,15 @@ class Chooser:
         return seq[self.integer(0, len(seq) - 1)]
 
 
-_PREFIX = {"value": "s", "pointer": "p", "row": "r", "col": "c", "tile": "t", "output": "d", "store": "st",
-           "row_reduce": "rr", "col_reduce": "cr"}
+_PREFIX = {"value": "s", "pointer": "p", "row": "r", "col": "c", "tile": "t", "pair": "pt", "output": "d",
+           "store": "st", "row_reduce": "rr", "col_reduce": "cr", "pair_store": "ps"}
 
 
 class _Maker:
     def __init__(self, ch: Chooser, mode: str):
         self.ch, self.mode = ch, mode
         self.steps: list[Step] = []
-        self.values: list[int] = []      # full-width values
+        self.values: list = []           # full-width values: step indices, (step, half) of pair tiles
         self.halves: list[int] = []      # pair-op results: only a store may take them
         self.on_acc: set[int] = set()    # values computed from the accumulator
         self.compares: set[int] = set()
@@ -406,7 +485,9 @@ class _Maker:
         self.steps.append(Step(table, row, tuple(args), tuple(params), name))
         i = len(self.steps) - 1
         r = TABLES[table][row]
-        if table != "sink":
+        if table != "sink" and r.layout == "packed":
+            self.values += [(i, 0), (i, 1)]
+        elif table != "sink":
             (self.halves if r.layout == "pair" else self.values).append(i)
             if r.kind == "accumulator" or any(isinstance(a, int) and a in self.on_acc for a in args):
                 self.on_acc.add(i)
@@ -430,10 +511,12 @@ class _Maker:
             out.append((key, value))
         return tuple(out)
 
-    def leaf(self, exclude: tuple[str, ...] = ()) -> int:
+    def leaf(self, exclude: tuple[str, ...] = ()):
+        """A new leaf; of a pair tile, one half (the other stays available as a value)."""
         i = self.ch.choice([i for i in rows("leaf") if LEAVES[i].kind not in exclude])
         r = LEAVES[i]
-        return self.add("leaf", i, (), self.params(r), self.name(_PREFIX[r.input]) if r.input else None)
+        j = self.add("leaf", i, (), self.params(r), self.name(_PREFIX[r.input]) if r.input else None)
+        return (j, self.ch.integer(0, 1)) if r.layout == "packed" else j
 
     def operand(self, number_ok: bool):
         pick = self.ch.integer(0, 9)
@@ -458,7 +541,7 @@ class _Maker:
         elif g == "divisor":
             b = args[1]
             args[1] = abs(b) + 0.5 if isinstance(b, float) else self.apply("add", self.apply("abs", b), 0.5)
-        elif g == "condition" and isinstance(args[0], int) and args[0] not in self.compares:
+        elif g == "condition" and is_ref(args[0]) and args[0] not in self.compares:
             args[0] = self.apply("gt", args[0], 0.0)
         elif g == "leaves":
             args = [self.leaf(exclude=("accumulator",)) for _ in args]
@@ -473,14 +556,20 @@ class _Maker:
             args = self.guard(r, args)
         self.add("op", i, args, self.params(r))
 
-    def sink(self, value: int | None = None, kinds: tuple = ("store", "row_reduce", "col_reduce")) -> None:
+    def sink(self, value=None, kinds: tuple = ("store", "row_reduce", "col_reduce", "pair_store")) -> None:
+        """A sink of `value` (else a random value); a sink of two (store_pairs) takes it as either
+        operand, the other a value or a number."""
         i = self.ch.choice([i for i in rows("sink") if SINKS[i].kind in kinds])
         r = SINKS[i]
         if value is None:
             pool = self.values + self.halves if r.kind == "store" else self.values
             value = pool[-1 - self.ch.integer(0, len(pool) - 1)]
+        args = [value]
+        if r.arity > 1:
+            args = [self.operand(number_ok=True) for _ in range(r.arity - 1)]
+            args.insert(self.ch.integer(0, len(args)), value)
         name = "out" if r.code == "g.output({0})" else self.name(_PREFIX[r.kind])
-        self.add("sink", i, (value,), self.params(r), name)
+        self.add("sink", i, args, self.params(r), name)
 
     def finish(self) -> list[Step]:
         """Drops steps that feed no sink (an unused input is a GraphError) and renumbers."""
@@ -488,13 +577,18 @@ class _Maker:
         for i in range(len(self.steps) - 1, -1, -1):
             if self.steps[i].table == "sink" or i in live:
                 live.add(i)
-                live |= {a for a in self.steps[i].args if isinstance(a, int)}
+                live |= {step_of(a) for a in self.steps[i].args if is_ref(a)}
         index, out = {}, []
+
+        def renumbered(a):
+            if isinstance(a, tuple):
+                return (index[a[0]], a[1])
+            return index[a] if isinstance(a, int) else a
+
         for i, s in enumerate(self.steps):
             if i in live:
                 index[i] = len(out)
-                args = tuple(index[a] if isinstance(a, int) else a for a in s.args)
-                out.append(dataclasses.replace(s, args=args))
+                out.append(dataclasses.replace(s, args=tuple(renumbered(a) for a in s.args)))
         return out
 
 
@@ -508,7 +602,7 @@ def draw_case(ch: Chooser, mode: str = "any", max_ops: int = 10, configs: tuple 
         m.op()
     main = [v for v in m.values if v in m.on_acc]
     main = main[-1] if ch.integer(0, 3) < 3 else ch.choice(main)
-    m.sink(main, ("output",) if not no_output_graphs() or ch.integer(0, 4) else ("store", "row_reduce"))
+    m.sink(main, ("output",) if not no_output_graphs() or ch.integer(0, 4) else ("store", "row_reduce", "pair_store"))
     for half in list(m.halves):
         if ch.integer(0, 1):
             m.sink(half, ("store",))
@@ -551,30 +645,42 @@ def _variants(table: str, every_row: bool) -> list[tuple[int, tuple]]:
 
 
 #: What `coverage_cases(compact=True)` leaves out: variants that instantiate no other C++ (int64
-#: vectors are narrowed to int32 before the launch; a pair op's activation is a unary op's functor).
+#: vectors are narrowed to int32 before the launch; a pair op's activation is a unary op's functor),
+#: and rows that leave the dtype to the op's where another row of the kind names every dtype (`_by_default`).
 _REDUNDANT = {("dtype", "int64"), ("act", "sigmoid"), ("act", "relu"), ("act", "gelu_tanh"), ("act", "gelu_erf")}
+
+
+def _by_default(table: str, i: int) -> bool:
+    """Row i takes no dtype, and another available row of the same call takes it (g.tile(name) and
+    g.tile(name, dtype)): its node is one of that row's (the op's dtype is bf16 or fp16)."""
+    r, others = TABLES[table][i], [TABLES[table][j] for j in rows(table)]
+    return "dtype" not in dict(r.params) and any(
+        o.kind == r.kind and o.input == r.input and "dtype" in dict(o.params) for o in others)
 
 
 def coverage_cases(n: int = 2, every_row: bool = False, compact: bool = False, mode: str = "gpu") -> list[Case]:
     """`n` fixed graphs that together use every available node kind with every dtype, reduction op
     and activation it takes (every row of the tables with every_row; only what changes the emitted
     C++ with compact): the ops are applied in chains of four (compact: eight) from the accumulator, each
-    chain's end is added to a total, which every sink takes (a pair op's result is stored).
+    chain's end is added to a total, which every sink takes (a pair op's result is stored; store_pairs
+    takes the total and the accumulator). Both halves of each pair tile are used.
     Segment sizes: 32, 64, 32, ... Mode "gpu" guards the operands as random cases do."""
-    def keep(variant):
-        return not compact or not set(variant[1]) & _REDUNDANT
+    def keep(table):
+        return lambda variant: not compact or not (set(variant[1]) & _REDUNDANT or _by_default(table, variant[0]))
 
-    leaves = list(filter(keep, _variants("leaf", every_row)[1:]))
-    ops = list(filter(keep, _variants("op", every_row)))
-    sinks = [v for v in _variants("sink", every_row) if SINKS[v[0]].kind != "output"]
+    leaves = list(filter(keep("leaf"), _variants("leaf", every_row)[1:]))
+    ops = list(filter(keep("op"), _variants("op", every_row)))
+    sinks = [v for v in _variants("sink", every_row) if SINKS[v[0]].kind != "output" and keep("sink")(v)]
     store = next(i for i in rows("sink") if SINKS[i].code == "g.store({name!r}, {0})")
     cases = []
     for k in range(n):
         m = _Maker(Chooser(rng=random.Random(k)), mode)
         m.segment = (32, 64)[k % 2]
         acc = m.add("leaf", 0)
-        pool = [m.add("leaf", i, (), p, m.name(_PREFIX[LEAVES[i].input]) if LEAVES[i].input else None)
-                for i, p in leaves[k::n]]
+        pool = []   # the leaves' values: both halves of a pair tile
+        for i, p in leaves[k::n]:
+            j = m.add("leaf", i, (), p, m.name(_PREFIX[LEAVES[i].input]) if LEAVES[i].input else None)
+            pool += [(j, 0), (j, 1)] if LEAVES[i].layout == "packed" else [j]
         used, total, x = set(), acc, acc
         for j, (i, params) in enumerate(ops[k::n]):
             r = OPS[i]
@@ -596,8 +702,8 @@ def coverage_cases(n: int = 2, every_row: bool = False, compact: bool = False, m
         total = m.apply("add", total, x)
         if k == 0 or not no_output_graphs():
             m.add("sink", rows("sink")[0], (total,), (), "out")
-        for i, params in sinks[k::n]:
-            m.add("sink", i, (total,), params, m.name(_PREFIX[SINKS[i].kind]))
+        for i, params in sinks[k::n]:   # store_pairs(total, acc)
+            m.add("sink", i, (total, acc)[:SINKS[i].arity], params, m.name(_PREFIX[SINKS[i].kind]))
         cases.append(Case(tuple(m.finish()), ("bfloat16", "float16")[k % 2]))
     return cases
 
@@ -640,12 +746,20 @@ def _row(table: str, code: str) -> int:
 # --- inputs and the reference ---------------------------------------------------------------------
 
 def make_inputs(case: Case, M: int, N: int, K: int, seed: int = 0, device: Any = "cpu"):
-    """A (M, K) and W (N, K) in the op's dtype (A @ W^T of unit order) and fresh random inputs:
-    normal values, integer vectors in [0, N), runtime scalars in [0.5, 1.5)."""
+    """A (M, K) and W (N, K) in the op's dtype (A @ W^T of unit order), laid out as the case's config
+    reads them (KernelConfig.major: A's M / W's N contiguous is a transposed view of a (K, M) / (K, N)
+    tensor; the values do not depend on the layout), and fresh random inputs:
+    normal values, integer vectors in [0, N), runtime scalars in [0.5, 1.5); pair tiles (M, 2N),
+    one element in 8 of either half +0 or -0 (a 32-bit pair whose odd half is a zero has the
+    bits of an fp32 subnormal or zero: a kernel must move pairs as bits)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     dt = TORCH[case.dtype]
     A = (torch.randn(M, K, generator=gen, device=device) * K ** -0.25).to(dt)
     W = (torch.randn(N, K, generator=gen, device=device) * K ** -0.25).to(dt)
+    if case.major[0] == "m":
+        A = A.t().contiguous().t()
+    if case.major[1] == "n":
+        W = W.t().contiguous().t()
     inputs: dict[str, Any] = {}
     for name, kind, dtype in case.inputs():
         if kind == "value":
@@ -653,11 +767,16 @@ def make_inputs(case: Case, M: int, N: int, K: int, seed: int = 0, device: Any =
         elif kind == "pointer":
             inputs[name] = torch.rand(1, generator=gen, device=device) + 0.5
         else:
-            shape = {"row": (N,), "col": (M,), "tile": (M, N)}[kind]
+            shape = {"row": (N,), "col": (M,), "tile": (M, N), "pair": (M, 2 * N)}[kind]
             if dtype in ("int32", "int64"):
                 inputs[name] = torch.randint(0, max(N, 2), shape, generator=gen, device=device, dtype=TORCH[dtype])
             else:
                 inputs[name] = torch.randn(shape, generator=gen, device=device).to(TORCH[dtype])
+            if kind == "pair":
+                zero = torch.randint(0, 16, shape, generator=gen, device=device)
+                t = inputs[name]
+                t[zero == 0] = 0.0
+                t[zero == 1] = -0.0
     return A, W, inputs
 
 
@@ -670,7 +789,7 @@ class _Lane:
         self.col_index = torch.arange(W.shape[0], dtype=dtype, device=A.device)[None, :]
         shape = {"value": lambda v: self.const(v), "pointer": lambda v: v.reshape(()).to(dtype),
                  "row": lambda v: v.to(dtype)[None, :], "col": lambda v: v.to(dtype)[:, None],
-                 "tile": lambda v: v.to(dtype)}
+                 "tile": lambda v: v.to(dtype), "pair": lambda v: _halves(v.to(dtype))}
         self.inputs = {k: shape[kinds[k]](v) for k, v in inputs.items()}
 
     def const(self, x: float) -> torch.Tensor:
@@ -714,27 +833,43 @@ def _run(case: Case, A, W, inputs, lanes: list[_Lane], fragility: bool = False) 
     M, N = A.shape[0], W.shape[0]
     no = torch.zeros((), dtype=torch.bool, device=A.device)
     keys: list = []
-    memo: dict = {}
+    memo: dict = {}     # value key -> ([value per lane], fragile mask, exact); a pair tile's halves: (key, half)
     outs: dict = {}
     for s in case.steps:
         r, p = s.spec, dict(s.params)
-        if s.table == "sink":
-            x, m, exact = memo[keys[s.args[0]]]
-            v, m = _sink(s, case.steps[s.args[0]].spec.layout == "pair", x, m, lanes, M, N)
-            outs[s.name] = (v, m, exact and s.param("op", "max") == "max")
-            keys.append(None)
-            continue
         args = []
         for a in s.args:
-            if isinstance(a, int):
-                args.append(keys[a])
+            if is_ref(a):
+                args.append((keys[a[0]], a[1]) if isinstance(a, tuple) else keys[a])
             else:
                 args.append(("scalar", repr(fp32(a))))
                 memo.setdefault(args[-1], ([ln.const(a) for ln in lanes], no, True))
+        if s.table == "sink" and r.kind == "pair_store":
+            # evaluate: rounded to the dtype, as the README says; the device rule (fragility) compares
+            # with the unrounded values, as for every other output (the rounding is part of the error
+            # PyTorch makes in the op's dtype too)
+            xs = [[_full(x, M, N) for x in memo[k][0]] for k in args]
+            dtype = None if fragility else p.get("dtype", case.dtype)
+            v = [r.ref(even, odd, dtype) for even, odd in zip(*xs)]
+            outs[s.name] = (v, _interleave(*[_full(memo[k][1], M, N) for k in args]), all(memo[k][2] for k in args))
+            keys.append(None)
+            continue
+        if s.table == "sink":
+            x, m, exact = memo[args[0]]
+            v, m = _sink(s, case.layout(s.args[0]) == "pair", x, m, lanes, M, N)
+            outs[s.name] = (v, m, exact and s.param("op", "max") == "max")
+            keys.append(None)
+            continue
         operands = sorted(args, key=repr) if r.kind in _COMMUTATIVE else args
         key = ("scalar", repr(fp32(p["value"]))) if "value" in p else (r.kind, s.name, tuple(operands), s.params)
         keys.append(key)
         if key in memo:
+            continue
+        if s.table == "leaf" and r.layout == "packed":  # the two halves, each a value of its own
+            pairs = [r.ref(ln, s.name, **p) for ln in lanes]
+            for half in (0, 1):
+                memo[(key, half)] = ([x[half] for x in pairs], no, True)
+            memo[key] = None
             continue
         if s.table == "leaf":
             memo[key] = ([ln.round(r.ref(ln, s.name, **p), r.exact) for ln in lanes], no, r.exact)
@@ -775,7 +910,8 @@ class Reference:
 
 
 def reference(case: Case, A, W, inputs, seed: int = 0) -> dict[str, Reference]:
-    """The three-lane reference `check_device` compares a device's results with."""
+    """The three-lane reference `check_device` compares a device's results with. Every output is
+    unrounded, a pair store's too (evaluate rounds it to its dtype, as store_pairs does)."""
     kinds = {name: kind for name, kind, _ in case.inputs()}
     gens = [torch.Generator(device=A.device).manual_seed(seed + i) for i in range(2)]
     lanes = [_Lane(A, W, inputs, kinds, torch.float64), _Lane(A, W, inputs, kinds, torch.float32)]

@@ -1,5 +1,7 @@
 """Random graphs (tests/fuzz_strategies.py, mode "gpu") compiled and run on an SM90 GPU against
-the independent fp64 reference, at M not a tile multiple, M = 1, N = 8 and a large N.
+the independent fp64 reference, at M not a tile multiple, M = 1, N = 8 and a large N. Some configs
+read the operands transposed (KernelConfig.major "kn", "mk", "mn": A and W are transposed views, and
+an M-contiguous A needs M a multiple of 8); pair tiles are (M, 2N) inputs, pair stores (M, 2N) outputs.
 
 Every kernel is built before the first test, in parallel (one coda_ext.prebuild per graph, so one
 graph that fails to compile fails only its own test). Outputs are poisoned with NaN; each graph is
@@ -27,12 +29,15 @@ import coda_ext as ce  # noqa: E402
 SEED = 20250513
 N_RANDOM = int(os.environ.get("CODA_FUZZ_GPU_GRAPHS", "120"))   # random graphs (fewer for a quick run)
 CONFIGS = (None, None, ce.KernelConfig(tile=(128, 256, 64), cluster=(2, 1), schedule="cooperative"),
-           ce.KernelConfig(tile=(64, 128, 64), schedule="pingpong"))
+           ce.KernelConfig(tile=(64, 128, 64), schedule="pingpong"),
+           ce.KernelConfig(tile=(128, 256, 64), cluster=(2, 1), schedule="cooperative", major="kn"),
+           ce.KernelConfig(major="mk"), ce.KernelConfig(tile=(64, 128, 64), schedule="pingpong", major="mn"))
 CASES = fz.coverage_cases(3, every_row=True) + fz.seeded_cases(N_RANDOM, SEED, mode="gpu", configs=CONFIGS)
 IDS = [f"coverage{i}" for i in range(3)] + [f"random{i}" for i in range(N_RANDOM)]
 KIND_CASES = fz.kind_cases()          # one node kind per fp32 output: the numbers for docs/numerics.md
 KIND_SHAPE = (1000, 1024, 512)
-#: (M, N, K); N is rounded up to what the graph needs (pairs, segments) and to a multiple of 8.
+#: (M, N, K); N is rounded up to what the graph needs (pairs, segments) and to a multiple of 8, M to a
+#: multiple of 8 where the config reads A with M contiguous.
 SHAPES = [(77, 200, 136), (1, 8, 64), (130, 8, 72), (1000, 264, 264), (3, 16384, 64)]
 REPEAT_SHAPE = (77, 200, 136)
 REPORT: list[str] = []
@@ -41,6 +46,10 @@ REPORT: list[str] = []
 def _n(case: fz.Case, N: int) -> int:
     step = math.lcm(8, case.n_multiple)
     return max(step, -(-N // step) * step)
+
+
+def _m(case: fz.Case, M: int) -> int:
+    return -(-M // 8) * 8 if case.major[0] == "m" else M
 
 
 @pytest.fixture(scope="session")
@@ -71,9 +80,8 @@ def fuzz_ops():
 
 def _poisoned(case: fz.Case, M: int, N: int) -> dict[str, torch.Tensor]:
     out = {}
-    for name, (kind, dtype, half) in case.outputs().items():
-        shape = {"row_reduce": (M,), "col_reduce": (N,)}.get(kind, (M, N // 2 if half else N))
-        out[name] = torch.full(shape, math.nan, dtype=fz.TORCH[dtype], device="cuda")
+    for name, (_, dtype, _) in case.outputs().items():
+        out[name] = torch.full(case.output_shape(name, M, N), math.nan, dtype=fz.TORCH[dtype], device="cuda")
     return out
 
 
@@ -92,13 +100,13 @@ def test_random_graph_matches_reference(fuzz_ops, index):
     if isinstance(op, Exception):
         pytest.fail(f"{case!r}\ndoes not compile: {op}")
     for M, N, K in SHAPES:
-        N = _n(case, N)
+        M, N = _m(case, M), _n(case, N)
         A, W, inputs = fz.make_inputs(case, M, N, K, seed=index * 1000 + M, device="cuda")
         got = _run(op, case, A, W, inputs, M, N)
         ref = fz.reference(case, A, W, inputs)
         baseline = ce.interpret(case.build(), A, W, compute_dtype=fz.TORCH[case.dtype], **inputs)
         REPORT.extend(fz.check_device(case, got, ref, baseline, label=f"{IDS[index]}/{M}x{N}x{K}"))
-        if (M, N, K) == (REPEAT_SHAPE[0], _n(case, REPEAT_SHAPE[1]), REPEAT_SHAPE[2]):
+        if (M, N, K) == (_m(case, REPEAT_SHAPE[0]), _n(case, REPEAT_SHAPE[1]), REPEAT_SHAPE[2]):
             again = _run(op, case, A, W, inputs, M, N)
             for name in got:
                 same = torch.equal(got[name].view(torch.uint8), again[name].view(torch.uint8))

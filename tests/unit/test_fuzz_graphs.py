@@ -27,6 +27,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
 import fuzz_strategies as fz  # noqa: E402
 
 import coda_ext as ce  # noqa: E402
+from coda_ext.config import MAJORS  # noqa: E402
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -126,6 +127,13 @@ PLANTED = {  # bug: (the graph, the row whose math is planted wrong, the wrong m
                                ("ce.where({0}, {1}, {2})", (3, 4, 0.0), {}, None), (OUT, (5,), {}, "out"),
                                ("g.store({name!r}, {0})", (0,), {}, "a")),
                   "g.col_index()", lambda lane, name: lane.col_index + 1),
+    "pair_tile halves": (fz.make_case(ACC, ("g.pair_tile({name!r})", (), {}, "z"), ("{0} * {1}", ((1, 0), 0), {}, None),
+                                      ("{0} + {1}", (2, (1, 1)), {}, None), (OUT, (3,), {}, "out")),
+                         "g.pair_tile({name!r})", lambda lane, name: lane.inputs[name][::-1]),
+    "store_pairs order": (fz.make_case(ACC, ("ce.silu({0})", (0,), {}, None),
+                                       ("g.store_pairs({name!r}, {0}, {1})", (0, 1), {}, "dz")),
+                          "g.store_pairs({name!r}, {0}, {1})",
+                          lambda even, odd, dtype: fz._store_pairs(odd, even, dtype)),
     "bias": (fz.make_case(ACC, ("ce.silu({0})", (0,), {}, None), (OUT, (1,), {}, "out"),
                           ("g.row_reduce({name!r}, {0})", (1,), {}, "r")), None, None),
     "unwritten": (fz.make_case(ACC, ("g.row_vector({name!r})", (), {}, "b"), ("{0} + {1}", (0, 1), {}, None),
@@ -135,8 +143,9 @@ PLANTED = {  # bug: (the graph, the row whose math is planted wrong, the wrong m
 
 @pytest.mark.parametrize("bug", list(PLANTED))
 def test_device_rule_catches_planted_bugs(bug):
-    """The rule has teeth: an unswapped pair, a column index off by one, a 10% error and an unwritten
-    element all fail it (while an honest perturbed fp32 evaluation passes)."""
+    """The rule has teeth: an unswapped pair, a column index off by one, a pair tile's halves swapped,
+    pairs stored in the wrong order, a 10% error and an unwritten element all fail it (while an honest
+    perturbed fp32 evaluation passes)."""
     case, code, wrong = PLANTED[bug]
     M, N, K = 33, 40, 24
     A, W, inputs = fz.make_inputs(case, M, N, K, seed=3)
@@ -171,14 +180,20 @@ def test_device_rule_catches_planted_bugs(bug):
 # --- lowering and emission -----------------------------------------------------------------------
 
 
+def _config_line(source: str) -> str:
+    return next(line for line in source.splitlines() if line.startswith("using Cfg = "))
+
+
 @settings(max_examples=350, **SETTINGS)
-@given(case=fz.hypothesis_cases("any"))
-def test_every_graph_emits(case):
+@given(case=fz.hypothesis_cases("any"), majors=st.lists(st.sampled_from(MAJORS), min_size=2, max_size=2))
+def test_every_graph_emits(case, majors):
+    """With each config of CONFIGS (the second and third in a drawn operand layout, KernelConfig.major)."""
     g = case.build()
     inputs = {name for name, _, _ in case.inputs()}
     outputs = {name for name, (kind, _, _) in case.outputs().items() if kind != "output"}
+    configs = CONFIGS[:1] + [dataclasses.replace(c, major=m) for c, m in zip(CONFIGS[1:], majors)]
     for dtype in ("bfloat16", "float16"):
-        for config in CONFIGS:
+        for config in configs:
             try:
                 ks = ce.kernel_source(g, dtype, config)
             except ce.UnsupportedError as e:  # refused before nvcc, with the fix (wide fp32 epilogues)
@@ -189,7 +204,16 @@ def test_every_graph_emits(case):
             names = {lowered[i].name for i in lowered.slots()}
             assert names == inputs | outputs, f"launch slots {sorted(names)} != {sorted(inputs | outputs)}"
             assert ks.source == ce.emit_source(g, dtype, config)
+            # the operand layout: two bools (A's M, W's N contiguous) close Config<...>, and the tag says it
+            major, line = ks.config.major, _config_line(ks.source)
+            if major == "kk":
+                assert not line.endswith(("true>;", "false>;")), line
+                assert not ks.config.tag.endswith(tuple(f"_{m}" for m in MAJORS)), ks.config.tag
+            else:
+                assert line.endswith(f", {str(major[0] == 'm').lower()}, {str(major[1] == 'n').lower()}>;"), line
+                assert ks.config.tag.endswith(f"_{major}"), ks.config.tag
     _seen("emit", case)
+    FEATURES.update(f"config major={m}" for m in majors)
 
 
 # --- graphs the builder must reject ------------------------------------------------------------------
@@ -226,6 +250,19 @@ MUTATIONS = [
     ("too many reductions", None, "for i in range(9): g.row_reduce(f'many{{i}}', {v})", r"reductions; at most 8"),
     ("too many inputs", None, "g.store('many', sum(g.tile(f'many{{i}}') for i in range(33)) * {v})",
      r"runtime inputs and outputs; at most 32"),
+    ("fp32 pair tile", "pair_tile", "g.pair_tile('bad', 'float32')", r"pair tile 'bad': pairs are 16-bit elements"),
+    ("integer pair tile", "pair_tile", "g.pair_tile('bad', 'int32')", r"pair tile 'bad'"),
+    ("unused pair tile", "pair_tile", "g.pair_tile('unused')", r"\(pair_tile 'unused'\).*never used"),
+    ("pair tile name taken", "pair_tile", "g.pair_tile({taken!r})", r"'{taken}' is already used"),
+    ("a pair tile as an operand", "pair_tile", "{v} + g.pair_tile('bad')",
+     r"operand 1 of add must be a coda_ext Value or a Python number, got tuple"),
+    ("fp32 pair store", "store_pairs", "g.store_pairs('bad', {v}, {v}, dtype='float32')",
+     r"store_pairs 'bad': pairs are 16-bit elements"),
+    ("half-width pair store", "store_pairs", "g.store_pairs('bad', {v}, ce.pair_gate({v}))",
+     r"store_pairs 'bad': .*full-width.*pair_gate"),
+    ("pair store name taken", "store_pairs", "g.store_pairs({taken!r}, {v}, 1.0)", r"'{taken}' is already used"),
+    ("pair store of another graph", "store_pairs", "g.store_pairs('bad', {v}, ce.Graph().accumulator())",
+     r"store_pairs 'bad' odd value belongs to another Graph"),
 ]
 
 
@@ -238,7 +275,7 @@ def _applies(condition: str | None, case: fz.Case) -> bool:
     has_output = any(kind == "output" for kind, _, _ in case.outputs().values())
     if condition in ("output", "no output"):
         return has_output == (condition == "output")
-    return condition is None or hasattr(ce, condition)
+    return condition is None or hasattr(ce, condition) or hasattr(ce.Graph, condition)
 
 
 def rejected(case: fz.Case, line: str) -> Exception | None:
@@ -258,9 +295,8 @@ def test_mistakes_raise_graph_error_naming_the_node(data):
     case = data.draw(fz.hypothesis_cases("any", max_ops=6), label="case")
     mutations = [m for m in MUTATIONS if m[0] not in KNOWN and _applies(m[1], case)]
     mutation = data.draw(st.sampled_from(mutations), label="mutation")
-    values = [i for i, s in enumerate(case.steps) if s.table != "sink" and s.spec.layout != "pair"]
     taken = [s.name for s in case.steps if s.name]
-    fields = dict(v=f"v{data.draw(st.sampled_from(values))}", taken=data.draw(st.sampled_from(taken)))
+    fields = dict(v=data.draw(st.sampled_from(case.values())), taken=data.draw(st.sampled_from(taken)))
     line = mutation[2].format(**fields)
     error = rejected(case, line)
     assert isinstance(error, ce.GraphError), f"{mutation[0]}: {line!r} raised {error!r}, not GraphError\n{case!r}"
@@ -273,12 +309,14 @@ def test_mistakes_raise_graph_error_naming_the_node(data):
 
 
 def expected_features() -> set[str]:
-    """Every available row, and every value of the dtype/op/act parameters it takes."""
+    """Every available row (and the kinds its call adds, the variants it names), and every value of the
+    dtype/op/act/size parameters it takes."""
     want = {"no output"} if fz.no_output_graphs() else set()
+    want |= {f"config major={m}" for m in MAJORS}
     for table in fz.TABLES:
         for i in fz.rows(table):
             r = fz.TABLES[table][i]
-            want |= {r.code, r.kind}
+            want |= {r.code, r.kind} | set(r.adds) | {f"{r.kind}:{v}" for v in r.variants}
             for key, _ in r.params:
                 if key in ("dtype", "op", "act", "size"):
                     want |= {f"{r.kind}:{key}={v}" for v in r.choices(key)}
@@ -286,12 +324,13 @@ def expected_features() -> set[str]:
 
 
 def test_tables_cover_every_ir_kind():
-    """A node kind added to the IR needs a row in tests/fuzz_strategies.py."""
+    """A node kind added to the IR needs a row in tests/fuzz_strategies.py: every kind a graph may
+    hold before lowering (ir.ARITY, less the kinds lowering passes introduce) is a row's kind, or one
+    a row's builder call adds besides it (pair_tile's unpacks, store_pairs' pack)."""
     from coda_ext.graph import ir
 
-    public = set(ir.LEAF_KINDS + ir.UNARY_KINDS + ir.BINARY_KINDS + ir.TERNARY_KINDS + ir.PAIR_KINDS
-                 + getattr(ir, "SEGMENT_KINDS", ()) + ir.SINK_KINDS)
-    kinds = {r.kind for table in fz.TABLES.values() for r in table}
+    public = set(ir.ARITY) - set(ir.LOWERED_KINDS)
+    kinds = {k for table in fz.TABLES.values() for r in table for k in (r.kind,) + r.adds}
     assert public <= kinds, f"no fuzz rows for {sorted(public - kinds)}"
 
 

@@ -1,11 +1,16 @@
-"""nvcc-compiles a small fixed sample of fuzz graphs for sm_90a (no GPU needed): two translation
-units, built in parallel, that together use every node kind the builder offers and every dtype,
-reduction op and cast the emitted C++ tells apart (tests/fuzz_strategies.py: coverage_cases).
-About two minutes of nvcc on two cores; a warm cache makes it instant.
+"""nvcc-compiles a small fixed sample of fuzz graphs for sm_90a (no GPU needed): three translation
+units (three, so that each epilogue's TMA buffers -- tiles, pair tiles, stores -- leave the default
+config's mainloop its stages), built in parallel, that together use every node kind the builder
+offers (packed pairs included: pair tiles and pair stores of both 16-bit dtypes) and every dtype,
+reduction op and cast the emitted C++ tells apart (tests/fuzz_strategies.py: coverage_cases). The
+second and third units read their operands transposed (KernelConfig.major "mn" and "kn"), so the
+other mainloop layouts compile too. About five minutes of nvcc on two cores; a warm cache makes it
+instant.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import pathlib
 import shutil
@@ -45,19 +50,20 @@ def real_nvcc(monkeypatch):
 def test_every_node_kind_compiles(real_nvcc, capsys):
     from coda_ext.runtime import prebuild  # the function (ce.prebuild is rebound by importing its CLI module)
 
-    cases = fz.coverage_cases(compact=True, mode="any")
+    cases = fz.coverage_cases(3, compact=True, mode="any")
     used = set().union(*(c.features() for c in cases))
-    kinds = {fz.TABLES[t][i].kind for t in fz.TABLES for i in fz.rows(t)}
+    kinds = {k for t in fz.TABLES for i in fz.rows(t) for k in (fz.TABLES[t][i].kind,) + fz.TABLES[t][i].adds}
     assert kinds <= used, f"the sample misses {sorted(kinds - used)}"
     if fz.no_output_graphs():
         assert "no output" in used
-    libs = prebuild([(c.build(), c.dtype, None) for c in cases], jobs=2)
+    configs = [None] + [dataclasses.replace(ce.DEFAULT_CONFIG, major=m) for m in ("mn", "kn")]
+    libs = prebuild([(c.build(), c.dtype, config) for c, config in zip(cases, configs)], jobs=2)
     for lib in libs:
         handle = ctypes.CDLL(lib)
         assert hasattr(handle, "coda_run") and hasattr(handle, "coda_workspace_size")
     with capsys.disabled():
-        print(f"\nnvcc sample: {len(cases)} graphs, {sum(len(c.steps) for c in cases)} nodes, kinds: "
-              f"{', '.join(sorted(kinds))}")
+        print(f"\nnvcc sample: {len(cases)} graphs, {sum(len(c.steps) for c in cases)} nodes, operand layouts "
+              f"kk, mn and kn, kinds: {', '.join(sorted(kinds))}")
 
 
 def _wide_epilogue_cooperative():

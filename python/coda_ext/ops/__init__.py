@@ -14,12 +14,13 @@ RMSNorm and SwiGLU backward run in the dX GEMMs' epilogues:
     dz, y, zdz     = swiglu_backward_linear(dy, W_down, z)
     dx = linear_dx(dz, W);   dW = weight_grad(dz, x, accumulate=None)
 """
-from . import (lm_head_ce, linear_grad, norm_backward, qkv, residual_norm, rms_scale, rope_backward, swiglu,
-               swiglu_backward)
+from . import (lm_head_ce, linear_grad, norm_backward, norm_input, qkv, residual_norm, rms_scale, rope_backward,
+               swiglu, swiglu_backward)
 from .layouts import interleave_gate_up, pairs_to_rotate_half, rotate_half_to_pairs, split_gate_up
 from .linear_grad import linear_dx, linear_residual, weight_grad
 from .lm_head_ce import lm_head_cross_entropy
 from .norm_backward import rms_norm_backward_linear
+from .norm_input import rms_norm_input
 from .rope_backward import qkv_rope_backward
 from .swiglu_backward import swiglu_backward_linear
 from .qkv import default_inv_freq, qkv_rope, rope_frequencies, split_qkv
@@ -35,6 +36,6 @@ BACKWARD_MODULES = (linear_grad, norm_backward, swiglu_backward)
 __all__ = [
     "BACKWARD_MODULES", "MODULES", "default_inv_freq", "interleave_gate_up", "linear_dx", "linear_residual",
     "linear_residual_norm", "linear_swiglu", "linear_swiglu_train", "lm_head_cross_entropy", "pairs_to_rotate_half",
-    "qkv_rope", "qkv_rope_backward", "rms_linear", "rms_norm_backward_linear", "rope_frequencies",
+    "qkv_rope", "qkv_rope_backward", "rms_linear", "rms_norm_backward_linear", "rms_norm_input", "rope_frequencies",
     "rotate_half_to_pairs", "split_gate_up", "split_qkv", "swiglu_backward_linear", "weight_grad",
 ]

@@ -11,6 +11,15 @@ coda_ext.ops.rotate_half_to_pairs; attention scores need no conversion back (q a
 same permutation). In the graph the rotation is coda_ext.rotate_pairs (one sine and cosine per pair),
 and the angle is reduced exactly in turns (coda_ext.turns): frequencies come as a float pair
 (rope_frequencies), so positions of 10⁵ and more keep full precision.
+
+Backward (autograd), without QK-norm, from the saved output qkv, positions and freqs: the RoPE is
+rotated back element-wise (rope_backward.qkv_rope_backward: dz and zdz = Σ qkv·dqkv = Σ z·dz, the
+rotation being orthogonal), then
+
+    dacc = [rstd ·] dz rounded to x's dtype,   drstd = zdz / rstd
+    dx = dacc @ weight (coda_ext::linear_dx),  dweight = daccᵀ @ x (coda_ext::weight_grad)
+
+With QK-norm the backward pass is not implemented: it raises NotImplementedError.
 """
 from __future__ import annotations
 
@@ -22,6 +31,7 @@ import torch
 import coda_ext as ce
 
 from . import common
+from .rope_backward import qkv_rope_backward
 
 NAME = "qkv_rope"
 
@@ -92,8 +102,9 @@ def reference(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, n_
 @torch.library.custom_op("coda_ext::qkv_rope", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
         rstd: Optional[torch.Tensor], norm_a: Optional[torch.Tensor], norm_b: Optional[torch.Tensor],
-        head_dim: int, eps: float) -> torch.Tensor:
+        n_heads: int, n_kv_heads: int, eps: float) -> torch.Tensor:
     qk_norm = norm_a is not None
+    head_dim = weight.shape[0] // (n_heads + 2 * n_kv_heads)
     op = common.graph_op(graph, common.dtype_name(x.dtype), "auto", rstd is not None, qk_norm, head_dim)
     inputs = {"positions": positions, "freq_hi": freqs[0], "freq_lo": freqs[1]}
     if rstd is not None:
@@ -104,8 +115,38 @@ def _op(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: t
 
 
 @_op.register_fake
-def _fake(x, weight, positions, freqs, rstd, norm_a, norm_b, head_dim, eps):
+def _fake(x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads, eps):
     return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, positions, freqs, rstd, norm_a, _, n_heads, n_kv_heads, _ = inputs
+    ctx.qk_norm = norm_a is not None
+    ctx.heads = (n_heads, n_kv_heads)
+    ctx.save_for_backward(x, weight, positions, freqs, rstd, output)
+
+
+def _backward(ctx, dqkv):
+    if ctx.qk_norm:
+        raise NotImplementedError(
+            f"{NAME}: the backward pass with QK-norm (q_norm_weight, k_norm_weight) is not implemented: only "
+            "qkv_rope without QK-norm has autograd. Call it under torch.no_grad() for inference; to train a model "
+            "with QK-norm, compute the QK-norm and RoPE in PyTorch after the projection")
+    x, weight, positions, freqs, rstd, qkv = ctx.saved_tensors
+    need_x, need_w, _, _, need_rstd = ctx.needs_input_grad[:5]
+    dz, zdz = qkv_rope_backward(dqkv, qkv, positions, freqs, *ctx.heads)
+    drstd = zdz / rstd.float() if rstd is not None and need_rstd else None
+    dx = dweight = None
+    if need_x or need_w:
+        dacc = (dz if rstd is None else rstd.float()[:, None] * dz.float()).to(x.dtype).contiguous()
+        if need_x:
+            dx = torch.ops.coda_ext.linear_dx(dacc, weight.contiguous())
+        if need_w:
+            dweight = torch.ops.coda_ext.weight_grad(dacc, x.contiguous(), None)
+    return dx, dweight, None, None, drstd, None, None, None, None, None
+
+
+_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, n_heads: int,
@@ -143,7 +184,8 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, fre
         common.check_vector(NAME, "k_norm_weight", k_norm_weight, hd, x.device)
         norm_a, norm_b = qk_norm_vectors(q_norm_weight, k_norm_weight, n_heads, n_kv_heads)
     pos = positions.reshape(-1).to(torch.float32)
-    out = torch.ops.coda_ext.qkv_rope(common.rows(x), weight, pos, freqs, rstd, norm_a, norm_b, hd, float(eps))
+    out = torch.ops.coda_ext.qkv_rope(common.rows(x), weight, pos, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads,
+                                      float(eps))
     return out.reshape(*lead, weight.shape[0])
 
 

@@ -7,6 +7,13 @@ residual stream, applies the next norm's weight and produces the norm's statisti
 
 so RMSNorm(out) @ Wᵀ = rstd ⊙row (h @ Wᵀ) is finished by the next GEMM's epilogue (rms_linear,
 linear_swiglu, qkv_rope). The statistic is summed from the fp32 value of out before rounding.
+
+Backward (autograd), from the saved x, weight, out, rstd and norm_weight: with incoming gradients
+(dout, dh, drstd) (any of them may be absent), in fp32 then rounded once to x's dtype,
+
+    g      = dout + dh ⊙ γ − drstd · rstd³ · out / N      (dL/dout in total)
+    dx     = g @ weight          (coda_ext::linear_dx)     dweight = gᵀ @ x   (coda_ext::weight_grad)
+    dresidual = g,               dγ = Σ_rows dh ⊙ out (fp32, then γ's dtype)
 """
 from __future__ import annotations
 
@@ -50,6 +57,40 @@ def _op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weig
 def _fake(x, weight, residual, norm_weight, eps):
     M, N = x.shape[0], weight.shape[0]
     return x.new_empty(M, N), x.new_empty(M, N), x.new_empty(M, dtype=torch.float32)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, _, norm_weight, _ = inputs
+    out, _, rstd = output
+    ctx.set_materialize_grads(False)  # an output that does not reach the loss gets None, not zeros
+    ctx.save_for_backward(x, weight, out, rstd, norm_weight)
+
+
+def _backward(ctx, dout, dh, drstd):
+    x, weight, out, rstd, norm_weight = ctx.saved_tensors
+    need_x, need_w, need_res, need_gamma, _ = ctx.needs_input_grad
+    o = out.float()
+    dgamma = None
+    if need_gamma and dh is not None:
+        dgamma = (dh.float() * o).sum(0).to(norm_weight.dtype)
+    dx = dweight = dres = None
+    if need_x or need_w or need_res:
+        g = torch.zeros_like(o) if dout is None else dout.float()
+        if dh is not None:
+            g = g + dh.float() * norm_weight.float()
+        if drstd is not None:
+            g = g - (drstd.float() * rstd.float().pow(3) / o.shape[-1])[:, None] * o
+        g = g.to(x.dtype).contiguous()
+        if need_x:
+            dx = torch.ops.coda_ext.linear_dx(g, weight.contiguous())
+        if need_w:
+            dweight = torch.ops.coda_ext.weight_grad(g, x.contiguous(), None)
+        if need_res:
+            dres = g
+    return dx, dweight, dres, dgamma, None
+
+
+_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def linear_residual_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import common
 
@@ -30,14 +31,18 @@ def _cos_sin(positions: torch.Tensor, freqs: torch.Tensor, head_dim: int):
 
 
 def _math(dqkv: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_rotated: int):
-    """dz, zdz of 2-D rows; the first n_rotated columns are rotated pairs (Q and K heads)."""
-    M = dqkv.shape[0]
-    d = dqkv.float()
-    pairs = d[:, :n_rotated].reshape(M, -1, cos.shape[-1], 2)
-    a, b = pairs[..., 0], pairs[..., 1]
-    back = torch.stack([a * cos + b * sin, b * cos - a * sin], dim=-1).reshape(M, n_rotated)
-    dz = torch.cat([back.to(dqkv.dtype), dqkv[:, n_rotated:]], dim=1)
-    return dz, (qkv.float() * d).sum(-1)
+    """dz, zdz of 2-D rows; the first n_rotated columns are rotated pairs (Q and K heads).
+    Per pair (a, b): (a·c + b·s, b·c − a·s), written as d·C + swap(d)·S with C = (c, c) and
+    S = (s, −s) per pair, so each output element reads its own column and its partner's."""
+    M, half = dqkv.shape[0], cos.shape[-1]
+    d = dqkv[:, :n_rotated].float().view(M, -1, 2 * half)
+    swapped = d.view(M, -1, half, 2).flip(-1).view(M, -1, 2 * half)
+    C = torch.stack([cos, cos], dim=-1).view(M, 1, 2 * half)
+    S = torch.stack([sin, -sin], dim=-1).view(M, 1, 2 * half)
+    dz = torch.empty_like(dqkv)
+    dz[:, :n_rotated] = (d * C + swapped * S).view(M, n_rotated).to(dqkv.dtype)
+    dz[:, n_rotated:] = dqkv[:, n_rotated:]
+    return dz, (qkv.float() * dqkv.float()).sum(-1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -77,4 +82,10 @@ def qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, positions: torch.Te
     if not isinstance(freqs, torch.Tensor) or tuple(freqs.shape) != (2, N):
         raise ValueError(f"{NAME}: freqs must be the (2, {N}) table of coda_ext.ops.rope_frequencies")
     common.check_rows(NAME, "positions", positions, tuple(dqkv.shape[:-1]), None, None, dqkv.device)
-    return _backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, fused=dqkv.is_cuda)
+    return _backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, fused=dqkv.is_cuda and not _tracing(dqkv))
+
+
+def _tracing(t: torch.Tensor) -> bool:
+    """Being traced (torch.compile, AOT autograd, export), not run: the caller's compiler generates the
+    element-wise kernels itself (our own compiled function cannot be traced)."""
+    return torch.compiler.is_compiling() or is_fake(t)

@@ -5,6 +5,14 @@
 
 `linear_swiglu` writes only y (no M × 2F tensor: the graph has no main output);
 `linear_swiglu_train` also writes z, the pre-activation the backward pass needs.
+
+Backward (autograd), from z (saved by the train op; linear_swiglu recomputes it with the train op,
+one GEMM) and the incoming dy (and dz, the train op's second output's gradient, if any), in fp32:
+
+    dg = dy · u · σ(g) · (1 + g (1 − σ(g))),  du = dy · silu(g)     (g, u) = z[:, 2i], z[:, 2i+1]
+    dz = (dg, du) interleaved [+ the incoming dz]
+    dacc = [rstd ·] dz rounded once to x's dtype;  drstd = Σ_k z_k dz_k / rstd
+    dx = dacc @ weight (coda_ext::linear_dx),  dweight = daccᵀ @ x (coda_ext::weight_grad)
 """
 from __future__ import annotations
 
@@ -64,6 +72,60 @@ def _op_train(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor
 def _fake_train(x, weight, rstd):
     M, N = x.shape[0], weight.shape[0]
     return x.new_empty(M, N // 2), x.new_empty(M, N)
+
+
+def _dswiglu(dy: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """dL/dz (fp32, interleaved (dg, du)) of y = silu(z[:, 0::2]) · z[:, 1::2] from dy."""
+    gate, up = z[:, 0::2], z[:, 1::2]
+    sig = torch.sigmoid(gate)
+    dy = dy.float()
+    dg = dy * up * sig * (1.0 + gate * (1.0 - sig))
+    du = dy * gate * sig
+    return torch.stack([dg, du], dim=-1).flatten(-2)
+
+
+def _grads(ctx, x, weight, rstd, z, dy, dz_in):
+    """(dx, dweight, drstd) from the saved pre-activation z and the outputs' gradients."""
+    need_x, need_w, need_rstd = ctx.needs_input_grad[:3]
+    zf = z.float()
+    dz = torch.zeros_like(zf) if dy is None else _dswiglu(dy, zf)
+    if dz_in is not None:
+        dz = dz + dz_in.float()
+    drstd = (zf * dz).sum(-1) / rstd.float() if rstd is not None and need_rstd else None
+    dx = dweight = None
+    if need_x or need_w:
+        dacc = (dz if rstd is None else rstd.float()[:, None] * dz).to(x.dtype).contiguous()
+        if need_x:
+            dx = torch.ops.coda_ext.linear_dx(dacc, weight.contiguous())
+        if need_w:
+            dweight = torch.ops.coda_ext.weight_grad(dacc, x.contiguous(), None)
+    return dx, dweight, drstd
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, rstd = inputs
+    ctx.save_for_backward(x, weight, rstd)
+
+
+def _backward(ctx, dy):
+    x, weight, rstd = ctx.saved_tensors
+    _, z = torch.ops.coda_ext.linear_swiglu_train(x, weight, rstd)
+    return _grads(ctx, x, weight, rstd, z, dy, None)
+
+
+def _setup_context_train(ctx, inputs, output):
+    x, weight, rstd = inputs
+    ctx.set_materialize_grads(False)  # z kept only for backward: its gradient is None, not zeros
+    ctx.save_for_backward(x, weight, rstd, output[1])
+
+
+def _backward_train(ctx, dy, dz):
+    x, weight, rstd, z = ctx.saved_tensors
+    return _grads(ctx, x, weight, rstd, z, dy, dz)
+
+
+_op.register_autograd(_backward, setup_context=_setup_context)
+_op_train.register_autograd(_backward_train, setup_context=_setup_context_train)
 
 
 def _check(x, weight, rstd):

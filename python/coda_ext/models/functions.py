@@ -1,0 +1,231 @@
+"""The two autograd Functions of a Llama decoder layer, with the CODA fusions in their backward:
+
+    QKVRoPE   x -> qkv                 input RMSNorm (statistic and h = x ⊙ γ in one element-wise pass,
+                                       ops.rms_norm_input; rstd folded into the QKV GEMM) + QKV
+                                       projection + RoPE
+    (attention: torch SDPA under ordinary autograd)
+    MLPBlock  (y0, x) -> x2            output projection + residual + post-attention RMSNorm, gate/up
+                                       GEMM + SwiGLU, down projection + residual
+
+Backward of MLPBlock, given dx2 (CODA): the SwiGLU backward runs in the down projection's dX GEMM
+(which also yields the ZdZ statistic of the gate/up GEMM), the post-attention norm's backward in
+the gate/up dX GEMM (accumulating the residual gradient dx2); QKVRoPE's backward rotates dqkv back
+(element-wise, with its ZdZ) and finishes the input norm's backward in the QKV dX GEMM. Saved:
+QKVRoPE x, rstd, qkv; MLPBlock y0, x1, rstd1, z1 (h, n, y1 are recomputed in epilogues).
+
+Each Function takes `impl`: "fused" runs coda_ext.ops (16-bit CUDA tensors on an SM90 GPU),
+"reference" runs the same data flow with every op's fp32 reference (any device; outputs cast to
+the input dtype), so the autograd wiring is testable without a GPU.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from .. import ops
+from ..ops import linear_grad, lm_head_ce, norm_backward, residual_norm, rope_backward, swiglu, swiglu_backward
+from ..ops import qkv as qkv_mod
+
+IMPLS = ("auto", "fused", "reference")
+
+
+class _Fused:
+    """coda_ext.ops, as they are."""
+    qkv_rope = staticmethod(ops.qkv_rope)
+    qkv_rope_backward = staticmethod(ops.qkv_rope_backward)
+    rms_norm_backward_linear = staticmethod(ops.rms_norm_backward_linear)
+    linear_residual_norm = staticmethod(ops.linear_residual_norm)
+    linear_swiglu_train = staticmethod(ops.linear_swiglu_train)
+    linear_residual = staticmethod(ops.linear_residual)
+    swiglu_backward_linear = staticmethod(ops.swiglu_backward_linear)
+    linear_dx = staticmethod(ops.linear_dx)
+    weight_grad = staticmethod(ops.weight_grad)
+    lm_head_cross_entropy = staticmethod(ops.lm_head_cross_entropy)
+
+
+def _inv_freq(freqs: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Radians per position of each pair (fp64), from a rope_frequencies table (turns, hi + lo)."""
+    f = freqs[:, 0:head_dim:2].double()
+    return (f[0] + f[1]) * (2 * math.pi)
+
+
+class _Reference:
+    """The fp32 references of coda_ext.ops with the fused ops' signatures and output dtypes."""
+
+    @staticmethod
+    def qkv_rope(h, w, positions, freqs, n_heads, n_kv_heads, rstd=None):
+        hd = w.shape[0] // (n_heads + 2 * n_kv_heads)
+        out = qkv_mod.reference(h, w, positions, n_heads, n_kv_heads, inv_freq=_inv_freq(freqs, hd), rstd=rstd)
+        return out.to(h.dtype)
+
+    @staticmethod
+    def qkv_rope_backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads):
+        dz, zdz = rope_backward.reference(dqkv, qkv, positions, freqs, n_heads, n_kv_heads)
+        return dz.to(dqkv.dtype), zdz
+
+    @staticmethod
+    def rms_norm_backward_linear(dz, w, x, rstd, norm_weight, zdz, dx_in=None):
+        dx, n, dgamma = norm_backward.reference(dz, w, x, rstd, norm_weight, zdz, dx_in)
+        return dx.to(dz.dtype), n.to(dz.dtype), dgamma
+
+    @staticmethod
+    def linear_residual_norm(x, w, residual, norm_weight, eps=1e-6):
+        out, h, rstd = residual_norm.reference(x, w, residual, norm_weight, eps)
+        return out.to(x.dtype), h.to(x.dtype), rstd
+
+    @staticmethod
+    def linear_swiglu_train(x, w, rstd=None):
+        y, z = swiglu.reference(x, w, rstd)
+        return y.to(x.dtype), z.to(x.dtype)
+
+    @staticmethod
+    def linear_residual(x, w, residual):
+        return linear_grad.reference_linear_residual(x, w, residual).to(x.dtype)
+
+    @staticmethod
+    def swiglu_backward_linear(dy, w, z):
+        dz, y, zdz = swiglu_backward.reference(dy, w, z)
+        return dz.to(dy.dtype), y.to(dy.dtype), zdz
+
+    @staticmethod
+    def linear_dx(dz, w):
+        return linear_grad.reference_linear_dx(dz, w).to(dz.dtype)
+
+    @staticmethod
+    def weight_grad(dz, x, accumulate=None):
+        return linear_grad.reference_weight_grad(dz, x, accumulate).to(dz.dtype)
+
+    @staticmethod
+    def lm_head_cross_entropy(x, w, target, rstd=None, ignore_index=-100, reduction="mean"):
+        return lm_head_ce.reference(x, w, target, rstd, ignore_index, reduction)
+
+
+BACKENDS = {"fused": _Fused, "reference": _Reference}
+
+
+def resolve_impl(impl: str, x: torch.Tensor) -> str:
+    """"fused" or "reference" for a call on x. "auto": fused on CUDA tensors, the fp32 references
+    elsewhere (there is no fused kernel off the GPU)."""
+    if impl == "auto":
+        return "fused" if x.is_cuda else "reference"
+    if impl == "fused" and not x.is_cuda:
+        raise ValueError(f"impl='fused' runs coda_ext's kernels on an SM90 GPU, but the input is on {x.device}; move "
+                         "the model and its inputs to CUDA, or use impl='reference' (the fp32 references)")
+    if impl not in BACKENDS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    return impl
+
+
+def _grad(needed: bool, fn):
+    return fn() if needed else None
+
+
+class QKVRoPE(torch.autograd.Function):
+    """qkv = RoPE(RMSNorm(x) @ W_qkvᵀ), RMSNorm(x) = x·rstd ⊙ γ: rstd in torch (fp32), h = x ⊙ γ, and
+    the QKV GEMM scales its rows by rstd. Returns (..., (n_heads + 2 n_kv_heads)·head_dim)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
+                freqs: torch.Tensor, n_heads: int, n_kv_heads: int, eps: float, impl: str) -> torch.Tensor:
+        be = BACKENDS[impl]
+        h, rstd = ops.rms_norm_input(x, norm_weight, eps)     # one element-wise pass on a GPU
+        qkv = be.qkv_rope(h, w_qkv.to(x.dtype), positions, freqs, n_heads, n_kv_heads, rstd=rstd)
+        ctx.save_for_backward(x, norm_weight, w_qkv, positions, freqs, rstd, qkv)
+        ctx.heads, ctx.impl = (n_heads, n_kv_heads), impl
+        return qkv
+
+    @staticmethod
+    def backward(ctx, dqkv: torch.Tensor):
+        x, norm_weight, w_qkv, positions, freqs, rstd, qkv = ctx.saved_tensors
+        be, dt = BACKENDS[ctx.impl], x.dtype
+        dz, zdz = be.qkv_rope_backward(dqkv.to(dt).contiguous(), qkv, positions, freqs, *ctx.heads)
+        w = w_qkv.to(dt)
+        dx, n, dgamma = be.rms_norm_backward_linear(dz, w, x, rstd, norm_weight.to(dt), zdz)
+        need = ctx.needs_input_grad
+        dw = _grad(need[2], lambda: be.weight_grad(dz, n).to(w_qkv.dtype))
+        return dx, dgamma.to(norm_weight.dtype), dw, None, None, None, None, None, None
+
+
+class MLPBlock(torch.autograd.Function):
+    """x2 = x1 + SwiGLU(RMSNorm(x1) @ W_guᵀ) @ W_downᵀ with x1 = y0 @ W_oᵀ + x. W_gu rows interleaved
+    gate/up. Returns x2 (..., d)."""
+
+    @staticmethod
+    def forward(ctx, y0: torch.Tensor, x: torch.Tensor, w_o: torch.Tensor, norm_weight: torch.Tensor,
+                w_gu: torch.Tensor, w_down: torch.Tensor, eps: float, impl: str) -> torch.Tensor:
+        be, dt = BACKENDS[impl], y0.dtype
+        x1, h1, r1 = be.linear_residual_norm(y0, w_o.to(dt), x.to(dt), norm_weight.to(dt), eps)
+        y1, z1 = be.linear_swiglu_train(h1, w_gu.to(dt), r1)
+        x2 = be.linear_residual(y1, w_down.to(dt), x1)
+        ctx.save_for_backward(y0, x1, r1, z1, w_o, norm_weight, w_gu, w_down)
+        ctx.impl, ctx.x_dtype = impl, x.dtype
+        return x2
+
+    @staticmethod
+    def backward(ctx, dx2: torch.Tensor):
+        y0, x1, r1, z1, w_o, norm_weight, w_gu, w_down = ctx.saved_tensors
+        be, dt = BACKENDS[ctx.impl], y0.dtype
+        need = ctx.needs_input_grad
+        dx2 = dx2.to(dt).contiguous()
+        dz1, y1, zdz1 = be.swiglu_backward_linear(dx2, w_down.to(dt), z1)
+        dw_down = _grad(need[5], lambda: be.weight_grad(dx2, y1).to(w_down.dtype))
+        dx1, n1, dgamma = be.rms_norm_backward_linear(dz1, w_gu.to(dt), x1, r1, norm_weight.to(dt), zdz1, dx_in=dx2)
+        dw_gu = _grad(need[4], lambda: be.weight_grad(dz1, n1).to(w_gu.dtype))
+        dy0 = _grad(need[0], lambda: be.linear_dx(dx1, w_o.to(dt)))
+        dw_o = _grad(need[2], lambda: be.weight_grad(dx1, y0).to(w_o.dtype))
+        return dy0, dx1.to(ctx.x_dtype), dw_o, dgamma.to(norm_weight.dtype), dw_gu, dw_down, None, None
+
+
+def lm_head_loss(h: torch.Tensor, w_lm: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor],
+                 ignore_index: int, impl: str, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of logits = [rstd ⊙row] (h @ W_lmᵀ) against target ('mean' over the targets that
+    are not ignore_index, or 'sum'), without the M × V logits (fused: the op's vocabulary-chunked
+    backward; reference: fp32 torch)."""
+    loss, _ = BACKENDS[impl].lm_head_cross_entropy(h, w_lm.to(h.dtype), target, rstd, ignore_index, reduction)
+    return loss
+
+
+def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool = True, lm_head_rstd: bool = True,
+                     sms: Optional[int] = None) -> list:
+    """(graph, dtype, kernel config) of every kernel one training step of a CodaLlamaForCausalLM with
+    `config` (a LlamaConfig) launches at `tokens` = batch × seq tokens with the fused impl, for
+    coda_ext.prebuild (in parallel, before training; nvcc only, no GPU). lm_head=False: the layers
+    only; lm_head_rstd=False: an LM head fed normalized rows (coda_ext.hf's loss). sms: the GPU's SM
+    count (default: this machine's GPU, else an H100's)."""
+    from .. import tuning
+    from ..runtime.tuned import TunedOp
+
+    if sms is None:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() \
+            else tuning.DEFAULT_SMS
+    M, d, F_, hd = tokens, config.hidden_size, config.intermediate_size, config.head_dim
+    Nq, Do = config.qkv_size, config.num_attention_heads * hd
+    gemms = [  # (graph, major, (M, N, K) as launched)
+        (qkv_mod.graph(True, False, hd), "kk", (M, Nq, d)),           # QKVRoPE forward
+        (residual_norm.graph(), "kk", (M, d, Do)),                    # MLPBlock forward
+        (swiglu.graph(True, True), "kk", (M, 2 * F_, d)),
+        (linear_grad.graph(True), "kk", (M, d, F_)),
+        (swiglu_backward.graph(), "kn", (M, F_, d)),                  # MLPBlock backward
+        (linear_grad.graph(False), "mn", (d, F_, M)),
+        (norm_backward.graph(True), "kn", (M, d, 2 * F_)),
+        (linear_grad.graph(False), "mn", (2 * F_, d, M)),
+        (linear_grad.graph(False), "kn", (M, Do, d)),
+        (linear_grad.graph(False), "mn", (d, Do, M)),
+        (norm_backward.graph(False), "kn", (M, d, Nq)),               # QKVRoPE backward
+        (linear_grad.graph(False), "mn", (Nq, d, M)),
+    ]
+    if lm_head:
+        V = config.vocab_size
+        gemms.append((lm_head_ce.graph(lm_head_rstd), "kk", (M, V, d)))
+        c = lm_head_ce.chunk_columns(M, V)
+        for cols in {c, V % c} - {0}:
+            gemms += [(lm_head_ce.backward_graph(lm_head_rstd), "kk", (M, cols, d)),
+                      (linear_grad.graph(False), "kn", (M, d, cols)), (linear_grad.graph(True), "kn", (M, d, cols)),
+                      (linear_grad.graph(False), "mn", (cols, d, M))]
+    items = {}
+    for graph, major, mnk in gemms:
+        cfg = TunedOp(graph, dtype, tune=False, major=major).config_for(*mnk, sms)
+        items[(graph.build().digest(), dtype, cfg.tag)] = (graph, dtype, cfg)
+    return list(items.values())

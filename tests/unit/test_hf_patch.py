@@ -1,0 +1,198 @@
+"""coda_ext.hf.apply_coda_to_llama on a tiny random transformers LlamaForCausalLM (no downloads),
+impl="reference" on the CPU: the patched model gives the original's loss, gradients (every
+parameter), logits and greedy generations, with and without padding and gradient checkpointing;
+its state_dict()/save_pretrained() load in plain transformers.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from coda_ext import ops  # noqa: E402
+from coda_ext.hf import apply_coda_to_llama  # noqa: E402
+
+B, S, V = 2, 16, 256
+RTOL = 2e-5
+
+
+def hf_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    kw = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+              num_hidden_layers=2, vocab_size=V, max_position_embeddings=256, rms_norm_eps=1e-5)
+    kw.update(overrides)
+    cfg = transformers.LlamaConfig(**kw)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float32)
+    model.config._attn_implementation = "sdpa"
+    with torch.no_grad():   # norms away from 1, so a γ mistake shows
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def pair(**overrides):
+    ref = hf_model(**overrides)
+    patched = apply_coda_to_llama(copy.deepcopy(ref), impl="reference")
+    return ref, patched
+
+
+def batch(seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (B, S), generator=gen)
+    labels = ids.clone()
+    labels[1, :4] = -100
+    return ids, labels
+
+
+def grads_by_hf_name(model) -> dict:
+    cfg = model.config
+    hd, nq, nkv = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
+    out = {}
+    for name, p in model.named_parameters():
+        if name.endswith("qkv_weight"):
+            q, k, v = p.grad.split([nq * hd, nkv * hd, nkv * hd])
+            base = name[: -len("qkv_weight")]
+            out.update({base + "q_proj.weight": ops.pairs_to_rotate_half(q, hd),
+                        base + "k_proj.weight": ops.pairs_to_rotate_half(k, hd), base + "v_proj.weight": v})
+        elif name.endswith("gate_up_weight"):
+            base = name[: -len("gate_up_weight")]
+            out[base + "gate_proj.weight"], out[base + "up_proj.weight"] = ops.split_gate_up(p.grad)
+        else:
+            out[name] = p.grad
+    return out
+
+
+def close(got, want, what):
+    torch.testing.assert_close(got, want, rtol=RTOL, atol=2e-6 * (1 + want.abs().max().item()), msg=what)
+
+
+def check_grads(patched, ref):
+    got = grads_by_hf_name(patched)
+    want = {n: p.grad for n, p in ref.named_parameters()}
+    assert set(got) == set(want)
+    for name in want:
+        close(got[name], want[name], f"gradient of {name}")
+
+
+def test_layers_are_swapped_and_names_kept():
+    ref, patched = pair()
+    from coda_ext.hf.llama import CodaHFLlamaDecoderLayer
+
+    assert all(isinstance(layer, CodaHFLlamaDecoderLayer) for layer in patched.model.layers)
+    sd, want = patched.state_dict(), ref.state_dict()
+    assert list(sd) == list(want)
+    for k in want:
+        assert torch.equal(sd[k], want[k]), k
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_training_loss_and_every_gradient(padded):
+    ref, patched = pair()
+    ids, labels = batch()
+    mask = None
+    if padded:   # left padding of the second sequence
+        mask = torch.ones(B, S, dtype=torch.long)
+        mask[1, :4] = 0
+    ref.train()
+    patched.train()
+    want = ref(ids, attention_mask=mask, labels=labels, use_cache=False)
+    got = patched(ids, attention_mask=mask, labels=labels, use_cache=False)
+    assert got.logits is None   # training with labels: the fused loss, no logits
+    close(got.loss, want.loss, "loss")
+    want.loss.backward()
+    got.loss.backward()
+    check_grads(patched, ref)
+
+
+def test_gradient_checkpointing():
+    ref, patched = pair()
+    ids, labels = batch(2)
+    for m in (ref, patched):
+        m.train()
+        if hasattr(m, "activation_checkpointing_enable"):   # transformers 5 (the older name warns)
+            m.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ref(ids, labels=labels).loss.backward()
+    patched(ids, labels=labels).loss.backward()
+    assert all(layer.gradient_checkpointing for layer in patched.model.layers)
+    check_grads(patched, ref)
+
+
+def test_num_items_in_batch_as_transformers():
+    ref, patched = pair()
+    ids, labels = batch(3)
+    for m in (ref, patched):
+        m.train()
+    n = torch.tensor(50)
+    close(patched(ids, labels=labels, num_items_in_batch=n).loss, ref(ids, labels=labels, num_items_in_batch=n).loss,
+          "loss with num_items_in_batch")
+
+
+def test_eval_logits_and_greedy_generation():
+    ref, patched = pair()
+    ids, labels = batch(4)
+    ref.eval()
+    patched.eval()
+    with torch.no_grad():
+        want, got = ref(ids, labels=labels), patched(ids, labels=labels)
+        close(got.logits, want.logits, "logits")
+        close(got.loss, want.loss, "eval loss")
+        a = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                         pad_token_id=0)
+        b = patched.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                             pad_token_id=0)
+    assert torch.equal(a, b)
+
+
+def test_save_pretrained_loads_in_plain_transformers(tmp_path):
+    ref, patched = pair()
+    patched.save_pretrained(tmp_path)
+    plain = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    want = ref.state_dict()
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, want[k]), k
+
+
+def test_tied_embeddings_and_llama3_rope():
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64, "rope_theta": 500000.0}
+    try:
+        ref, patched = pair(tie_word_embeddings=True, rope_parameters=rope)
+    except TypeError:
+        ref, patched = pair(tie_word_embeddings=True, rope_scaling=rope, rope_theta=500000.0)
+    assert ref.model.rotary_emb.rope_type == "llama3"
+    assert patched.lm_head.weight is patched.model.embed_tokens.weight
+    ids, labels = batch(5)
+    for m in (ref, patched):
+        m.train()
+    want, got = ref(ids, labels=labels, use_cache=False), patched(ids, labels=labels, use_cache=False)
+    close(got.loss, want.loss, "loss")
+    want.loss.backward()
+    got.loss.backward()
+    check_grads(patched, ref)
+
+
+def test_apply_twice_is_harmless():
+    ref, patched = pair()
+    layers = list(patched.model.layers)
+    apply_coda_to_llama(patched, impl="reference")
+    assert list(patched.model.layers) == layers
+
+
+def test_refusals():
+    ref, patched = pair()
+    with pytest.raises(TypeError, match="LlamaForCausalLM"):
+        apply_coda_to_llama(ref.model)
+    with pytest.raises(ValueError, match="impl"):
+        apply_coda_to_llama(ref, impl="cuda")
+    ids, _ = batch()
+    with pytest.raises(NotImplementedError, match="output_hidden_states"):
+        patched(ids, output_hidden_states=True)
+    dropout = hf_model(attention_dropout=0.1)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        apply_coda_to_llama(dropout)

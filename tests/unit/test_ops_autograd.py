@@ -1,0 +1,417 @@
+"""Autograd of the ready ops (coda_ext.ops: linear_residual_norm, rms_linear, linear_swiglu,
+linear_swiglu_train, qkv_rope) on the CPU, without a kernel: the backward formulas.
+
+The custom ops need an SM90 GPU, so here each one involved (the forward ops and the backward GEMMs
+coda_ext::linear_dx and coda_ext::weight_grad) gets, for the duration of a test only, a CPU kernel
+that runs its module's fp32 reference (torch.library.impl(..., lib=) on a Library that the fixture
+drops afterwards; the fixture checks that no CPU kernel is left behind). The custom ops are then
+called directly on fp32 rows (the public functions accept 16-bit dtypes only), and
+torch.autograd.grad through them (the registered backward formulas calling linear_dx and
+weight_grad) is compared with torch autograd through the same fp32 reference math, tightly.
+A last group calls the public functions on bf16 (..., K) inputs: gradients reach every input with
+its shape and dtype, within bf16 rounding of the fp32 answer.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import types
+import zlib
+
+import pytest
+import torch
+from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+
+from coda_ext import ops
+from coda_ext.ops import linear_grad, qkv, residual_norm, rms_scale, swiglu
+
+F32, BF16 = torch.float32, torch.bfloat16
+K, N, F2, M = 64, 72, 144, 37          # x (M, K); N output columns; F2 interleaved gate/up rows; odd M
+HEADS = {64: (4, 2), 128: (2, 1)}      # head_dim -> (n_heads, n_kv_heads)
+THETA = 500000.0
+EPS = 1e-5
+
+
+# --- CPU kernels: each custom op runs its module's fp32 reference ----------------------------------
+
+
+def _inv_freq(freqs: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """The radians-per-position frequencies of a rope_frequencies table (its first head's pairs), fp64."""
+    turns = freqs[0, 0:head_dim:2].double() + freqs[1, 0:head_dim:2].double()
+    return turns * (2 * math.pi)
+
+
+def _qkv_rope_kernel(x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads, eps):
+    hd = weight.shape[0] // (n_heads + 2 * n_kv_heads)
+    qw = kw = None
+    if norm_b is not None:
+        qw, kw = norm_b[:hd], norm_b[n_heads * hd:(n_heads + 1) * hd]
+    out = qkv.reference(x, weight, positions, n_heads, n_kv_heads, inv_freq=_inv_freq(freqs, hd), rstd=rstd,
+                        q_norm_weight=qw, k_norm_weight=kw, eps=eps)
+    return out.to(x.dtype)
+
+
+def _residual_norm_kernel(x, weight, residual, norm_weight, eps):
+    out, h, rstd = residual_norm.reference(x, weight, residual, norm_weight, eps)
+    return out.to(x.dtype), h.to(x.dtype), rstd
+
+
+def _swiglu_train_kernel(x, weight, rstd):
+    y, z = swiglu.reference(x, weight, rstd)
+    return y.to(x.dtype), z.to(x.dtype)
+
+
+KERNELS = {
+    "linear_residual_norm": _residual_norm_kernel,
+    "rms_linear": lambda x, w, rstd, act: rms_scale.reference(x, w, rstd, act or None).to(x.dtype),
+    "linear_swiglu": lambda x, w, rstd: _swiglu_train_kernel(x, w, rstd)[0],
+    "linear_swiglu_train": _swiglu_train_kernel,
+    "qkv_rope": _qkv_rope_kernel,
+    "linear_dx": lambda dz, w: linear_grad.reference_linear_dx(dz, w).to(dz.dtype),
+    "weight_grad": lambda dz, x, acc: linear_grad.reference_weight_grad(dz, x, acc).to(dz.dtype),
+}
+
+
+def _has_cpu_kernel(name: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"coda_ext::{name}", "CPU")
+
+
+@pytest.fixture
+def reference_kernels():
+    """Each custom op of KERNELS runs its fp32 reference on CPU tensors, for this test only."""
+    assert not any(map(_has_cpu_kernel, KERNELS)), "a CPU kernel leaked in from elsewhere"
+    lib = torch.library.Library("coda_ext", "FRAGMENT")
+    calls = []
+    for name, fn in KERNELS.items():
+        def kernel(*args, _name=name, _fn=fn):
+            calls.append(_name)
+            return _fn(*args)
+        torch.library.impl(f"coda_ext::{name}", "cpu", kernel, lib=lib)
+    yield calls
+    del lib, kernel   # the registrations live as long as the Library
+    gc.collect()
+    assert not any(map(_has_cpu_kernel, KERNELS)), "a CPU kernel outlived its test"
+
+
+# --- inputs and helpers -----------------------------------------------------------------------------
+
+
+def _gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def _randn(gen, *shape, dtype=F32, scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
+
+
+def _rstd(gen, m=M):
+    return torch.rand(m, generator=gen) + 0.5
+
+
+def _leaves(*tensors):
+    return [t.detach().clone().requires_grad_() if t is not None else None for t in tensors]
+
+
+def _grads(fn, inputs: list, cotangents) -> list:
+    """torch.autograd.grad of fn(*inputs)'s outputs (with the given cotangents; None: that output
+    does not reach the loss) with respect to every input that requires grad."""
+    outs = fn(*inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    pairs = [(o, c.to(o.dtype)) for o, c in zip(outs, cotangents) if c is not None]
+    wrt = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    return list(torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], materialize_grads=True))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str, rtol: float = 1e-5) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, want.shape, got.dtype, want.dtype)
+    scale = max(1.0, want.abs().max().item())
+    torch.testing.assert_close(got.double(), want.double(), rtol=rtol, atol=rtol * scale,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def _check(got: list, want: list, names: tuple, rtol: float = 1e-5) -> None:
+    assert len(got) == len(want) == len(names)
+    for g, w, name in zip(got, want, names):
+        _close(g, w, name, rtol)
+
+
+def _cot(gen, *shapes):
+    return [None if s is None else _randn(gen, *s) for s in shapes]
+
+
+# --- the backward formulas in fp32 against torch autograd of the references ---------------------------
+
+# which of (out, h, rstd) reach the loss: all, each alone, and pairs
+RN_USES = [(1, 1, 1), (1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1), (1, 1, 0)]
+
+
+@pytest.mark.parametrize("uses", RN_USES, ids=lambda u: "".join(n for n, on in zip(("out", "h", "rstd"), u) if on))
+def test_linear_residual_norm_grads(reference_kernels, uses):
+    gen = _gen("rn", uses)
+    x, w, res, nw = _randn(gen, M, K), _randn(gen, N, K, scale=K ** -0.5), _randn(gen, M, N), _randn(gen, N)
+    cot = _cot(gen, *[s if on else None for s, on in zip(((M, N), (M, N), (M,)), uses)])
+    leaves = _leaves(x, w, res, nw)
+    got = _grads(lambda *a: torch.ops.coda_ext.linear_residual_norm(*a, EPS), leaves, cot)
+    want = _grads(lambda *a: residual_norm.reference(*a, eps=EPS), _leaves(x, w, res, nw), cot)
+    _check(got, want, ("dx", "dweight", "dresidual", "dnorm_weight"))
+    assert {"linear_dx", "weight_grad"} <= set(reference_kernels)
+
+
+@pytest.mark.parametrize("activation", list(rms_scale.ACTIVATIONS))
+def test_rms_linear_grads(reference_kernels, activation):
+    gen = _gen("rms", activation)
+    x, w, rstd = _randn(gen, M, K), _randn(gen, N, K, scale=K ** -0.5), _rstd(gen)
+    cot = _cot(gen, (M, N))
+    got = _grads(lambda *a: torch.ops.coda_ext.rms_linear(*a, activation or ""), _leaves(x, w, rstd), cot)
+    want = _grads(lambda *a: rms_scale.reference(*a, activation), _leaves(x, w, rstd), cot)
+    _check(got, want, ("dx", "dweight", "drstd"))
+    # pre-activation: the saved output without an activation, else recomputed by the op (activation "")
+    assert reference_kernels.count("rms_linear") == (1 if activation is None else 2)
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "rstd"])
+def test_linear_swiglu_grads(reference_kernels, scaled):
+    gen = _gen("swiglu", scaled)
+    x, w = _randn(gen, M, K), _randn(gen, F2, K, scale=K ** -0.5)
+    rstd = _rstd(gen) if scaled else None
+    cot = _cot(gen, (M, F2 // 2))
+    got = _grads(torch.ops.coda_ext.linear_swiglu, _leaves(x, w, rstd), cot)
+    want = _grads(lambda *a: swiglu.reference(*a)[0], _leaves(x, w, rstd), cot)
+    _check(got, want, ("dx", "dweight", "drstd")[:3 if scaled else 2])
+    assert reference_kernels.count("linear_swiglu_train") == 1   # z recomputed in backward, not saved
+
+
+@pytest.mark.parametrize("uses", [(1, 0), (1, 1), (0, 1)], ids=["y", "y+z", "z"])
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "rstd"])
+def test_linear_swiglu_train_grads(reference_kernels, scaled, uses):
+    gen = _gen("swiglu-train", scaled, uses)
+    x, w = _randn(gen, M, K), _randn(gen, F2, K, scale=K ** -0.5)
+    rstd = _rstd(gen) if scaled else None
+    cot = _cot(gen, (M, F2 // 2) if uses[0] else None, (M, F2) if uses[1] else None)
+    got = _grads(torch.ops.coda_ext.linear_swiglu_train, _leaves(x, w, rstd), cot)
+    want = _grads(swiglu.reference, _leaves(x, w, rstd), cot)
+    _check(got, want, ("dx", "dweight", "drstd")[:3 if scaled else 2])
+    assert reference_kernels.count("linear_swiglu_train") == 1   # the forward only: z was saved
+
+
+def _qkv_inputs(gen, head_dim, m=M, dtype=F32):
+    nh, nkv = HEADS[head_dim]
+    x, w = _randn(gen, m, K, dtype=dtype), _randn(gen, (nh + 2 * nkv) * head_dim, K, dtype=dtype, scale=K ** -0.5)
+    pos = torch.randint(0, 100_000, (m,), generator=gen)
+    pos[-1] = 100_000
+    return x, w, pos, ops.rope_frequencies(head_dim, nh, nkv, theta=THETA), nh, nkv
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "rstd"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_qkv_rope_grads(reference_kernels, head_dim, scaled):
+    gen = _gen("qkv", head_dim, scaled)
+    x, w, pos, freqs, nh, nkv = _qkv_inputs(gen, head_dim)
+    rstd = _rstd(gen) if scaled else None
+    cot = _cot(gen, (M, w.shape[0]))
+    pos32 = pos.to(F32)
+
+    def op(x_, w_, r_):
+        return torch.ops.coda_ext.qkv_rope(x_, w_, pos32, freqs, r_, None, None, nh, nkv, EPS)
+
+    def ref(x_, w_, r_):
+        return qkv.reference(x_, w_, pos, nh, nkv, theta=THETA, rstd=r_)
+
+    got = _grads(op, _leaves(x, w, rstd), cot)
+    want = _grads(ref, _leaves(x, w, rstd), cot)
+    _check(got, want, ("dx", "dweight", "drstd")[:3 if scaled else 2])
+
+
+def test_qkv_rope_qk_norm_backward_raises(reference_kernels):
+    """With QK-norm the forward runs, and so does a backward that asks for no gradient of it; asking
+    for one raises NotImplementedError naming the limitation."""
+    gen = _gen("qkv-qknorm")
+    x, w, pos, freqs, nh, nkv = _qkv_inputs(gen, 64, dtype=BF16)
+    qw, kw = _randn(gen, 64, dtype=BF16), _randn(gen, 64, dtype=BF16)
+    with torch.no_grad():
+        ops.qkv_rope(x, w, pos, freqs, nh, nkv, q_norm_weight=qw, k_norm_weight=kw)
+    other = _leaves(_randn(gen, M, w.shape[0], dtype=BF16))[0]
+    out = ops.qkv_rope(x, w, pos, freqs, nh, nkv, q_norm_weight=qw, k_norm_weight=kw)  # nothing requires grad
+    assert not out.requires_grad
+    (out.float() * other).sum().backward()
+    assert other.grad is not None
+    x.requires_grad_()
+    out = ops.qkv_rope(x, w, pos, freqs, nh, nkv, q_norm_weight=qw, k_norm_weight=kw)
+    with pytest.raises(NotImplementedError, match=r"qkv_rope: the backward pass with QK-norm .* is not implemented"):
+        out.float().sum().backward()
+
+
+# --- what backward is asked for: only the inputs that need a gradient --------------------------------
+
+
+def test_only_requested_gradients_are_computed(reference_kernels):
+    """x alone needs a gradient: no weight-gradient GEMM runs; the weight alone: no dX GEMM; rstd alone:
+    neither (the rstd gradient is a row sum)."""
+    gen = _gen("requested")
+    x, w, rstd = _randn(gen, M, K), _randn(gen, N, K, scale=K ** -0.5), _rstd(gen)
+    for wanted, gemms in ((0, ["linear_dx"]), (1, ["weight_grad"]), (2, [])):
+        leaves = [t.detach().clone().requires_grad_(i == wanted) for i, t in enumerate((x, w, rstd))]
+        out = torch.ops.coda_ext.rms_linear(*leaves, "silu")
+        reference_kernels.clear()
+        (grad,) = torch.autograd.grad(out, leaves[wanted], torch.ones_like(out))
+        assert [c for c in reference_kernels if c in ("linear_dx", "weight_grad")] == gemms
+        assert grad.shape == leaves[wanted].shape
+
+
+def test_non_differentiable_arguments_get_no_gradient(reference_kernels):
+    """positions and freqs of qkv_rope never get a gradient (None), even when they require one."""
+    gen = _gen("nondiff")
+    x, w, pos, freqs, nh, nkv = _qkv_inputs(gen, 64)
+    x, pos32, freqs = _leaves(x, pos.to(F32), freqs)
+    out = torch.ops.coda_ext.qkv_rope(x, w, pos32, freqs, None, None, None, nh, nkv, EPS)
+    dx, dpos, dfreqs = torch.autograd.grad(out.sum(), (x, pos32, freqs), allow_unused=True)
+    assert dx is not None and dpos is None and dfreqs is None
+
+
+def test_backward_formulas_take_absent_gradients_as_zero(reference_kernels):
+    """linear_residual_norm's backward called directly: an absent output gradient (None, as autograd
+    passes for an output that does not reach the loss) gives what a zero gradient gives."""
+    gen = _gen("none-grads")
+    x, w, res, nw = _randn(gen, M, K), _randn(gen, N, K, scale=K ** -0.5), _randn(gen, M, N), _randn(gen, N)
+    out, _, rstd = residual_norm.reference(x, w, res, nw, EPS)
+    ctx = types.SimpleNamespace(saved_tensors=(x, w, out, rstd, nw), needs_input_grad=(True,) * 4 + (False,))
+    given = (_randn(gen, M, N), _randn(gen, M, N), _randn(gen, M))
+    zeros = (torch.zeros(M, N), torch.zeros(M, N), torch.zeros(M))
+    for present in RN_USES:
+        got = residual_norm._backward(ctx, *[g if on else None for g, on in zip(given, present)])
+        want = residual_norm._backward(ctx, *[g if on else z for g, z, on in zip(given, zeros, present)])
+        for name, a, b in zip(("dx", "dweight", "dresidual"), got[:3], want[:3]):
+            _close(a, b, f"{present} {name}")
+        if present[1]:
+            _close(got[3], want[3], f"{present} dnorm_weight")
+        else:
+            assert got[3] is None   # no gradient of h: none of γ
+
+
+# --- torch.compile(fullgraph=True) of forward and backward -------------------------------------------
+
+
+def _compiled_grads(fn, inputs, cot):
+    """Gradients through torch.compile(fullgraph=True, dynamic=True) with AOT autograd (forward and
+    backward graphs traced, run as traced), and the call targets of each graph."""
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return make_boxed_func(gm)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    return _grads(compiled, inputs, cot), graphs
+
+
+def _op_cases():
+    """(op name, its custom op's arguments on fp32 rows, indices of the differentiable ones, cotangent
+    shapes of its outputs) of every op with autograd."""
+    gen = _gen("op-cases")
+    x, w, wgu, res, nw, rstd = (_randn(gen, M, K), _randn(gen, N, K, scale=K ** -0.5),
+                                _randn(gen, F2, K, scale=K ** -0.5), _randn(gen, M, N), _randn(gen, N), _rstd(gen))
+    xq, wq, pos, freqs, nh, nkv = _qkv_inputs(gen, 64)
+    return [
+        ("linear_residual_norm", (x, w, res, nw, EPS), (0, 1, 2, 3), ((M, N), (M, N), (M,))),
+        ("rms_linear", (x, w, rstd, "gelu_tanh"), (0, 1, 2), ((M, N),)),
+        ("linear_swiglu", (x, wgu, rstd), (0, 1, 2), ((M, F2 // 2),)),
+        ("linear_swiglu_train", (x, wgu, rstd), (0, 1, 2), ((M, F2 // 2), (M, F2))),
+        ("qkv_rope", (xq, wq, pos.to(F32), freqs, rstd, None, None, nh, nkv, EPS), (0, 1, 4), ((M, wq.shape[0]),)),
+    ]
+
+
+def _as_function(name, args, diff):
+    """The op as a function of its differentiable arguments (the others fixed)."""
+    def fn(*leaves):
+        full = list(args)
+        for i, t in zip(diff, leaves):
+            full[i] = t
+        return getattr(torch.ops.coda_ext, name)(*full)
+    return fn
+
+
+@pytest.mark.parametrize("case", _op_cases(), ids=lambda c: c[0])
+def test_compile_fullgraph_backward(reference_kernels, monkeypatch, case):
+    """torch.compile(fullgraph=True, dynamic=True): no graph break; the forward graph holds the op, the
+    backward graph the dX and weight-gradient GEMM ops (opaque); the gradients are eager's. qkv_rope's
+    backward traces the RoPE backward as plain torch math (rope_backward uses its own compiled kernel
+    only when it runs, not while it is traced: test_rope_backward_not_fused_while_traced)."""
+    name, args, diff, shapes = case
+    fn, cot = _as_function(name, args, diff), _cot(_gen("cot", name), *shapes)
+    got, graphs = _compiled_grads(fn, _leaves(*[args[i] for i in diff]), cot)
+    want = _grads(fn, _leaves(*[args[i] for i in diff]), cot)
+    assert len(graphs) == 2, graphs
+    assert f"coda_ext.{name}.default" in graphs[0]
+    assert {"coda_ext.linear_dx.default", "coda_ext.weight_grad.default"} <= graphs[1], graphs[1]
+    _check(got, want, tuple(f"grad of argument {i}" for i in diff), rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", _op_cases(), ids=lambda c: c[0])
+def test_opcheck_with_gradients(reference_kernels, case):
+    """torch.library.opcheck with inputs that require grad: the autograd registration, and AOT autograd
+    (dynamic shapes) tracing forward and backward with the gradients of eager mode."""
+    name, args, diff, _ = case
+    args = list(args)
+    for i in diff:
+        args[i] = args[i].detach().clone().requires_grad_()
+    torch.library.opcheck(getattr(torch.ops.coda_ext, name).default, tuple(args),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+
+
+# --- the public functions: bf16, leading dimensions ----------------------------------------------------
+
+
+def _public_cases():
+    """(id, public function of the leaves, the fp32 reference of the leaves, leaves (bf16 but rstd),
+    cotangent shapes)."""
+    gen = _gen("public")
+    lead = (2, 5)
+    b = lambda *s, scale=1.0: _randn(gen, *s, dtype=BF16, scale=scale)
+    x, w, wgu, res, nw, rstd = b(*lead, K), b(N, K, scale=K ** -0.5), b(F2, K, scale=K ** -0.5), b(*lead, N), b(N), \
+        torch.rand(lead, generator=gen) + 0.5
+    nh, nkv = HEADS[128]
+    wq = b((nh + 2 * nkv) * 128, K, scale=K ** -0.5)
+    pos, freqs = torch.randint(0, 100_000, lead, generator=gen), ops.rope_frequencies(128, nh, nkv, theta=THETA)
+    return [
+        ("linear_residual_norm", ops.linear_residual_norm, residual_norm.reference, (x, w, res, nw),
+         ((*lead, N), (*lead, N), lead)),
+        ("rms_linear", lambda *a: ops.rms_linear(*a, activation="silu"),
+         lambda *a: rms_scale.reference(*a, "silu"), (x, w, rstd), ((*lead, N),)),
+        ("linear_swiglu", ops.linear_swiglu, lambda *a: swiglu.reference(*a)[0], (x, wgu, rstd), ((*lead, F2 // 2),)),
+        ("linear_swiglu_train", ops.linear_swiglu_train, swiglu.reference, (x, wgu, rstd),
+         ((*lead, F2 // 2), (*lead, F2))),
+        ("qkv_rope", lambda a, w_, r: ops.qkv_rope(a, w_, pos, freqs, nh, nkv, rstd=r),
+         lambda a, w_, r: qkv.reference(a, w_, pos, nh, nkv, theta=THETA, rstd=r), (x, wq, rstd),
+         ((*lead, wq.shape[0]),)),
+    ]
+
+
+@pytest.mark.parametrize("case", _public_cases(), ids=lambda c: c[0])
+def test_public_function_grads(reference_kernels, case):
+    """Through the public function (bf16, x (2, 5, K)): every input gets a gradient of its shape and
+    dtype, within bf16 rounding (the GEMM operands are rounded to bf16) of the fp32 gradient."""
+    name, fn, ref, inputs, shapes = case
+    gen = _gen("public-cot", name)
+    cot = [_randn(gen, *s) for s in shapes]
+    got = _grads(fn, _leaves(*inputs), cot)
+    want = _grads(ref, _leaves(*[t.float() for t in inputs]), cot)
+    for g, w, t in zip(got, want, inputs):
+        assert g.shape == t.shape and g.dtype == t.dtype, (name, g.shape, g.dtype, t.shape, t.dtype)
+        _close(g.float(), w, name, rtol=3e-2)
+
+
+def test_rope_backward_not_fused_while_traced():
+    """qkv_rope_backward runs its own compiled kernel for real CUDA tensors only: while traced (fake
+    tensors: torch.compile, AOT autograd, opcheck) it takes the plain math, which the tracing compiler
+    fuses itself (a compiled function cannot be traced)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from coda_ext.ops import rope_backward
+
+    real = torch.empty(3, 4)
+    assert not rope_backward._tracing(real)
+    with FakeTensorMode():
+        assert rope_backward._tracing(torch.empty(3, 4))
