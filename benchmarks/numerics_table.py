@@ -647,9 +647,9 @@ def _environment() -> dict:
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         env.update(gpu=p.name, sms=p.multi_processor_count)
-    try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True, timeout=10).stdout.strip()
+    try:   # CODA_COMMIT: set where the tree is a copy without its git history
+        env["commit"] = os.environ.get("CODA_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     return env

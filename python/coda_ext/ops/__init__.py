@@ -1,5 +1,5 @@
-"""Ready-made fused Transformer ops, each a torch custom op (torch.compile and CUDA graphs work),
-each written with coda_ext's public graph builder, each with its fp32 reference beside it.
+"""Ready-made fused Transformer ops, each a torch custom op (torch.compile and CUDA graphs work) with
+autograd, each written with coda_ext's public graph builder, each with its fp32 reference beside it.
 
     out, h, rstd = linear_residual_norm(x, W_o, residual, norm_weight)      # residual + RMSNorm stats
     y            = linear_swiglu(h, W_gate_up, rstd)                        # RMSNorm-scaled up-proj + SwiGLU
