@@ -44,17 +44,21 @@ class Epilogue:
 
     plain: the output is the accumulator (at most a cast): nothing to overlap, the mainloop decides;
     tile_load: the epilogue reads an M x N tile (its loads compete with the operands for DRAM and L2);
-    col_reduce: it reduces over M (per-tile partials of every column)."""
+    col_reduce: it reduces over M (per-tile partials of every column);
+    large_stages: the mainloop stages the epilogue's shared memory leaves the 128x256 configs."""
 
     plain: bool = False
     tile_load: bool = False
     col_reduce: bool = False
+    large_stages: int = 8
 
     @classmethod
     def of(cls, lowered: Any) -> "Epilogue":
+        from .codegen.constraints import mainloop_stages
+
         kinds = {n.kind for n in lowered.nodes}
-        return cls(plain=kinds <= {"accumulator", "output", "cast"}, tile_load="tile" in kinds,
-                   col_reduce="col_reduce" in kinds)
+        return cls(plain=kinds <= {"accumulator", "output", "cast"}, tile_load=bool(kinds & {"tile", "pair_tile"}),
+                   col_reduce="col_reduce" in kinds, large_stages=mainloop_stages(lowered, "bfloat16", LARGE))
 
 
 def _waves(tiles: int, sms: int) -> float:
@@ -78,7 +82,18 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       - N <= 16384: ping-pong 128x128 when K <= 4096; with a longer K loop the epilogue matters
         less than the mainloop, and cooperative 128x256 was faster (16384x4096x14336, one run:
         bias+SiLU 1.023x vs 1.067x, residual 1.002x vs 1.077x, SwiGLU 1.034x vs 1.081x);
-    - else one wave or so: cooperative 128x256."""
+    - else one wave or so: cooperative 128x256;
+    - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
+      128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
+      at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
+      with five; benchmarks/results/llama_training_h100.json, docs/measured.md)."""
+    choice = _by_shape(M, N, K, sms, epilogue)
+    if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
+        return PINGPONG
+    return choice
+
+
+def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue) -> KernelConfig:
     tiles_m = -(-M // 128)
     if tiles_m == 1:
         return SKINNY

@@ -66,9 +66,10 @@ def epilogue_tile(config: KernelConfig) -> tuple[int, int]:
     return (tm if config.schedule != "pingpong" else min(tm, 64), 32)
 
 
-def check_shared_memory(graph: ir.Graph, dtype: str, config: KernelConfig) -> None:
-    """Raises UnsupportedError if the epilogue's buffers leave the mainloop fewer than two stages."""
-    tm, tn, tk = config.tile
+def epilogue_buffers(graph: ir.Graph, dtype: str, config: KernelConfig) -> dict[str, int]:
+    """Bytes of the epilogue's shared-memory buffers at the fewest stages CUTLASS gives them: D's
+    staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores: 32-bit)."""
+    tm, tn, _ = config.tile
     em, en = epilogue_tile(config)
     subtiles = (tm // em) * (tn // en)
     stages_d, stages_c = min(subtiles, 2), min(subtiles, 4)
@@ -76,20 +77,50 @@ def check_shared_memory(graph: ir.Graph, dtype: str, config: KernelConfig) -> No
     parts = {"D staging": stages_d * sub * _BYTES[dtype]}
     for n in graph.nodes:
         if n.kind == "tile":
-            parts[f"tile {n.name!r}"] = stages_c * sub * _BYTES[n.attr("dtype")]
+            parts[f"tile {n.name!r}"] = stages_c * sub * _BYTES[n.attr("dtype") or dtype]
         elif n.kind == "store":
-            parts[f"store {n.name!r}"] = stages_d * sub * _BYTES[n.attr("dtype")]
+            parts[f"store {n.name!r}"] = stages_d * sub * _BYTES[n.attr("dtype") or dtype]
         elif n.kind == "pair_tile":   # 32-bit elements: two 16-bit values per column
             parts[f"pair tile {n.name!r}"] = stages_c * sub * 4
         elif n.kind == "pair_store":
             parts[f"pair store {n.name!r}"] = stages_d * sub * 4
+    return parts
+
+
+def mainloop_stages(graph: ir.Graph, dtype: str, config: KernelConfig) -> int:
+    """An upper bound of the mainloop pipeline stages left beside the epilogue's buffers."""
+    tm, tn, tk = config.tile
+    return (SMEM_BYTES - sum(epilogue_buffers(graph, dtype, config).values())) // ((tm + tn) * tk * _BYTES[dtype])
+
+
+def check_shared_memory(graph: ir.Graph, dtype: str, config: KernelConfig) -> None:
+    """Raises UnsupportedError if the epilogue's buffers leave the mainloop fewer than two stages."""
+    if mainloop_stages(graph, dtype, config) >= MIN_MAINLOOP_STAGES:
+        return
+    tm, tn, tk = config.tile
+    em, en = epilogue_tile(config)
+    parts = epilogue_buffers(graph, dtype, config)
     epilogue = sum(parts.values())
     stage = (tm + tn) * tk * _BYTES[dtype]
-    if (SMEM_BYTES - epilogue) // stage >= MIN_MAINLOOP_STAGES:
-        return
     listing = ", ".join(f"{k} {v // 1024} KB" for k, v in parts.items())
     raise UnsupportedError(
         f"the epilogue needs at least {epilogue // 1024} KB of shared memory ({listing}) with config {config.tag} "
         f"(epilogue subtile {em}x{en}), leaving the mainloop fewer than {MIN_MAINLOOP_STAGES} stages of "
         f"{stage // 1024} KB: use 16-bit tiles and stores instead of float32, fewer of them, a smaller epilogue tile "
         "or a smaller TILE_N")
+
+
+def check_column_partials(graph: ir.Graph, dtype: str, config: KernelConfig) -> None:
+    """A column reduction gathers its per-warp partials of a whole N tile (one fp32 row per warp) in the
+    staging buffer of one epilogue subtile: refuse an epilogue tile too small for that (csrc
+    column_partials.hpp would stop nvcc with a static_assert)."""
+    if not graph.find("col_reduce"):
+        return
+    em, en = epilogue_tile(config)
+    warps = 4 if config.schedule == "pingpong" else 8
+    need = 4 * warps * config.tile[1]
+    if em * en * _BYTES[dtype] < need:
+        raise UnsupportedError(
+            f"a column reduction needs an epilogue subtile of at least {need} bytes ({warps} warps x TILE_N "
+            f"{config.tile[1]} fp32 partials) with config {config.tag}; the subtile {em}x{en} has "
+            f"{em * en * _BYTES[dtype]}: use a larger epilogue tile (or None for CUTLASS's choice) or a smaller TILE_N")

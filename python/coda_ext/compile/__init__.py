@@ -9,7 +9,7 @@ import os
 from typing import Any, Iterable
 
 from ..codegen import emit
-from ..codegen.constraints import check_shared_memory, fit_config
+from ..codegen.constraints import check_column_partials, check_shared_memory, fit_config
 from ..config import DEFAULT_CONFIG, KernelConfig
 from ..graph import ir
 from ..graph.builder import dtype_name
@@ -52,6 +52,7 @@ def kernel_source(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | No
     lowered = lower(g, d)
     cfg = fit_config(lowered, config or DEFAULT_CONFIG)
     check_shared_memory(lowered, d, cfg)
+    check_column_partials(lowered, d, cfg)
     return KernelSource(g, lowered, d, cfg, emit(lowered, d, cfg))
 
 
