@@ -86,7 +86,7 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
-      with five; benchmarks/results/llama_training_h100.json, docs/measured.md)."""
+      with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md)."""
     choice = _by_shape(M, N, K, sms, epilogue)
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG

@@ -110,3 +110,30 @@ def test_merge_refuses_parts_that_do_not_belong_together(tmp_path, monkeypatch, 
     b.write_text(json.dumps(other))
     with pytest.raises(SystemExit):
         bench_graphs.main(["--merge", str(a), str(b), "--out", str(tmp_path / "x.json")])
+
+
+def test_training_benchmark_plans_its_kernels_and_reports_goals():
+    """bench_llama_training: every kernel the coda variants launch emits (no nvcc), and the goal lines
+    read a results row (no GPU)."""
+    import bench_llama_training as blt
+    import norm_backward_configs
+
+    import coda_ext as ce
+
+    items = blt.build_items() + norm_backward_configs.build_items()
+    assert len(items) >= 10
+    for graph, dtype, config in items:
+        ce.kernel_source(graph, dtype, config)
+    variant = {"step_ms": 30.0, "non_attention_ms": 19.0, "non_attention_over_floor": 1.24, "peak_gb": 3.8,
+               "peak_without_grads_gb": 3.5}
+    row = {"case": "layer-1b", "variants": {"coda": variant, "torch.compile": dict(variant, step_ms=28.0)},
+           "coda_breakdown": [{"kernel": "linear_dx (o.dx)", "ms": 0.36, "gemm_ms": 0.39, "ratio": 0.92},
+                              {"kernel": "qkv_rope_backward (-)", "ms": 0.99, "gemm_ms": None, "ratio": None}]}
+    lm = {"case": "lm-head", "variants": {"coda": {"step_ms": 50.0, "over_floor": 1.27, "peak_gb": 1.6,
+                                                   "peak_without_grads_gb": -0.1},
+                                          "torch.compile": {"step_ms": 38.6, "over_floor": 1.0, "peak_gb": 3.2,
+                                                            "peak_without_grads_gb": 2.1}}}
+    lines = blt.goals([row, lm])
+    assert "1.240x its GEMM floor" in lines[0] and "missed" in lines[0]
+    assert "0.920x its cuBLAS GEMM" in lines[1] and "no GEMM" in lines[2]
+    assert "missed or unmeasured" in lines[3]     # a negative peak is not a measurement
