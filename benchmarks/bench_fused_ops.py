@@ -151,17 +151,9 @@ def _variants(op, model, M, N, K, with_compile, with_liger):
 
 
 def _peak_memory(fn) -> float:
-    import torch
+    import harness
 
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn(0)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del out
-    return peak / 1e9
+    return harness.peak_memory_gb(fn)[0]
 
 
 def run(selected, reps):

@@ -198,26 +198,6 @@ def step_fn(module_call, inputs, params):
     return fn
 
 
-def peak_gb(fn) -> tuple[float, float]:
-    """(peak, peak without the gradients the step returns), GB allocated during one step above
-    what was allocated before it."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn(0)
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    grads = sum(t.numel() * t.element_size() for t in out if t is not None)
-    del out
-    return peak / 1e9, (peak - grads) / 1e9
-
-
 def gemm_floor_fns(s: Shape, device, dtype) -> dict:
     """The bare cuBLAS GEMMs of one layer's linears: forward, dX and dW of each."""
     import torch
@@ -343,7 +323,8 @@ def run_layer(name: str, s: Shape, reps: int, variants_wanted) -> dict:
             "non_attention_over_floor": statistics.median(ratios),
             "ratio_iqr": [ratios[len(ratios) // 4], ratios[-len(ratios) // 4 - 1]],
         }
-        row["variants"][v]["peak_gb"], row["variants"][v]["peak_without_grads_gb"] = peak_gb(variants[v])
+        peak = harness.peak_memory_gb(variants[v])
+        row["variants"][v]["peak_gb"], row["variants"][v]["peak_without_grads_gb"] = peak
     return row
 
 
@@ -404,7 +385,8 @@ def run_lm_head(reps: int, variants_wanted, chunk_note: str = "") -> dict:
         ratios = sorted(t / f for t, f in zip(times[v], floor_rounds))
         row["variants"][v] = {"step_ms": med[v], "over_floor": statistics.median(ratios),
                               "ratio_iqr": [ratios[len(ratios) // 4], ratios[-len(ratios) // 4 - 1]]}
-        row["variants"][v]["peak_gb"], row["variants"][v]["peak_without_grads_gb"] = peak_gb(variants[v])
+        peak = harness.peak_memory_gb(variants[v])
+        row["variants"][v]["peak_gb"], row["variants"][v]["peak_without_grads_gb"] = peak
     return row
 
 

@@ -101,3 +101,24 @@ def summarize(times: dict[str, list[float]], baseline: str) -> dict:
         out[name] = {"median_ms": statistics.median(ts), "median_ratio_to_cublas": statistics.median(ratios),
                      "ratio_iqr": [ratios[q], ratios[-q - 1]], "min_ms": min(ts)}
     return out
+
+
+def peak_memory_gb(fn) -> tuple[float, float]:
+    """(peak, peak without what fn returns): GB allocated during fn(0) above what was allocated
+    before it (fn's result is a tensor or a tuple of tensors, e.g. the gradients a step returns)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(0)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    returned = sum(t.numel() * t.element_size() for t in outs if isinstance(t, torch.Tensor))
+    del out, outs
+    return peak / 1e9, (peak - returned) / 1e9

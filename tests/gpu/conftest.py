@@ -37,3 +37,12 @@ def compiled_ops():
     ops.update({(name, dtype, cfg.tag): ce.compile(cases.CASES[name][0](), dtype, cfg)
                 for name, dtype, cfg in cases.config_cases()})
     return ops
+
+
+@pytest.fixture
+def report(capsys):
+    """report(line): prints a line past pytest's capture (the measured errors go to the log)."""
+    def emit(line: str) -> None:
+        with capsys.disabled():
+            print(line)
+    return emit

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import coda_ext as ce
 from coda_ext import ops, tuning
-from coda_ext.ops import linear_grad, lm_head_ce, norm_backward, rope_backward, swiglu_backward
+from coda_ext.ops import linear_grad, lm_head_ce, norm_backward, swiglu_backward
 from coda_ext.runtime.tuned import TunedOp
 from test_ops_gpu import max_err, nan_memory
 
@@ -183,13 +183,6 @@ def _check(label, got, ref, base, report):
         report(f"{label}[{i}]: max_err={err:.3e} torch_dtype_err={err_torch:.3e}")
         assert err <= 2 * err_torch + floor, f"{label}[{i}]: {err:.3e} > 2 x {err_torch:.3e} + {floor:.1e}"
 
-
-@pytest.fixture
-def report(capsys):
-    def emit(line: str) -> None:
-        with capsys.disabled():
-            print(line)
-    return emit
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{'x'.join(map(str, c[2]))}-{c[3]}")

@@ -46,13 +46,6 @@ def kernels():
     ce.prebuild(items, jobs=os.cpu_count())
 
 
-@pytest.fixture
-def report(capsys):
-    def emit(line: str) -> None:
-        with capsys.disabled():
-            print(line)
-    return emit
-
 
 def randomize(module: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Random weights (norms away from 1), rounded to bf16 so every model starts from the same values."""

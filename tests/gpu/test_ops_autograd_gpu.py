@@ -80,13 +80,6 @@ def kernels():
     ce.prebuild(build_items(), jobs=os.cpu_count())
 
 
-@pytest.fixture
-def report(capsys):
-    def emit(line: str) -> None:
-        with capsys.disabled():
-            print(line)
-    return emit
-
 
 # --- the cases: inputs, the op, its fp32 reference, the same math in bf16 ----------------------------
 

@@ -42,13 +42,6 @@ def kernels():
     ce.prebuild(ops_cases.build_items(), jobs=os.cpu_count())
 
 
-@pytest.fixture
-def report(capsys):
-    def emit(line: str) -> None:
-        with capsys.disabled():
-            print(line)
-    return emit
-
 
 @contextlib.contextmanager
 def nan_memory(nbytes: int = 1 << 30):
