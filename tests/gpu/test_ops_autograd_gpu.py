@@ -235,15 +235,33 @@ def test_opcheck_with_gradients(name):
         torch.library.opcheck(overload, tuple(args), test_utils=utils + ("test_aot_dispatch_dynamic",))
 
 
-def test_qkv_rope_qk_norm_backward_raises():
-    """With QK-norm the forward runs (also with inputs that require grad); asking for a gradient raises
-    NotImplementedError that names the limitation."""
-    case = Case("qkv_rope", (2, 77))
+@pytest.mark.parametrize("lead", LEADS, ids=lambda lead: "x".join(map(str, lead)))
+def test_qkv_rope_qk_norm_gradients(lead, report):
+    """QK-norm (per-head RMSNorm of Q and K before RoPE): gradients of x, the weight, rstd and both norm
+    weights against the fp32 reference, within the DESIGN.md rule against PyTorch in bf16."""
+    case = Case("qkv_rope", lead)
     gen = torch.Generator(device=DEVICE).manual_seed(7)
-    qw, kw = (torch.randn(HD, generator=gen, device=DEVICE).to(BF16) for _ in range(2))
-    x, w, rstd = (t.detach().clone().requires_grad_() for t in case.inputs)
-    out = ops.qkv_rope(x, w, case.pos, case.freqs, NH, NKV, rstd=rstd, q_norm_weight=qw, k_norm_weight=kw)
+    qw, kw = ((torch.randn(HD, generator=gen, device=DEVICE) * 0.5 + 1.0).to(BF16) for _ in range(2))
+    rstd = torch.rand(lead, generator=gen, device=DEVICE) + 0.5
+    x, w = case.inputs[:2]
+    pos, freqs = case.pos, case.freqs
+
+    def fused(xx, ww, q, k, rr):
+        return ops.qkv_rope(xx, ww, pos, freqs, NH, NKV, rstd=rr, q_norm_weight=q, k_norm_weight=k, eps=EPS)
+
+    def ref(xx, ww, q, k, rr):
+        return qkv.reference(xx, ww, pos, NH, NKV, theta=THETA, rstd=rr, q_norm_weight=q, k_norm_weight=k, eps=EPS)
+
+    def in_bf16(xx, ww, q, k, rr):
+        return _qkv_in_dtype(F.linear(xx, ww), pos, freqs, NH, NKV, rstd=rr, q_norm_weight=q, k_norm_weight=k,
+                             eps=EPS)
+
+    inputs = [x, w, qw, kw, rstd]
+    cot = [torch.randn(*lead, w.shape[0], generator=gen, device=DEVICE).to(BF16).float()]
+    grads(fused, inputs, cot)
+    with nan_memory():
+        got = grads(fused, inputs, cot)
     torch.cuda.synchronize()
-    assert out.requires_grad and not torch.isnan(out).any()
-    with pytest.raises(NotImplementedError, match=r"qkv_rope: the backward pass with QK-norm .* is not implemented"):
-        out.float().sum().backward()
+    want = grads(ref, [t.float() for t in inputs[:4]] + [rstd], cot)
+    base = grads(in_bf16, inputs, cot)
+    check(f"qkv_rope QK-norm {'x'.join(map(str, lead))}", got, want, base, inputs, report)

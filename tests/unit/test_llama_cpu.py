@@ -2,7 +2,7 @@
 reference): against a plain PyTorch Llama written here with Hugging Face's conventions
 (rotate-half RoPE, separate q/k/v and gate/up weights), in fp32. Outputs, the loss and the gradient
 of every parameter and of the input match; state_dict() and load_state_dict() speak Hugging Face's
-names and layouts; checkpointing, torch.compile (aot_eager) and a few dozen optimizer steps work;
+names and layouts; checkpointing, torch.compile (aot_eager) and 300 optimizer steps work;
 the training demo's CPU smoke run passes.
 """
 from __future__ import annotations
@@ -400,14 +400,15 @@ def test_torch_compile_fullgraph():
 
 
 def test_optimizer_steps_track_the_reference():
-    """30 AdamW steps on the demo's learnable task: the two loss curves agree step by step."""
+    """300 AdamW steps on the demo's learnable task: the two loss curves agree step by step (fp32: the
+    fused model's autograd wiring on the op references against a plain PyTorch Llama)."""
     from coda_ext.train_demo import make_batches
 
     ref = randomize(RefLM(CFG), seed=7)
     coda = coda_from(ref)
     opts = [torch.optim.AdamW(m.parameters(), lr=3e-3) for m in (ref, coda)]
     curves = ([], [])
-    for ids in make_batches(30, B, S, CFG.vocab_size, seed=8):
+    for ids in make_batches(300, B, S, CFG.vocab_size, seed=8):
         for model, opt, curve in zip((ref, coda), opts, curves):
             out = model(ids, ids)
             loss = out if isinstance(out, torch.Tensor) else out.loss
@@ -415,7 +416,7 @@ def test_optimizer_steps_track_the_reference():
             opt.step()
             opt.zero_grad()
             curve.append(loss.item())
-        assert abs(curves[0][-1] - curves[1][-1]) <= 1e-4 * abs(curves[0][-1]), curves
+        assert abs(curves[0][-1] - curves[1][-1]) <= 1e-3 * abs(curves[0][-1]), (len(curves[0]), curves[0][-1], curves[1][-1])
     assert curves[1][-1] < curves[1][0] - 1.0, curves[1]   # it learns
 
 

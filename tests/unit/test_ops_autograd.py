@@ -223,23 +223,29 @@ def test_qkv_rope_grads(reference_kernels, head_dim, scaled):
     _check(got, want, ("dx", "dweight", "drstd")[:3 if scaled else 2])
 
 
-def test_qkv_rope_qk_norm_backward_raises(reference_kernels):
-    """With QK-norm the forward runs, and so does a backward that asks for no gradient of it; asking
-    for one raises NotImplementedError naming the limitation."""
-    gen = _gen("qkv-qknorm")
-    x, w, pos, freqs, nh, nkv = _qkv_inputs(gen, 64, dtype=BF16)
-    qw, kw = _randn(gen, 64, dtype=BF16), _randn(gen, 64, dtype=BF16)
-    with torch.no_grad():
-        ops.qkv_rope(x, w, pos, freqs, nh, nkv, q_norm_weight=qw, k_norm_weight=kw)
-    other = _leaves(_randn(gen, M, w.shape[0], dtype=BF16))[0]
-    out = ops.qkv_rope(x, w, pos, freqs, nh, nkv, q_norm_weight=qw, k_norm_weight=kw)  # nothing requires grad
-    assert not out.requires_grad
-    (out.float() * other).sum().backward()
-    assert other.grad is not None
-    x.requires_grad_()
-    out = ops.qkv_rope(x, w, pos, freqs, nh, nkv, q_norm_weight=qw, k_norm_weight=kw)
-    with pytest.raises(NotImplementedError, match=r"qkv_rope: the backward pass with QK-norm .* is not implemented"):
-        out.float().sum().backward()
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "rstd"])
+def test_qkv_rope_qk_norm_grads(reference_kernels, scaled):
+    """QK-norm: gradients of x, the weight, rstd and both norm weights (through qk_norm_vectors)
+    against torch autograd of the fp32 reference."""
+    gen = _gen("qkv-qknorm", scaled)
+    x, w, pos, freqs, nh, nkv = _qkv_inputs(gen, 64)
+    rstd = _rstd(gen) if scaled else None
+    qw, kw = _randn(gen, 64) + 1.0, _randn(gen, 64) + 1.0
+    cot = _cot(gen, (M, w.shape[0]))
+    pos32 = pos.to(F32)
+
+    def op(x_, w_, qw_, kw_, r_=None):
+        a, b = qkv.qk_norm_vectors(qw_, kw_, nh, nkv)
+        return torch.ops.coda_ext.qkv_rope(x_, w_, pos32, freqs, r_, a, b, nh, nkv, EPS)
+
+    def ref(x_, w_, qw_, kw_, r_=None):
+        return qkv.reference(x_, w_, pos, nh, nkv, theta=THETA, rstd=r_, q_norm_weight=qw_, k_norm_weight=kw_,
+                             eps=EPS)
+
+    leaves = (x, w, qw, kw) + ((rstd,) if scaled else ())
+    got = _grads(op, _leaves(*leaves), cot)
+    want = _grads(ref, _leaves(*leaves), cot)
+    _check(got, want, ("dx", "dweight", "dq_norm", "dk_norm", "drstd")[:len(leaves)])
 
 
 # --- what backward is asked for: only the inputs that need a gradient --------------------------------

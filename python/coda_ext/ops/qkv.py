@@ -19,7 +19,9 @@ rotation being orthogonal), then
     dacc = [rstd ·] dz rounded to x's dtype,   drstd = zdz / rstd
     dx = dacc @ weight (coda_ext::linear_dx),  dweight = daccᵀ @ x (coda_ext::weight_grad)
 
-With QK-norm the backward pass is not implemented: it raises NotImplementedError.
+With QK-norm the per-head RMSNorm is differentiated in between (element-wise, on z recomputed by one
+plain GEMM): see _qk_norm_backward; q_norm_weight and k_norm_weight get their gradients through the
+(norm_a, norm_b) vectors qk_norm_vectors builds from them.
 """
 from __future__ import annotations
 
@@ -120,21 +122,20 @@ def _fake(x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, positions, freqs, rstd, norm_a, _, n_heads, n_kv_heads, _ = inputs
+    x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads, eps = inputs
     ctx.qk_norm = norm_a is not None
-    ctx.heads = (n_heads, n_kv_heads)
-    ctx.save_for_backward(x, weight, positions, freqs, rstd, output)
+    ctx.heads, ctx.eps = (n_heads, n_kv_heads), eps
+    ctx.save_for_backward(x, weight, positions, freqs, rstd, output, norm_a, norm_b)
 
 
 def _backward(ctx, dqkv):
+    x, weight, positions, freqs, rstd, qkv, norm_a, norm_b = ctx.saved_tensors
+    need_x, need_w, _, _, need_rstd, need_a, need_b = ctx.needs_input_grad[:7]
+    dz, zdz = qkv_rope_backward(dqkv, qkv, positions, freqs, *ctx.heads)   # RoPE rotated back
+    da = db = None
     if ctx.qk_norm:
-        raise NotImplementedError(
-            f"{NAME}: the backward pass with QK-norm (q_norm_weight, k_norm_weight) is not implemented: only "
-            "qkv_rope without QK-norm has autograd. Call it under torch.no_grad() for inference; to train a model "
-            "with QK-norm, compute the QK-norm and RoPE in PyTorch after the projection")
-    x, weight, positions, freqs, rstd, qkv = ctx.saved_tensors
-    need_x, need_w, _, _, need_rstd = ctx.needs_input_grad[:5]
-    dz, zdz = qkv_rope_backward(dqkv, qkv, positions, freqs, *ctx.heads)
+        dz, zdz, da, db = _qk_norm_backward(dz, x, weight, rstd, norm_a, norm_b, ctx.eps, sum(ctx.heads) +
+                                            ctx.heads[1], need_a, need_b)
     drstd = zdz / rstd.float() if rstd is not None and need_rstd else None
     dx = dweight = None
     if need_x or need_w:
@@ -143,7 +144,29 @@ def _backward(ctx, dqkv):
             dx = torch.ops.coda_ext.linear_dx(dacc, weight.contiguous())
         if need_w:
             dweight = torch.ops.coda_ext.weight_grad(dacc, x.contiguous(), None)
-    return dx, dweight, None, None, drstd, None, None, None, None, None
+    return dx, dweight, None, None, drstd, da, db, None, None, None
+
+
+def _qk_norm_backward(dy, x, weight, rstd, norm_a, norm_b, eps, n_segments, need_a, need_b):
+    """The per-head RMSNorm of the QK-norm variant, backward: the epilogue computed, per head segment h,
+    y = z·(b·s_h + a) with s_h = rsqrt(mean_h(z²) + eps) (a = 0, b = γ on Q and K; a = 1, b = 0 on V).
+    z = [rstd ⊙row] x @ Wᵀ is recomputed (one plain cuBLAS GEMM); from dy = dL/dy:
+    dz = dy·(b·s + a) − (s³/hd)·z·Σ_h(dy·z·b),  da = Σ_rows dy·z,  db = Σ_rows dy·z·s.
+    Returns (dz, zdz = Σ_n z·dz per row, da, db)."""
+    hd = weight.shape[0] // n_segments
+    z = torch.nn.functional.linear(x, weight).float()
+    if rstd is not None:
+        z = z * rstd.float()[:, None]
+    M, N = z.shape
+    zs = z.view(M, N // hd, hd)
+    s = torch.rsqrt(zs.pow(2).mean(-1, keepdim=True) + eps)
+    a, b = norm_a.float().view(N // hd, hd), norm_b.float().view(N // hd, hd)
+    d = dy.float().view(M, N // hd, hd)
+    dz = d * (b * s + a) - (s.pow(3) / hd) * zs * (d * zs * b).sum(-1, keepdim=True)
+    da = (d * zs).sum(0).reshape(N) if need_a else None
+    db = (d * zs * s).sum(0).reshape(N) if need_b else None
+    dz = dz.reshape(M, N)
+    return dz, (z * dz).sum(-1), da, db
 
 
 _op.register_autograd(_backward, setup_context=_setup_context)
