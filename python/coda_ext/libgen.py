@@ -164,6 +164,8 @@ def _slot_comment(name: str, kind: str, dtype: str | None) -> str:
         "tile": "(M, N) tile, ptr + ld", "store": "(M, N) output tile, ptr + ld",
         "row_vector": "length-N vector, ptr", "col_vector": "length-M vector, ptr",
         "pair_gated_store": "(M, N/2) output, ptr + ld", "row_reduce": "length-M fp32 output, ptr",
+        "pair_tile": "(M, 2N) tile of 16-bit pairs, ptr + ld in pairs", "pair_store": "(M, 2N) output of pairs, "
+        "ptr + ld in pairs",
         "col_reduce": "length-N fp32 output, ptr", "scalar": "runtime float, value",
     }.get(kind, kind)
     shown = {"bfloat16": "the operands' dtype", "float16": "the operands' dtype"}.get(dtype or "", dtype)

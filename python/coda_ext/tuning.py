@@ -115,8 +115,9 @@ def m_bucket(M: int) -> int:
     return min(max(64, 1 << max(0, M - 1).bit_length()), 16384)
 
 
-def memory_key(digest: str, dtype: str, N: int, K: int, M: int, gpu: str) -> str:
-    return f"{digest}|{dtype}|N={N}|K={K}|M<={m_bucket(M)}|{gpu}"
+def memory_key(digest: str, dtype: str, N: int, K: int, M: int, gpu: str, major: str = "kk") -> str:
+    layout = "" if major == "kk" else f"|{major}"      # each operand layout remembers its own choice
+    return f"{digest}|{dtype}|N={N}|K={K}|M<={m_bucket(M)}|{gpu}{layout}"
 
 
 def config_by_tag(tag: str, candidates: tuple[KernelConfig, ...]) -> KernelConfig | None:

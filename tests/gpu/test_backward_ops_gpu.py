@@ -34,7 +34,8 @@ def _cases():
     out = []
     for model, (d, f) in MODELS.items():
         for lead in LEADS:
-            for op in ("linear_dx", "weight_grad", "weight_grad_acc", "linear_residual", "norm_backward",
+            for op in ("linear_dx", "weight_grad", "weight_grad_acc", "weight_grad_scaled", "linear_residual",
+                       "norm_backward",
                        "norm_backward_acc", "swiglu_backward"):
                 out.append((op, model, lead, "bfloat16"))
         out += [(op, model, (333,), "float16") for op in ("linear_dx", "weight_grad", "norm_backward_acc",
@@ -51,6 +52,7 @@ def _gemm(op: str, d: int, f: int, tokens: int) -> tuple:
         "linear_dx": ((False,), "kn", (tokens, f, d)),          # dz (M, d) @ W_down (d, f)
         "weight_grad": ((False,), "mn", (d, f, tokens)),        # dzᵀ (d, M) @ x (M, f)
         "weight_grad_acc": ((True,), "mn", (d, f, tokens)),
+        "weight_grad_scaled": ((True, True), "mn", (d, f, tokens)),   # scale · dzᵀ @ x + accumulate
         "linear_residual": ((True,), "kk", (tokens, d, f)),
         "norm_backward": ((False,), "kn", (tokens, d, 3 * d)),  # dz (M, 3d) @ W (3d, d): a QKV-like consumer
         "norm_backward_acc": ((True,), "kn", (tokens, d, 2 * f)),
@@ -59,6 +61,7 @@ def _gemm(op: str, d: int, f: int, tokens: int) -> tuple:
 
 
 _MODULE = {"linear_dx": linear_grad, "weight_grad": linear_grad, "weight_grad_acc": linear_grad,
+           "weight_grad_scaled": linear_grad,
            "linear_residual": linear_grad, "norm_backward": norm_backward, "norm_backward_acc": norm_backward,
            "swiglu_backward": swiglu_backward}
 
@@ -113,8 +116,8 @@ def _inputs(op, model, lead, dtype):
     if op == "linear_dx":
         return (r(*lead, d), r(d, f, scale=f ** -0.5))
     if op.startswith("weight_grad"):
-        acc = r(d, f, scale=0.1) if op.endswith("acc") else None
-        return (r(*lead, d, scale=0.3), r(*lead, f), acc)
+        acc = r(d, f, scale=0.1) if op != "weight_grad" else None
+        return (r(*lead, d, scale=0.3), r(*lead, f), acc) + ((0.375,) if op.endswith("scaled") else ())
     if op == "linear_residual":
         return (r(*lead, f), r(d, f, scale=f ** -0.5), r(*lead, d))
     if op.startswith("norm_backward"):
@@ -127,6 +130,7 @@ def _inputs(op, model, lead, dtype):
 
 def _run(op, args):
     fn = {"linear_dx": ops.linear_dx, "weight_grad": ops.weight_grad, "weight_grad_acc": ops.weight_grad,
+          "weight_grad_scaled": ops.weight_grad,
           "linear_residual": ops.linear_residual, "norm_backward": ops.rms_norm_backward_linear,
           "norm_backward_acc": ops.rms_norm_backward_linear, "swiglu_backward": ops.swiglu_backward_linear}[op]
     out = fn(*args)
@@ -150,8 +154,10 @@ def _in_dtype(op, args):
     if op == "linear_dx":
         return (args[0] @ args[1],)
     if op.startswith("weight_grad"):
-        dz, x, acc = args
+        dz, x, acc = args[:3]
         out = dz.reshape(-1, dz.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        if len(args) > 3:
+            out = out * args[3]
         return (out if acc is None else out + acc,)
     if op == "linear_residual":
         return (F.linear(args[0], args[1]) + args[2],)

@@ -69,7 +69,7 @@ KERNELS = {
     "linear_swiglu_train": _swiglu_train_kernel,
     "qkv_rope": _qkv_rope_kernel,
     "linear_dx": lambda dz, w: linear_grad.reference_linear_dx(dz, w).to(dz.dtype),
-    "weight_grad": lambda dz, x, acc: linear_grad.reference_weight_grad(dz, x, acc).to(dz.dtype),
+    "weight_grad": lambda dz, x, acc, scale=None: linear_grad.reference_weight_grad(dz, x, acc, scale).to(dz.dtype),
 }
 
 

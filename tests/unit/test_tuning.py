@@ -196,3 +196,23 @@ def test_column_reduction_with_a_too_small_epilogue_tile_is_refused_before_nvcc(
     with pytest.raises(ce.UnsupportedError, match="column reduction needs an epilogue subtile"):
         ce.emit_source(g, "bfloat16", cfg)
     ce.emit_source(g, "bfloat16", dataclasses.replace(cfg, epilogue_tile=(128, 32)))
+
+
+def test_auto_op_of_a_graph_that_only_smaller_tiles_fit():
+    """Regression: the "auto" op built its interface from the first candidate (cooperative 128x256) and so
+    refused a graph with heavy epilogue buffers that the other candidates fit."""
+    g = ce.Graph()
+    acc = g.accumulator()
+    e, o = g.pair_tile("z")
+    g.output(acc * e + o)
+    g.store_pairs("dz", acc, o)
+    g.store_pairs("dh", o, acc)
+    op = TunedOp(g, "bfloat16", tune=False)
+    assert set(op.input_names) == {"z"} and op.config_for(16384, 4096, 4096).tile != (128, 256, 64)
+
+
+def test_tuning_memory_keeps_operand_layouts_apart():
+    assert tuning.memory_key("d", "bfloat16", 8, 8, 8, "H100") != tuning.memory_key("d", "bfloat16", 8, 8, 8, "H100",
+                                                                                      "mn")
+    assert tuning.memory_key("d", "bfloat16", 8, 8, 8, "H100") == tuning.memory_key("d", "bfloat16", 8, 8, 8, "H100",
+                                                                                      "kk")

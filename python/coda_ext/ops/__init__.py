@@ -12,7 +12,7 @@ RMSNorm and SwiGLU backward run in the dX GEMMs' epilogues:
     dz, zdz        = qkv_rope_backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads)
     dx, n, dgamma  = rms_norm_backward_linear(dz, W, x, rstd, norm_weight, zdz, dx_in)
     dz, y, zdz     = swiglu_backward_linear(dy, W_down, z)
-    dx = linear_dx(dz, W);   dW = weight_grad(dz, x, accumulate=None)
+    dx = linear_dx(dz, W);   dW = weight_grad(dz, x, accumulate=None, scale=None)
 """
 from . import (lm_head_ce, linear_grad, norm_backward, norm_input, qkv, residual_norm, rms_scale, rope_backward,
                swiglu, swiglu_backward)

@@ -2,7 +2,7 @@
 
     linear_residual(x, W, residual) = x @ Wᵀ + residual        (a down/output projection)
     linear_dx(dz, W)                = dz @ W                    (the dX GEMM: W read as stored, (N, K))
-    weight_grad(dz, x, accumulate)  = dzᵀ @ x [+ accumulate]    (the weight gradient, (N, K))
+    weight_grad(dz, x, accumulate, scale) = [scale ·] dzᵀ @ x [+ accumulate]   (the weight gradient, (N, K))
 
 The backward GEMMs take transposed views (W.t(), dz.t(), x.t()) of the stored tensors: the
 kernels are built for those layouts (coda_ext.config.MAJORS), so nothing is copied.
@@ -20,10 +20,13 @@ from . import common
 NAME = "linear_grad"
 
 
-def graph(residual: bool) -> ce.Graph:
-    """acc (+ a tile): linear_residual, linear_dx and weight_grad (with accumulate) in one graph family."""
+def graph(residual: bool, scaled: bool = False) -> ce.Graph:
+    """[scale ·] acc (+ a tile): linear_residual, linear_dx and weight_grad (scaled, with accumulate) in
+    one graph family."""
     g = ce.Graph()
     acc = g.accumulator()
+    if scaled:
+        acc = acc * g.scalar("scale")
     g.output(acc + g.tile("residual") if residual else acc)
     return g
 
@@ -38,18 +41,24 @@ def reference_linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return dz.float() @ weight.float()
 
 
-def reference_weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor] = None) -> torch.Tensor:
+def reference_weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor] = None,
+                          scale: Optional[float] = None) -> torch.Tensor:
     """fp32 reference of weight_grad (leading dimensions of dz and x are the summed rows)."""
     out = common.rows(dz).float().t() @ common.rows(x).float()
+    if scale is not None:
+        out = out * scale
     return out if accumulate is None else out + accumulate.float()
 
 
 reference = reference_linear_residual
 
 
-def _run(A, B, tile, major):
-    op = common.graph_op(graph, common.dtype_name(A.dtype), "auto", tile is not None, major=major)
-    return op.run(A, B, {} if tile is None else {"residual": tile}, {}).out
+def _run(A, B, tile, major, scale=None):
+    op = common.graph_op(graph, common.dtype_name(A.dtype), "auto", tile is not None, scale is not None, major=major)
+    inputs = {} if tile is None else {"residual": tile}
+    if scale is not None:
+        inputs["scale"] = float(scale)
+    return op.run(A, B, inputs, {}).out
 
 
 @torch.library.custom_op("coda_ext::linear_residual", mutates_args=())
@@ -73,12 +82,13 @@ def _fake_dx(dz, weight):
 
 
 @torch.library.custom_op("coda_ext::weight_grad", mutates_args=())
-def _op_wgrad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor]) -> torch.Tensor:
-    return _run(dz.t(), x.t(), accumulate, "mn")
+def _op_wgrad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor],
+              scale: Optional[float] = None) -> torch.Tensor:
+    return _run(dz.t(), x.t(), accumulate, "mn", scale)
 
 
 @_op_wgrad.register_fake
-def _fake_wgrad(dz, x, accumulate):
+def _fake_wgrad(dz, x, accumulate, scale=None):
     return dz.new_empty(dz.shape[1], x.shape[1])
 
 
@@ -98,10 +108,12 @@ def linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.coda_ext.linear_dx(common.rows(dz), weight).reshape(*lead, weight.shape[1])
 
 
-def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """dzᵀ @ x (N, K) in dz's dtype, summed over every leading row of dz (..., N) and x (..., K): the
-    weight gradient of x @ Wᵀ (fp32 accumulation, one rounding). accumulate (N, K): a gradient to add
-    (gradient accumulation), read in the epilogue."""
+def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor] = None,
+                scale: Optional[float] = None) -> torch.Tensor:
+    """[scale ·] dzᵀ @ x (N, K) in dz's dtype, summed over every leading row of dz (..., N) and x (..., K):
+    the weight gradient of x @ Wᵀ (fp32 accumulation, one rounding). scale: a Python number applied to
+    the fp32 product in the epilogue (a loss scale, 1/accumulation steps); accumulate (N, K): a gradient
+    to add (gradient accumulation), read in the epilogue."""
     op = "weight_grad"
     for name, t in (("dz", dz), ("x", x)):
         if not isinstance(t, torch.Tensor):
@@ -123,7 +135,9 @@ def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Te
     if not dz2.is_contiguous() or not x2.is_contiguous():
         raise ValueError(f"{op}: dz and x must be contiguous (each is read transposed, along its rows); "
                          "call .contiguous()")
-    return torch.ops.coda_ext.weight_grad(dz2, x2, accumulate)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"{op}: scale must be a Python number, got {type(scale).__name__}")
+    return torch.ops.coda_ext.weight_grad(dz2, x2, accumulate, None if scale is None else float(scale))
 
 
 def _check_pair(op: str, a: torch.Tensor, a_name: str, w: torch.Tensor, w_name: str, dim: int) -> None:
@@ -144,4 +158,4 @@ def _check_pair(op: str, a: torch.Tensor, a_name: str, w: torch.Tensor, w_name: 
 
 
 BUILDS = [(graph, (True,), "kk"), (graph, (False,), "kn"), (graph, (True,), "kn"), (graph, (False,), "mn"),
-          (graph, (True,), "mn")]
+          (graph, (True,), "mn"), (graph, (False, True), "mn"), (graph, (True, True), "mn")]

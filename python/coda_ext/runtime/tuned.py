@@ -11,6 +11,7 @@ import torch
 from .. import tuning
 from ..compile import build_kernels, kernel_source
 from ..config import KernelConfig
+from ..errors import UnsupportedError
 from ..graph.interpret import Outputs
 from . import checks
 from .interface import GraphOp
@@ -26,7 +27,7 @@ class TunedOp(GraphOp):
         self.graph, self.tune, self.major = graph, tune, major
         self.candidates = tuple(self._laid_out(c) for c in candidates)
         self.reps, self.time_fn = reps, time_fn
-        first = kernel_source(graph, dtype, candidates[0])
+        first = self._first_source(graph, dtype)
         self.digest, self.dtype_name = first.graph.digest(), first.dtype
         self.epilogue = tuning.Epilogue.of(first.lowered)
         self._ops: dict[str, Any] = {}
@@ -38,6 +39,17 @@ class TunedOp(GraphOp):
     def __repr__(self) -> str:
         return (f"<coda_ext.TunedOp graph={self.digest} dtype={self.dtype} {'tune' if self.tune else 'auto'} "
                 f"major={self.major} inputs={list(self.input_names)} outputs={list(self.output_names)}>")
+
+    def _first_source(self, graph: Any, dtype: Any):
+        """The kernel source of the first candidate the graph fits (the interface does not depend on the
+        config; a heavy epilogue may not fit the first, 128x256, candidate's shared memory)."""
+        errors = []
+        for c in self.candidates:
+            try:
+                return kernel_source(graph, dtype, c)
+            except UnsupportedError as e:
+                errors.append(e)
+        raise errors[0]
 
     def _laid_out(self, config: KernelConfig) -> KernelConfig:
         """The config with this op's operand layout."""
@@ -64,7 +76,7 @@ class TunedOp(GraphOp):
     def choose(self, A: Any, W: Any, inputs: dict[str, Any], gpu: str) -> KernelConfig:
         M, K = A.shape
         N = W.shape[0]
-        key = tuning.memory_key(self.digest, self.dtype_name, N, K, M, gpu)
+        key = tuning.memory_key(self.digest, self.dtype_name, N, K, M, gpu, self.major)
         known = tuning.load_memory().get(key)
         if known and tuning.config_by_tag(known["config"], self.candidates):
             return tuning.config_by_tag(known["config"], self.candidates)
