@@ -751,8 +751,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"numerics: {len(result['kinds'])} node-kind rows, {len(result['ops'])} ready-op rows in "
           f"{result['seconds']} s; not bit-identical: {not_identical or 'none'}; over the 2x rule: {over or 'none'}; "
           f"fuzz check_device: {checks or 'ok'}; "
-          f"failures: {result['failures'] or 'none'}; wrote {path}")
+          f"failures: {result['failures'] or 'none'}; wrote {_shown_path(path)}")
     return 1 if result["failures"] else 0
+
+
+def _shown_path(path) -> str:
+    """path relative to the checkout where it lies inside it (what the printed table records)."""
+    p = pathlib.Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(path)
 
 
 if __name__ == "__main__":

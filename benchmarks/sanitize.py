@@ -572,6 +572,13 @@ def find_sanitizer(explicit: str | None = None) -> str | None:
     return None
 
 
+def shown(cmd: list[str]) -> str:
+    """A command line as the log records it: the checkout, the Python and the scratch folder by name,
+    not by this machine's paths."""
+    text = " ".join(cmd).replace(sys.executable, "python").replace(str(ROOT) + os.sep, "")
+    return re.sub(r"\S*/coda_sanitize_\w+/", "$TMP/", text)
+
+
 def _run(cmd: list[str], timeout: float, env: dict | None = None, log: str | None = None) -> dict:
     """Runs cmd in its own process group (killed whole at the timeout): {rc, stdout, seconds, timed_out}."""
     start = time.monotonic()
@@ -585,7 +592,7 @@ def _run(cmd: list[str], timeout: float, env: dict | None = None, log: str | Non
         out, _ = proc.communicate()
         timed_out = True
     return {"rc": proc.returncode, "stdout": out or "", "seconds": round(time.monotonic() - start, 1),
-            "timed_out": timed_out, "cmd": " ".join(cmd)}
+            "timed_out": timed_out, "cmd": shown(cmd)}
 
 
 def sanitizer_cmd(sanitizer: str, tool: str, log_file: str, port: int, print_limit: int = 2000) -> list[str]:
@@ -606,7 +613,7 @@ def run_tool(sanitizer: str, tool: str, families: list[str], tmp: pathlib.Path, 
     try:
         res = _run(cmd, timeout, env)
     except OSError as e:
-        res = {"rc": None, "stdout": f"could not start: {e}", "seconds": 0.0, "timed_out": False, "cmd": " ".join(cmd)}
+        res = {"rc": None, "stdout": f"could not start: {e}", "seconds": 0.0, "timed_out": False, "cmd": shown(cmd)}
     res["log"] = log.read_text(errors="replace") if log.is_file() else ""
     try:
         res["manifest"] = json.loads(manifest.read_text())

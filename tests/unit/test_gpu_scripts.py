@@ -440,3 +440,13 @@ def test_prebuild_cli_loads_both_scripts():
     for name, want in (("sanitize.py", len(sanitize.FAMILIES)), ("numerics_table.py", len(nt.build_items()))):
         items = load_items(str(ROOT / "benchmarks" / name))
         assert len(items) == want and all(isinstance(cfg, ce.KernelConfig) for _, _, cfg in items)
+
+
+def test_sanitizer_log_shows_no_machine_paths():
+    """The committed log names the checkout, the Python and the scratch folder, not this machine's paths."""
+    import sys as _sys
+
+    cmd = ["compute-sanitizer", "--log-file", "/tmp/coda_sanitize_ab12_x/memcheck.log", _sys.executable,
+           str(sanitize.ROOT / "benchmarks" / "sanitize.py"), "--child", "memcheck"]
+    assert sanitize.shown(cmd) == ("compute-sanitizer --log-file $TMP/memcheck.log python benchmarks/sanitize.py "
+                                   "--child memcheck")
