@@ -150,26 +150,16 @@ def coda_layer(s: Shape, eager, device, dtype):
 
 def build_items() -> list:
     """Every kernel the coda variants launch (python -m coda_ext.prebuild benchmarks/bench_llama_training.py)."""
-    from coda_ext.models.functions import training_kernels
-    from coda_ext.compile import kernel_source
-    from coda_ext.ops import linear_grad, lm_head_ce
-    from coda_ext.runtime.tuned import TunedOp
     from coda_ext import tuning
+    from coda_ext.models.functions import training_kernels
+    from coda_ext.ops import lm_head_ce
+    from coda_ext.runtime import auto_items
 
-    items = {}
-    for s in LAYERS.values():
-        for g, d, c in training_kernels(config_of(s), s.batch * s.seq, lm_head=False, sms=tuning.DEFAULT_SMS):
-            items[kernel_source(g, d, c).source] = (g, d, c)
+    items = [i for s in LAYERS.values()
+             for i in training_kernels(config_of(s), s.batch * s.seq, lm_head=False, sms=tuning.DEFAULT_SMS)]
     M, d, V = LM_HEAD
-    c = lm_head_ce.chunk_columns(M, V)
-    lm = [(lm_head_ce.graph(False), "kk", (M, V, d))]
-    for cols in {c, V % c} - {0}:
-        lm += [(lm_head_ce.backward_graph(False), "kk", (M, cols, d)), (linear_grad.graph(False), "kn", (M, d, cols)),
-               (linear_grad.graph(True), "kn", (M, d, cols)), (linear_grad.graph(False), "mn", (cols, d, M))]
-    for graph, major, mnk in lm:
-        cfg = TunedOp(graph, "bfloat16", tune=False, major=major).config_for(*mnk, tuning.DEFAULT_SMS)
-        items[kernel_source(graph, "bfloat16", cfg).source] = (graph, "bfloat16", cfg)
-    return list(items.values())
+    items += auto_items(lm_head_ce.gemms(M, V, d, scaled=False), "bfloat16", tuning.DEFAULT_SMS)
+    return list({(g.build().digest(), dt, c.tag): (g, dt, c) for g, dt, c in items}.values())
 
 
 def eager_state_dict(eager) -> dict:

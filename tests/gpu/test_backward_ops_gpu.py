@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import coda_ext as ce
-from coda_ext import ops, tuning
+from coda_ext import ops
 from coda_ext.ops import linear_grad, lm_head_ce, norm_backward, swiglu_backward
-from coda_ext.runtime.tuned import TunedOp
+from coda_ext.runtime import auto_items
 from test_ops_gpu import max_err, nan_memory
 
 pytestmark = pytest.mark.gpu
@@ -66,36 +66,23 @@ _MODULE = {"linear_dx": linear_grad, "weight_grad": linear_grad, "weight_grad_ac
            "swiglu_backward": swiglu_backward}
 
 
-def _item(items: dict, graph, dtype: str, major: str, mnk: tuple, sms: int) -> None:
-    cfg = TunedOp(graph, dtype, tune=False, major=major).config_for(*mnk, sms)
-    items[(graph.build().digest(), dtype, cfg.tag)] = (graph, dtype, cfg)
-
-
 def build_items(sms: int | None = None) -> list:
     """(graph, dtype, config) of every kernel the cases (and the LM head test) run, for prebuild."""
-    sms = sms or (torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available()
-                  else tuning.DEFAULT_SMS)
-    items: dict = {}
-    for op, model, lead, dtype in CASES:
-        args, major, mnk = _gemm(op, *MODELS[model], math.prod(lead))
-        _item(items, _MODULE[op].graph(*args), dtype, major, mnk, sms)
-    for M, V, d in LM_SHAPES:
-        _item(items, lm_head_ce.graph(True), "bfloat16", "kk", (M, V, d), sms)
-        for c in _chunks(M, V):
-            _item(items, lm_head_ce.backward_graph(True), "bfloat16", "kk", (M, c, d), sms)
-            _item(items, linear_grad.graph(False), "bfloat16", "kn", (M, d, c), sms)
-            _item(items, linear_grad.graph(True), "bfloat16", "kn", (M, d, c), sms)
-            _item(items, linear_grad.graph(False), "bfloat16", "mn", (c, d, M), sms)
-    return list(items.values())
+    items = []
+    for dtype in DTYPES:
+        gemms = []
+        for op, model, lead, dt in CASES:
+            if dt == dtype:
+                args, major, mnk = _gemm(op, *MODELS[model], math.prod(lead))
+                gemms.append((_MODULE[op].graph(*args), major, mnk))
+        if dtype == "bfloat16":
+            gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.gemms(M, V, d, True, LM_CHUNK_BYTES)]
+        items += auto_items(gemms, dtype, sms)
+    return items
 
 
 LM_SHAPES = ((333, 32000, 2048), (1024, 128256, 2048))   # (M, V, d)
 LM_CHUNK_BYTES = 8 * 2**20
-
-
-def _chunks(M: int, V: int) -> set:
-    c = lm_head_ce.chunk_columns(M, V, LM_CHUNK_BYTES)
-    return {c} | ({V % c} if V % c else set())
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 import coda_ext as ce
-from coda_ext import ops, tuning
+from coda_ext import ops
 from coda_ext.ops import linear_grad, qkv, residual_norm, rms_scale, swiglu
-from coda_ext.runtime.tuned import TunedOp
+from coda_ext.runtime import auto_items
 from test_ops_gpu import ACT, EPS, THETA, _qkv_in_dtype, max_err, nan_memory
 
 pytestmark = pytest.mark.gpu
@@ -50,29 +50,22 @@ RECOMPUTE = {"rms_linear-silu": (rms_scale, (None,)), "linear_swiglu": (swiglu, 
 QK_NORM = (qkv, (True, True, HD))
 
 
-def _item(items: dict, graph, major: str, mnk: tuple, sms: int) -> None:
-    cfg = TunedOp(graph, "bfloat16", tune=False, major=major).config_for(*mnk, sms)
-    items[(graph.build().digest(), cfg.tag)] = (graph, "bfloat16", cfg)
-
-
 def build_items(sms: int | None = None) -> list:
     """(graph, dtype, config) of every kernel these tests run: each forward variant, the variant a
     backward recomputes with, and the dX (layout kn) and weight-gradient (layout mn) GEMMs."""
-    sms = sms or (torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available()
-                  else tuning.DEFAULT_SMS)
-    items: dict = {}
+    gemms = []
     for name, (module, variant, (n, k)) in CASES.items():
         for lead in LEADS:
             m = math.prod(lead)
-            _item(items, module.graph(*variant), "kk", (m, n, k), sms)
+            gemms.append((module.graph(*variant), "kk", (m, n, k)))
             if name in RECOMPUTE:
                 rmod, rvar = RECOMPUTE[name]
-                _item(items, rmod.graph(*rvar), "kk", (m, n, k), sms)
-            _item(items, linear_grad.graph(False), "kn", (m, k, n), sms)     # dacc (M, N) @ W (N, K)
-            _item(items, linear_grad.graph(False), "mn", (n, k, m), sms)     # daccᵀ (N, M) @ x (M, K)
+                gemms.append((rmod.graph(*rvar), "kk", (m, n, k)))
+            gemms.append((linear_grad.graph(False), "kn", (m, k, n)))     # dacc (M, N) @ W (N, K)
+            gemms.append((linear_grad.graph(False), "mn", (n, k, m)))     # daccᵀ (N, M) @ x (M, K)
             if name == "qkv_rope":
-                _item(items, QK_NORM[0].graph(*QK_NORM[1]), "kk", (m, n, k), sms)
-    return list(items.values())
+                gemms.append((QK_NORM[0].graph(*QK_NORM[1]), "kk", (m, n, k)))
+    return auto_items(gemms, "bfloat16", sms)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -24,7 +24,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 
 from coda_ext import ops
-from coda_ext.ops import linear_grad, qkv, residual_norm, rms_scale, swiglu
+from coda_ext.ops import linear_grad, norm_backward, qkv, residual_norm, rms_scale, swiglu, swiglu_backward
 
 F32, BF16 = torch.float32, torch.bfloat16
 K, N, F2, M = 64, 72, 144, 37          # x (M, K); N output columns; F2 interleaved gate/up rows; odd M
@@ -70,7 +70,15 @@ KERNELS = {
     "qkv_rope": _qkv_rope_kernel,
     "linear_dx": lambda dz, w: linear_grad.reference_linear_dx(dz, w).to(dz.dtype),
     "weight_grad": lambda dz, x, acc, scale=None: linear_grad.reference_weight_grad(dz, x, acc, scale).to(dz.dtype),
+    "linear_residual": lambda x, w, r: linear_grad.reference_linear_residual(x, w, r).to(x.dtype),
+    "rms_norm_backward_linear": lambda *a: _cast_first(norm_backward.reference(*a), 2),
+    "swiglu_backward_linear": lambda *a: _cast_first(swiglu_backward.reference(*a), 2),
 }
+
+
+def _cast_first(outs, n):
+    """The first n outputs in the 16-bit dtype of the op (the rest stay fp32), as the kernels return them."""
+    return tuple(o.to(torch.bfloat16) if i < n else o for i, o in enumerate(outs))
 
 
 def _has_cpu_kernel(name: str) -> bool:
@@ -421,3 +429,52 @@ def test_rope_backward_not_fused_while_traced():
     assert not rope_backward._tracing(real)
     with FakeTensorMode():
         assert rope_backward._tracing(torch.empty(3, 4))
+
+
+def _backward_op_cases():
+    """The backward GEMM ops on bf16 CPU tensors (their CPU kernels: the fp32 references)."""
+    gen = _gen("backward-ops")
+    d, n, f = 64, 96, 48
+    r = lambda *shape: _randn(gen, *shape, dtype=BF16)  # noqa: E731
+    return [
+        ("linear_residual", (r(M, f), r(d, f), r(M, d))),
+        ("linear_dx", (r(M, n), r(n, d))),
+        ("weight_grad", (r(M, n), r(M, d), r(n, d), 0.5)),
+        ("rms_norm_backward_linear", (r(M, n), r(n, d), r(M, d), _rstd(gen), r(d), _randn(gen, M), r(M, d))),
+        ("swiglu_backward_linear", (r(M, d), r(d, f), r(M, 2 * f))),
+    ]
+
+
+@pytest.mark.parametrize("case", _backward_op_cases(), ids=lambda c: c[0])
+def test_backward_ops_opcheck_and_compile(reference_kernels, case):
+    """Each backward GEMM op: torch.library.opcheck (schema, fake, AOT dispatch) and
+    torch.compile(fullgraph=True) giving the eager results."""
+    name, args = case
+    op = getattr(torch.ops.coda_ext, name)
+    torch.library.opcheck(op.default, args, test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    want = op(*args)
+    torch._dynamo.reset()
+    got = torch.compile(lambda *a: op(*a), fullgraph=True, backend="aot_eager")(*args)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda r: ops.linear_dx(r(4, 8).float(), r(8, 16).float()), TypeError, "16-bit dtype"),
+    (lambda r: ops.linear_dx(r(4, 9), r(8, 16)), ValueError, "must match weight"),
+    (lambda r: ops.linear_dx(r(4, 16), r(8, 16).t()), ValueError, "contiguous"),
+    (lambda r: ops.weight_grad(r(4, 8), r(5, 16)), ValueError, "same leading dimensions"),
+    (lambda r: ops.weight_grad(r(4, 8), r(4, 16), accumulate=r(8, 8)), ValueError, "accumulate must be"),
+    (lambda r: ops.weight_grad(r(4, 8), r(4, 16), scale="2"), TypeError, "scale must be a Python number"),
+    (lambda r: ops.rms_norm_backward_linear(r(4, 8), r(8, 16), r(4, 16), torch.ones(4), r(16), torch.ones(5)),
+     ValueError, "zdz must have shape"),
+    (lambda r: ops.swiglu_backward_linear(r(4, 16), r(16, 8), r(4, 8)), ValueError, "z must have shape"),
+    (lambda r: ops.rms_norm_input(r(4, 16), r(8)), ValueError, "weight must have shape"),
+    (lambda r: ops.qkv_rope_backward(r(4, 256), r(4, 256), torch.zeros(4), torch.zeros(2, 128), 2, 1), ValueError,
+     "freqs must be"),
+])
+def test_backward_ops_refuse_bad_inputs_before_any_launch(call, error, match):
+    """Bad arguments name the argument and the fix, on any device, before a kernel is involved."""
+    gen = _gen("bad-backward")
+    with pytest.raises(error, match=match):
+        call(lambda *shape: _randn(gen, *shape, dtype=BF16))

@@ -194,12 +194,8 @@ def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool
     coda_ext.prebuild (in parallel, before training; nvcc only, no GPU). lm_head=False: the layers
     only; lm_head_rstd=False: an LM head fed normalized rows (coda_ext.hf's loss). sms: the GPU's SM
     count (default: this machine's GPU, else an H100's)."""
-    from .. import tuning
-    from ..runtime.tuned import TunedOp
+    from ..runtime.tuned import auto_items
 
-    if sms is None:
-        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() \
-            else tuning.DEFAULT_SMS
     M, d, F_, hd = tokens, config.hidden_size, config.intermediate_size, config.head_dim
     Nq, Do = config.qkv_size, config.num_attention_heads * hd
     gemms = [  # (graph, major, (M, N, K) as launched)
@@ -217,15 +213,5 @@ def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool
         (linear_grad.graph(False), "mn", (Nq, d, M)),
     ]
     if lm_head:
-        V = config.vocab_size
-        gemms.append((lm_head_ce.graph(lm_head_rstd), "kk", (M, V, d)))
-        c = lm_head_ce.chunk_columns(M, V)
-        for cols in {c, V % c} - {0}:
-            gemms += [(lm_head_ce.backward_graph(lm_head_rstd), "kk", (M, cols, d)),
-                      (linear_grad.graph(False), "kn", (M, d, cols)), (linear_grad.graph(True), "kn", (M, d, cols)),
-                      (linear_grad.graph(False), "mn", (cols, d, M))]
-    items = {}
-    for graph, major, mnk in gemms:
-        cfg = TunedOp(graph, dtype, tune=False, major=major).config_for(*mnk, sms)
-        items[(graph.build().digest(), dtype, cfg.tag)] = (graph, dtype, cfg)
-    return list(items.values())
+        gemms += lm_head_ce.gemms(M, config.vocab_size, d, lm_head_rstd)
+    return auto_items(gemms, dtype, sms)

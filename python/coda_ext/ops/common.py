@@ -35,6 +35,25 @@ def check_linear(op: str, x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"{op}: x is on {x.device} and weight on {weight.device}; put them on one device")
 
 
+def check_gradient_linear(op: str, a: torch.Tensor, a_name: str, w: torch.Tensor, w_name: str = "weight",
+                          dim: int = 0) -> None:
+    """a (..., w.shape[dim]) and a contiguous 2-D w of one 16-bit dtype on one device: a gradient dz (..., N)
+    and the weight (N, K) of the linear it flows back through, read as stored (dim 0)."""
+    for name, t in ((a_name, a), (w_name, w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if a.dtype not in DTYPES or w.dtype != a.dtype:
+        raise TypeError(f"{op}: {a_name} and {w_name} must share one 16-bit dtype (bfloat16 or float16), got "
+                        f"{a.dtype} and {w.dtype}")
+    if w.dim() != 2 or a.dim() < 1 or a.shape[-1] != w.shape[dim]:
+        raise ValueError(f"{op}: {a_name} (..., {w.shape[dim] if w.dim() == 2 else 'N'}) must match {w_name} "
+                         f"(N, K) as torch.nn.Linear stores it, got {tuple(a.shape)} and {tuple(w.shape)}")
+    if a.device != w.device:
+        raise ValueError(f"{op}: {a_name} is on {a.device} and {w_name} on {w.device}; put them on one device")
+    if not w.is_contiguous():
+        raise ValueError(f"{op}: {w_name} must be contiguous (it is read in its stored layout); call .contiguous()")
+
+
 def check_rows(op: str, name: str, t: Any, lead: tuple[int, ...], width: int | None, dtype: torch.dtype | None,
                device: torch.device) -> None:
     """A per-token tensor: shape lead (+ (width,)), optional dtype, on `device`."""

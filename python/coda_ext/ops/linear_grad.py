@@ -103,7 +103,7 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
 def linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """dz @ weight (..., K) in dz's dtype: the input gradient of x @ weightᵀ. dz (..., N), weight (N, K)
     as torch.nn.Linear stores it (read in place, no transposed copy)."""
-    _check_pair("linear_dx", dz, "dz", weight, "weight", 0)
+    common.check_gradient_linear("linear_dx", dz, "dz", weight)
     lead = tuple(dz.shape[:-1])
     return torch.ops.coda_ext.linear_dx(common.rows(dz), weight).reshape(*lead, weight.shape[1])
 
@@ -138,23 +138,6 @@ def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Te
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"{op}: scale must be a Python number, got {type(scale).__name__}")
     return torch.ops.coda_ext.weight_grad(dz2, x2, accumulate, None if scale is None else float(scale))
-
-
-def _check_pair(op: str, a: torch.Tensor, a_name: str, w: torch.Tensor, w_name: str, dim: int) -> None:
-    """a (..., w.shape[dim]) and a 2-D w of one 16-bit dtype on one device."""
-    for name, t in ((a_name, a), (w_name, w)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if a.dtype not in common.DTYPES or w.dtype != a.dtype:
-        raise TypeError(f"{op}: {a_name} and {w_name} must share one 16-bit dtype (bfloat16 or float16), got "
-                        f"{a.dtype} and {w.dtype}")
-    if w.dim() != 2 or a.dim() < 1 or a.shape[-1] != w.shape[dim]:
-        raise ValueError(f"{op}: {a_name} (..., {w.shape[dim] if w.dim() == 2 else 'N'}) must match {w_name} "
-                         f"(N, K) as torch.nn.Linear stores it, got {tuple(a.shape)} and {tuple(w.shape)}")
-    if a.device != w.device:
-        raise ValueError(f"{op}: {a_name} is on {a.device} and {w_name} on {w.device}; put them on one device")
-    if not w.is_contiguous():
-        raise ValueError(f"{op}: {w_name} must be contiguous (it is read in its stored layout); call .contiguous()")
 
 
 BUILDS = [(graph, (True,), "kk"), (graph, (False,), "kn"), (graph, (True,), "kn"), (graph, (False,), "mn"),

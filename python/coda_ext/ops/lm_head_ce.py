@@ -145,6 +145,17 @@ def chunk_columns(M: int, V: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     return min(cols, (V + 7) // 8 * 8)
 
 
+def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None) -> list:
+    """(graph, major, (M, N, K) as launched) of every GEMM a forward + backward of M tokens launches
+    (for prebuild: coda_ext.runtime.auto_items). chunk_bytes: the backward's chunk budget (CHUNK_BYTES)."""
+    c = chunk_columns(M, V, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
+    out = [(graph(scaled), "kk", (M, V, d))]
+    for cols in sorted({c, V % c} - {0}):
+        out += [(backward_graph(scaled), "kk", (M, cols, d)), (linear_grad.graph(False), "kn", (M, d, cols)),
+                (linear_grad.graph(True), "kn", (M, d, cols)), (linear_grad.graph(False), "mn", (cols, d, M))]
+    return out
+
+
 @torch.library.custom_op("coda_ext::lm_head_cross_entropy_backward", mutates_args=())
 def _op_backward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor],
                  lse: torch.Tensor, coef: torch.Tensor, g: torch.Tensor,

@@ -19,7 +19,6 @@ import torch
 import coda_ext as ce
 
 from . import common
-from .linear_grad import _check_pair
 
 NAME = "rms_norm_backward_linear"
 
@@ -74,7 +73,7 @@ def rms_norm_backward_linear(dz: torch.Tensor, weight: torch.Tensor, x: torch.Te
     weight (N, d) as stored; x (..., d) the norm's input (the residual stream); rstd (...) fp32;
     norm_weight γ (d,); zdz (...) fp32 = Σ_k z·dz per row; dx_in (..., d): a gradient added to dx
     (the residual path). dx and n in dz's dtype, dgamma (d,) fp32."""
-    _check_pair(NAME, dz, "dz", weight, "weight", 0)
+    common.check_gradient_linear(NAME, dz, "dz", weight)
     lead, d = tuple(dz.shape[:-1]), weight.shape[1]
     common.check_rows(NAME, "x", x, lead, d, dz.dtype, dz.device)
     common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, dz.device)

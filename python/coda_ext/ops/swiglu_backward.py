@@ -18,7 +18,6 @@ import torch.nn.functional as F
 import coda_ext as ce
 
 from . import common
-from .linear_grad import _check_pair
 
 NAME = "swiglu_backward_linear"
 
@@ -65,7 +64,7 @@ def swiglu_backward_linear(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tens
     """(dz, y, zdz) from dy (..., d), the gradient of the down projection's output, its weight (d, F) as
     stored, and z (..., 2F) the interleaved pre-activation linear_swiglu_train saved. dz (..., 2F) and
     y (..., F) in dy's dtype, zdz (...) fp32. F must be a multiple of 4 (z's rows 16-byte aligned)."""
-    _check_pair(NAME, dy, "dy", weight, "weight", 0)
+    common.check_gradient_linear(NAME, dy, "dy", weight)
     lead, F_ = tuple(dy.shape[:-1]), weight.shape[1]
     common.check_rows(NAME, "z", z, lead, 2 * F_, dy.dtype, dy.device)
     dz, y, zdz = torch.ops.coda_ext.swiglu_backward_linear(common.rows(dy), weight, common.rows(z))

@@ -2,6 +2,6 @@
 the torch custom op, and the public compile/prebuild entry points."""
 from .api import compile, expand_items, prebuild  # noqa: A004
 from .op import CompiledOp
-from .tuned import TunedOp
+from .tuned import TunedOp, auto_items
 
-__all__ = ["CompiledOp", "TunedOp", "compile", "expand_items", "prebuild"]
+__all__ = ["CompiledOp", "TunedOp", "auto_items", "compile", "expand_items", "prebuild"]

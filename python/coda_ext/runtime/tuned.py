@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -103,3 +103,18 @@ class TunedOp(GraphOp):
         """What this op may compile: the heuristic's configs, or every candidate when tuning."""
         configs = self.candidates if self.tune else tuning.HEURISTIC_CONFIGS
         return [(self.graph, self.dtype_name, self._laid_out(c)) for c in configs]
+
+
+def auto_items(gemms: Iterable[tuple[Any, str, tuple[int, int, int]]], dtype: Any = "bfloat16",
+               sms: int | None = None) -> list[tuple[Any, Any, KernelConfig]]:
+    """(graph, dtype, config) of the kernel config="auto" launches for each (graph, major, (M, N, K) as
+    launched), without repeats: what to prebuild before running ops at known shapes. sms: the GPU's
+    SM count (default: this machine's GPU, else an H100's)."""
+    if sms is None:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() \
+            else tuning.DEFAULT_SMS
+    items: dict = {}
+    for graph, major, mnk in gemms:
+        cfg = TunedOp(graph, dtype, tune=False, major=major).config_for(*mnk, sms)
+        items[(graph.build().digest(), str(dtype), cfg.tag)] = (graph, dtype, cfg)
+    return list(items.values())
