@@ -7,7 +7,8 @@ read and written, and kernel time, of every benchmark graph's op at M = 128 and 
 For each (graph, shape) the config is the one config="auto" picks (the model's "auto"); this script
 then runs itself in runner mode (--run) under
 
-    ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \\
+    ncu --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,\\
+                  lts__t_sector_op_read_hit_rate.pct \\
         --profile-from-start off --cache-control all --clock-control none --csv --page details --print-units base
 
 The runner builds inputs and calls the op twice to warm up, then profiles one call between
@@ -43,7 +44,7 @@ from coda_ext import tuning  # noqa: E402
 from coda_ext.analysis import io_model  # noqa: E402
 from coda_ext.analysis.roofline import gpu_spec  # noqa: E402
 
-METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum"
+METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts__t_sector_op_read_hit_rate.pct"
 UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1e-9, "usecond": 1e-6,
          "msecond": 1e-3, "second": 1.0}
 DTYPE = "bfloat16"
@@ -111,7 +112,8 @@ def parse_ncu_csv(text: str) -> list[dict]:
         k = kernels.setdefault(row["ID"], {"name": row.get("Kernel Name", "")[:120]})
         value = float(row["Metric Value"].replace(",", "")) * UNITS.get(row.get("Metric Unit", ""), 1.0)
         key = {"dram__bytes_read.sum": "read_bytes", "dram__bytes_write.sum": "write_bytes",
-               "gpu__time_duration.sum": "time_s"}.get(row["Metric Name"])
+               "gpu__time_duration.sum": "time_s",
+               "lts__t_sector_op_read_hit_rate.pct": "l2_read_hit_pct"}.get(row["Metric Name"])
         if key:
             k[key] = value
     return [kernels[i] for i in sorted(kernels, key=int)]
@@ -150,6 +152,30 @@ def _ratio(measured: float, modelled: float) -> float | None:
     return measured / modelled if modelled else None
 
 
+def summarize(rows: list[dict], echo: bool = False) -> list[dict]:
+    """The rows measured without error; with echo, the measured/model ratio ranges printed."""
+    ok = [r for r in rows if "ratio_measured_to_model" in r]
+    for key in ("read_bytes", "write_bytes", "time_s"):
+        ratios = sorted(r["ratio_measured_to_model"][key] for r in ok if r["ratio_measured_to_model"][key])
+        if ratios and echo:
+            print(f"measured / model {key}: {ratios[0]:.2f} .. {ratios[-1]:.2f} (median {ratios[len(ratios) // 2]:.2f})")
+    return ok
+
+
+def write_result(path: str, gpu, rows: list[dict]) -> None:
+    from harness import gpu_info
+
+    ok = summarize(rows)
+    result = {"gpu_model": dataclasses.asdict(gpu), "environment": gpu_info(), "metrics": METRICS,
+              "ncu_flags": "--profile-from-start off --cache-control all --clock-control none", "rows": rows}
+    for key in ("read_bytes", "write_bytes", "time_s"):
+        ratios = sorted(r["ratio_measured_to_model"][key] for r in ok if r["ratio_measured_to_model"][key])
+        result[f"{key}_ratio_range"] = [ratios[0], ratios[-1]] if ratios else None
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cases", default=",".join(graphs.CASES))
@@ -167,8 +193,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import torch
-
-    from harness import gpu_info
 
     cases = args.cases.split(",")
     unknown = [c for c in cases if c not in graphs.CASES]
@@ -196,20 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"  {mod['write_bytes'] / 1e9:>9.4f}/{meas['write_bytes'] / 1e9:<9.4f}"
                       f"  {mod['time_s'] * 1e6:>9.1f}/{meas['time_s'] * 1e6:<9.1f}", flush=True)
             rows.append(row)
-    ok = [r for r in rows if "ratio_measured_to_model" in r]
-    result = {"gpu_model": dataclasses.asdict(gpu), "environment": gpu_info(), "metrics": METRICS,
-              "ncu_flags": "--profile-from-start off --cache-control all --clock-control none", "rows": rows}
-    if ok:
-        for key in ("read_bytes", "write_bytes", "time_s"):
-            ratios = sorted(r["ratio_measured_to_model"][key] for r in ok if r["ratio_measured_to_model"][key])
-            result[f"{key}_ratio_range"] = [ratios[0], ratios[-1]] if ratios else None
-            if ratios:
-                print(f"measured / model {key}: {ratios[0]:.2f} .. {ratios[-1]:.2f} "
-                      f"(median {ratios[len(ratios) // 2]:.2f})")
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+            write_result(args.out, gpu, rows)   # after every row: a cut-off run keeps what it measured
+    ok = summarize(rows, echo=True)
+    print(f"wrote {args.out}")
     return 0 if len(ok) == len(rows) else 1
 
 
