@@ -4,6 +4,7 @@ torch.compile of the same math, and checks each against its speed goal.
     python benchmarks/bench_graphs.py [--cases identity,swiglu,...] [--shapes llama | M,N,K ...]
         [--configs auto|default|candidates] [--max-autotune] [--reps 30] [--out FILE.json] [--dry-run]
     python benchmarks/bench_graphs.py --merge PART1.json PART2.json ... --out FILE.json
+    python benchmarks/bench_graphs.py --annotate FILE.json     # (re)compute the speed-of-light fields; no GPU
 
 Cases and goals: benchmarks/graphs.py (the speed goals are time / bare cuBLAS GEMM time).
 `--configs auto` (the default) runs config="auto": the shape heuristic of coda_ext.tuning picks
@@ -12,7 +13,11 @@ PyTorch reference (coda_ext.interpret in the op's dtype): the same unfused math 
 with no hand-written baseline to drift. Timing is interleaved with L2 flushes (harness.py);
 figures are medians of per-round ratios to cuBLAS. Writes JSON (GPU, clocks, versions, commit,
 cold compile seconds per config, the wall time to compile a graph's configs in parallel, warm
-load seconds) and a PNG with one panel per case. `--dry-run` lists what would run without a GPU.
+load seconds) and a PNG with one panel per case. Every row also gets its speed of light: the IO
+model's time lower bound (coda_ext.analysis, H100 SXM) ÷ the measured median, per variant (1.0 =
+at the bound; the coda variants against the fused kernel of their config, torch.compile against the
+compile-style sequence, eager against the unfused one, cuBLAS against the plain GEMM of config
+"auto"). `--dry-run` lists what would run without a GPU.
 Kernels: `python -m coda_ext.prebuild benchmarks/bench_graphs.py` builds the default set ahead.
 """
 from __future__ import annotations
@@ -172,6 +177,44 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
     return result
 
 
+def _config(variant: str, tag: str | None):
+    """The KernelConfig a coda variant ran (coda_auto: the config "auto" picked, recorded as tag)."""
+    tag = tag if variant == "coda_auto" else variant[len("coda_"):]
+    cfg = tuning.config_by_tag(tag, tuning.CANDIDATES + tuning.HEURISTIC_CONFIGS) if tag else None
+    return cfg if cfg is not None else "auto"
+
+
+def speed_of_light(case: str, shape: str, entry: dict, gpu: str = "H100 SXM") -> dict:
+    """{variant: {"bound_ms", "sol"}}: the IO model's time lower bound of what the variant runs and
+    bound ÷ measured median (pure model, no GPU)."""
+    from coda_ext.analysis import io_model
+
+    M, N, K = (int(x) for x in shape.split("x"))
+    build = graphs.CASES[case][0]
+    bounds = {"cublas_gemm": io_model(graphs.CASES["identity"][0](), "bfloat16", (M, N, K), "auto", gpu)
+              .variants["fused"]}
+    model = io_model(build(), "bfloat16", (M, N, K), "auto", gpu)
+    bounds["torch_compile"], bounds["eager"] = model.variants["compile"], model.variants["unfused"]
+    for v in entry["variants"]:
+        if v.startswith("coda_"):
+            bounds[v] = io_model(build(), "bfloat16", (M, N, K), _config(v, entry.get("auto_config")), gpu) \
+                .variants["fused"]
+    out = {}
+    for v, variant in bounds.items():
+        if v in entry["variants"]:
+            bound_ms = variant.seconds(model.gpu) * 1e3
+            out[v] = {"bound_ms": bound_ms, "sol": bound_ms / entry["variants"][v]["median_ms"]}
+    return out
+
+
+def annotate(results: dict) -> dict:
+    """Adds entry["speed_of_light"] to every (case, shape) of a results dict, in place."""
+    for case, r in results.items():
+        for shape, entry in r["shapes"].items():
+            entry["speed_of_light"] = speed_of_light(case, shape, entry)
+    return results
+
+
 def plot(results: dict, path: pathlib.Path, gpu: str) -> None:
     import matplotlib
 
@@ -222,12 +265,15 @@ def merge(paths: list[str]):
 
 
 def print_table(results: dict) -> None:
-    print(f"{'case':13s} {'shape':20s} {'goal':>6s} {'coda':>7s} {'compile':>8s} {'eager':>7s}  config")
+    print(f"{'case':13s} {'shape':20s} {'goal':>6s} {'coda':>7s} {'compile':>8s} {'eager':>7s} {'SoL':>5s}  config")
     for name, r in results.items():
         for shape, e in r["shapes"].items():
             v = e["variants"]
+            best = min((x for x in v if x.startswith("coda_")), key=lambda x: v[x]["median_ratio_to_cublas"])
+            sol = e.get("speed_of_light", {}).get(best, {}).get("sol")
             print(f"{name:13s} {shape:20s} {r['goal_ratio']:6.3f} {e['coda_ratio']:7.3f} "
-                  f"{v['torch_compile']['median_ratio_to_cublas']:8.3f} {v['eager']['median_ratio_to_cublas']:7.3f}  "
+                  f"{v['torch_compile']['median_ratio_to_cublas']:8.3f} {v['eager']['median_ratio_to_cublas']:7.3f} "
+                  f"{'' if sol is None else f'{sol:5.2f}':>5s}  "
                   f"{e.get('auto_config', '')}{'' if e['meets_goal'] else '  (misses the goal)'}")
 
 
@@ -253,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--out", default=str(HERE / "results" / "graphs_h100.json"))
     p.add_argument("--dry-run", action="store_true", help="list what would run; needs no GPU")
+    p.add_argument("--annotate", metavar="FILE", help="recompute the speed-of-light fields of a results file in place; "
+                   "no GPU")
     p.add_argument("--merge", nargs="+", metavar="FILE",
                    help="combine the JSON files of runs split by --cases into --out (and its PNG); no GPU")
     args = p.parse_args(argv)
@@ -270,6 +318,14 @@ def main(argv: list[str] | None = None) -> int:
                       + ", ".join(variant_name(c) for c in cfgs) + ", torch_compile, eager")
         return 0
 
+    if args.annotate:
+        path = pathlib.Path(args.annotate)
+        data = json.loads(path.read_text())
+        annotate(data["results"])
+        path.write_text(json.dumps(data, indent=1))
+        print_table(data["results"])
+        print(f"wrote {path}")
+        return 0
     if args.merge:
         env, results, reps, max_autotune = merge(args.merge)
     else:
@@ -279,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune, args.cold_set) for name in names}
         env["nvidia_smi_after"] = gpu_info()["nvidia_smi"]
         reps, max_autotune = args.reps, args.max_autotune
+    annotate(results)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"env": env, "reps": reps, "max_autotune": max_autotune, "results": results}, indent=1))

@@ -46,7 +46,7 @@ from coda_ext.analysis.roofline import gpu_spec  # noqa: E402
 
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts__t_sector_op_read_hit_rate.pct"
 UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1e-9, "usecond": 1e-6,
-         "msecond": 1e-3, "second": 1.0}
+         "msecond": 1e-3, "second": 1.0, "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "%": 1.0}
 DTYPE = "bfloat16"
 DEFAULT_OUT = HERE / "results" / "io_validation_h100.json"
 
@@ -110,7 +110,10 @@ def parse_ncu_csv(text: str) -> list[dict]:
         if not row.get("Metric Name") or row.get("ID") is None:
             continue
         k = kernels.setdefault(row["ID"], {"name": row.get("Kernel Name", "")[:120]})
-        value = float(row["Metric Value"].replace(",", "")) * UNITS.get(row.get("Metric Unit", ""), 1.0)
+        unit = row.get("Metric Unit", "")
+        if unit not in UNITS:
+            raise ValueError(f"ncu reported {row['Metric Name']} in unit {unit!r}, unknown to validate_io.UNITS")
+        value = float(row["Metric Value"].replace(",", "")) * UNITS[unit]
         key = {"dram__bytes_read.sum": "read_bytes", "dram__bytes_write.sum": "write_bytes",
                "gpu__time_duration.sum": "time_s",
                "lts__t_sector_op_read_hit_rate.pct": "l2_read_hit_pct"}.get(row["Metric Name"])

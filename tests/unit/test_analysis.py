@@ -283,6 +283,12 @@ def test_validate_io_parses_ncu_csv_and_lists_its_kernels():
     assert kernels == [{"name": "device_kernel<A, B>(Params)", "read_bytes": 1800.0, "time_s": pytest.approx(2.5e-6)},
                        {"name": "finalize_partials_kernel", "write_bytes": 4000.0}]
     assert validate_io.parse_ncu_csv("==ERROR== no kernels") == []
+    # the H100's ncu reports time in "ns" under --print-units base (regression: it was taken as seconds)
+    ns = validate_io.parse_ncu_csv("\n".join([head, f'{gemm},"gpu__time_duration.sum","ns","4952032"',
+                                               f'{gemm},"lts__t_sector_op_read_hit_rate.pct","%","64.5"']))
+    assert ns == [{"name": "device_kernel<A, B>(Params)", "time_s": pytest.approx(4.952032e-3), "l2_read_hit_pct": 64.5}]
+    with pytest.raises(ValueError, match="'furlong'"):
+        validate_io.parse_ncu_csv("\n".join([head, f'{gemm},"gpu__time_duration.sum","furlong","1"']))
     shapes = validate_io.default_shapes()
     assert {s[0] for s in shapes} == {128, 16384} and len(shapes) == 8
     assert all(cfg in tuning.HEURISTIC_CONFIGS for _, _, cfg in validate_io.build_items())

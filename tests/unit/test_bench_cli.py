@@ -1,6 +1,7 @@
 """The benchmark entry point's plan (--dry-run needs no GPU): cases, shape presets, configs."""
 from __future__ import annotations
 
+import json
 import pathlib
 import sys
 
@@ -137,3 +138,33 @@ def test_training_benchmark_plans_its_kernels_and_reports_goals():
     assert "1.240x its GEMM floor" in lines[0] and "missed" in lines[0]
     assert "0.920x its cuBLAS GEMM" in lines[1] and "no GEMM" in lines[2]
     assert "missed or unmeasured" in lines[3]     # a negative peak is not a measurement
+
+
+def test_speed_of_light_is_the_model_bound_over_the_measured_time(tmp_path, capsys):
+    from coda_ext.analysis import io_model
+
+    ms = {"cublas_gemm": 1.0, "coda_auto": 1.1, "coda_ping_64x128x64_c1x1": 1.3, "torch_compile": 1.2, "eager": 2.0}
+    entry = {"variants": {v: {"median_ms": t, "median_ratio_to_cublas": t} for v, t in ms.items()},
+             "auto_config": "coop_128x256x64_c2x1_s4", "coda_ratio": 1.1, "meets_goal": False}
+    data = {"env": {}, "reps": 1, "max_autotune": False,
+            "results": {"swiglu": {"goal_ratio": 1.02, "shapes": {"4096x6144x4096": entry}}}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    assert bench_graphs.main(["--annotate", str(path)]) == 0
+    sol = json.loads(path.read_text())["results"]["swiglu"]["shapes"]["4096x6144x4096"]["speed_of_light"]
+    assert set(sol) == set(ms)
+    shape, swiglu = (4096, 6144, 4096), bench_graphs.graphs.CASES["swiglu"][0]
+    coop = io_model(swiglu(), "bfloat16", shape, bench_graphs.tuning.LARGE)
+    ping = io_model(swiglu(), "bfloat16", shape, bench_graphs.tuning.SKINNY)
+    assert coop.config.tag == "coop_128x256x64_c2x1_s4" and ping.config.tag == "ping_64x128x64_c1x1"
+    gpu = coop.gpu
+    assert sol["coda_auto"]["bound_ms"] == pytest.approx(coop.variants["fused"].seconds(gpu) * 1e3)
+    assert sol["coda_ping_64x128x64_c1x1"]["bound_ms"] == pytest.approx(ping.variants["fused"].seconds(gpu) * 1e3)
+    auto = io_model(swiglu(), "bfloat16", shape, "auto")
+    gemm = io_model(bench_graphs.graphs.CASES["identity"][0](), "bfloat16", shape, "auto")
+    assert sol["torch_compile"]["bound_ms"] == pytest.approx(auto.variants["compile"].seconds(gpu) * 1e3)
+    assert sol["eager"]["bound_ms"] == pytest.approx(auto.variants["unfused"].seconds(gpu) * 1e3)
+    assert sol["cublas_gemm"]["bound_ms"] == pytest.approx(gemm.variants["fused"].seconds(gpu) * 1e3)
+    for v, t in ms.items():
+        assert sol[v]["sol"] == pytest.approx(sol[v]["bound_ms"] / t)
+    assert "SoL" in capsys.readouterr().out
