@@ -4,8 +4,8 @@
 Each step of the layer is one GEMM with its epilogue (or one element-wise pass), described by its
 own small spec: an epilogue graph built with the public builder where the graph language says it
 (the IO model of explain() then gives all three variants), or kernels listed by hand where it
-cannot (the dSwiGLU epilogue reads (g, u) pairs as 32-bit containers; the RoPE backward pass is
-not a GEMM). Weight-gradient GEMMs are plain GEMMs, the same in every variant.
+does not give the sequence to compare with (the dSwiGLU step: its eager sequence is the eleven
+kernels PyTorch runs, not one per graph node; the RoPE backward pass is not a GEMM). Weight-gradient GEMMs are plain GEMMs, the same in every variant.
 
 Attention (SDPA forward and backward) is the same kernel in every variant and is left out: the
 totals are the non-attention part of the layer, and "GEMM floor" is the bare-GEMM bound of its
@@ -140,7 +140,8 @@ def _ew(name: str, reads: dict[str, int], writes: dict[str, int], flops: float =
 def _dswiglu_step(L: LayerShape, dtype: str, gpu: GPU) -> Step:
     """Down projection dX (dy1 = dx2 @ W_down, T x F) with the dSwiGLU epilogue: loads the saved z1
     pairs (g, u), writes dz1 (T x 2F), recomputes y1 (T x F) for the dW GEMM and reduces
-    ζ1 = Σ (g dg + u du) per row. Listed by hand: the graph language has no pair container."""
+    ζ1 = Σ (g dg + u du) per row. Listed by hand for the eager sequence; the fused kernel's bytes and
+    time are those explain() gives for the op's graph (ops/swiglu_backward.py, pair tiles)."""
     T, F, d, b = L.tokens, L.F, L.d, DTYPE_BYTES[dtype]
     cfg = tuning.heuristic(tuning.m_bucket(T), F, d, gpu.sms, tuning.Epilogue(tile_load=True))
     sched, operands, work = gemm_operands(T, F, d, dtype, cfg, gpu, ("dx2", "W_down"))
