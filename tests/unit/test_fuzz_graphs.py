@@ -92,7 +92,7 @@ def test_coverage_graphs(mode):
         assert sorted(got) == sorted(want)
         for name in want:
             _assert_same(got[name], want[name], name)
-        ce.kernel_source(case.build(), case.dtype)
+        ce.kernel_source(case.build(), case.dtype, case.config)
         _seen("coverage", case)
 
 

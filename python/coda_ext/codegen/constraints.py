@@ -6,11 +6,14 @@ once (64 for ping-pong, TILE_M for cooperative), and a segment must lie inside o
 A config without an epilogue tile gets that one; a config that contradicts it is refused.
 
 The epilogue's shared memory (D's staging buffer, TMA-loaded tiles, TMA-stored outputs, each a few
-stages of one epilogue subtile) is carved out of what the mainloop's pipeline gets. A graph whose
-epilogue leaves the mainloop fewer than two stages would stop nvcc at one of CUTLASS's static_asserts;
-it is refused here instead, with the fix. The estimate counts only those buffers, at the fewest stages
-CUTLASS gives them, against the whole 227 KB: a lower bound of what CUTLASS allocates, so a graph that
-fits is never refused.
+stages of one epilogue subtile, and one TILE_N slice per row vector) is carved out of what the
+mainloop's pipeline gets. A graph whose epilogue leaves the mainloop fewer than two stages would stop
+nvcc at one of CUTLASS's static_asserts; it is refused here instead, with the fix. The buffers are
+counted at the fewest stages CUTLASS gives them, each row-vector slice rounded up to the 1 KB
+alignment of the swizzled buffers that may follow it, plus 1 KB for the epilogue's pipeline barriers
+and padding: slightly more than CUTLASS may allocate, so a graph that passes always compiles (a
+graph within 1–2 KB of the limit may be refused; it would have run with two stages, far from its
+best speed, anyway).
 """
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ from ..graph import ir
 
 SMEM_BYTES = 232448       # shared memory per CTA on SM90 (227 KB)
 MIN_MAINLOOP_STAGES = 2   # CUTLASS's SM90 mainloops need at least two stages
-_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+SMEM_ALIGN = 1024         # alignment of a 128-byte-swizzled TMA buffer
+STAGE_BARRIERS = 16       # bytes of pipeline barriers per mainloop stage (full + empty)
+_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 4}   # int64 vectors are narrowed to int32
 
 
 def segment_size(graph: ir.Graph) -> int | None:
@@ -66,9 +71,14 @@ def epilogue_tile(config: KernelConfig) -> tuple[int, int]:
     return (tm if config.schedule != "pingpong" else min(tm, 64), 32)
 
 
+def _align(n: int) -> int:
+    return -(-n // SMEM_ALIGN) * SMEM_ALIGN
+
+
 def epilogue_buffers(graph: ir.Graph, dtype: str, config: KernelConfig) -> dict[str, int]:
-    """Bytes of the epilogue's shared-memory buffers at the fewest stages CUTLASS gives them: D's
-    staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores: 32-bit)."""
+    """Bytes of the epilogue's shared memory at the fewest stages CUTLASS gives its buffers: D's
+    staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores: 32-bit), each
+    row vector's TILE_N slice (rounded up to SMEM_ALIGN), and SMEM_ALIGN for barriers and padding."""
     tm, tn, _ = config.tile
     em, en = epilogue_tile(config)
     subtiles = (tm // em) * (tn // en)
@@ -84,13 +94,17 @@ def epilogue_buffers(graph: ir.Graph, dtype: str, config: KernelConfig) -> dict[
             parts[f"pair tile {n.name!r}"] = stages_c * sub * 4
         elif n.kind == "pair_store":
             parts[f"pair store {n.name!r}"] = stages_d * sub * 4
+        elif n.kind == "row_vector":  # CUTLASS's row broadcast stages its CTA_N slice in shared memory
+            parts[f"row vector {n.name!r}"] = _align(tn * _BYTES[n.attr("dtype") or dtype])
+    parts["barriers and padding"] = SMEM_ALIGN
     return parts
 
 
 def mainloop_stages(graph: ir.Graph, dtype: str, config: KernelConfig) -> int:
     """An upper bound of the mainloop pipeline stages left beside the epilogue's buffers."""
     tm, tn, tk = config.tile
-    return (SMEM_BYTES - sum(epilogue_buffers(graph, dtype, config).values())) // ((tm + tn) * tk * _BYTES[dtype])
+    stage = (tm + tn) * tk * _BYTES[dtype] + STAGE_BARRIERS
+    return (SMEM_BYTES - sum(epilogue_buffers(graph, dtype, config).values())) // stage
 
 
 def check_shared_memory(graph: ir.Graph, dtype: str, config: KernelConfig) -> None:
