@@ -131,7 +131,10 @@ def measure(ncu: str, case: str, shape: tuple[int, int, int], tag: str, timeout:
                "--shape", ",".join(map(str, shape)), "--config", tag]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         text = log.read_text() if log.is_file() else ""
-    kernels = parse_ncu_csv(text)
+    try:
+        kernels = parse_ncu_csv(text)
+    except ValueError as e:   # an ncu unit this script does not know: recorded, the next row still runs
+        return {"error": str(e), "log_tail": text[-2000:]}
     if proc.returncode != 0 or not kernels:
         tail = (proc.stdout + proc.stderr + text)[-2000:]
         return {"error": f"ncu exited {proc.returncode} with {len(kernels)} kernel(s) measured", "log_tail": tail}
