@@ -454,6 +454,19 @@ def test_compiled_rows_makes_one_graph_for_every_row_count():
         torch.testing.assert_close(got, want)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
 
+    # a second width gets its own graph, still with one symbolic size (the rows), not a width-dynamic one
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(sum(isinstance(a, torch.SymInt) for a in example_inputs))
+        return gm.forward
+
+    run = common.compiled_rows(f, backend=record)
+    for m, n in ((5, 48), (17, 48), (9, 64), (300, 64), (7, 48)):
+        torch.testing.assert_close(run(torch.randn(m, n), torch.randn(n)), f(torch.zeros(m, n), torch.zeros(n)),
+                                   atol=float("inf"), rtol=0)   # shapes only
+    assert graphs == [1, 1], graphs
+
 
 def _backward_op_cases():
     """The backward GEMM ops on bf16 CPU tensors (their CPU kernels: the fp32 references)."""
