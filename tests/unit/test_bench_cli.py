@@ -168,3 +168,12 @@ def test_speed_of_light_is_the_model_bound_over_the_measured_time(tmp_path, caps
     for v, t in ms.items():
         assert sol[v]["sol"] == pytest.approx(sol[v]["bound_ms"] / t)
     assert "SoL" in capsys.readouterr().out
+
+
+def test_bench_elementwise_cli_refuses_unknown_shapes(capsys):
+    import bench_elementwise
+
+    with pytest.raises(SystemExit):
+        bench_elementwise.main(["--shapes", "3B"])
+    assert "invalid choice" in capsys.readouterr().err
+    assert set(bench_elementwise.SHAPES) == {"1B", "8B"}

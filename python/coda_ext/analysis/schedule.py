@@ -12,7 +12,9 @@ it stays there and is read once). Against the DRAM reads Nsight Compute recorded
 (benchmarks/results/ncu_epilogue_cost_h100.txt) it is within 3 % with 128x128 ping-pong tiles at
 16384x6144x4096 and with 64x128 tiles at M = 128, but 18-43 % low with 128x256 tiles in 2x1
 clusters (16384x6144 and 16384x28672), where L2 keeps less of a band than it holds: treat operand
-bytes as a floor. benchmarks/validate_io.py measures it again.
+bytes as a floor. benchmarks/validate_io.py measured it again over 64 rows
+(benchmarks/results/io_validation_h100.json, docs/explain.md): 0.94-1.01 for 64x128 and 128x128
+tiles, 0.80-2.01 for 128x256 tiles in 2x1 clusters.
 """
 from __future__ import annotations
 
