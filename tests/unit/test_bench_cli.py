@@ -177,3 +177,14 @@ def test_bench_elementwise_cli_refuses_unknown_shapes(capsys):
         bench_elementwise.main(["--shapes", "3B"])
     assert "invalid choice" in capsys.readouterr().err
     assert set(bench_elementwise.SHAPES) == {"1B", "8B"}
+
+
+def test_compile_time_reads_nvcc_phase_csv(tmp_path):
+    import compile_time
+
+    path = tmp_path / "t.csv"
+    path.write_text("source file name , phase name , phase input files , phase output file , arch , tool, metric , unit\n"
+                    "/k.cu , cicc , a , b , compute_90a , nvcc , 31121.8 , ms\n"
+                    "/k.cu , gcc (compiling) , a , b ,  , nvcc , 6914.0 , ms\n"
+                    "/k.cu , gcc (compiling) , a , b ,  , nvcc , 13.7 , ms\n")
+    assert compile_time.phases(path) == {"cicc": 31121.8, "gcc (compiling)": pytest.approx(6927.7)}
