@@ -3,6 +3,7 @@ read and written, and kernel time, of every benchmark graph's op at M = 128 and 
 
     python -m coda_ext.prebuild benchmarks/validate_io.py -j 16     # the kernels, ahead of time
     python benchmarks/validate_io.py [--cases design,swiglu] [--shapes 16384,6144,4096 ...] [--ncu PATH]
+    python benchmarks/validate_io.py --merge PART.json ... --out FILE.json      # runs split by --cases/--shapes
 
 For each (graph, shape) the config is the one config="auto" picks (the model's "auto"); this script
 then runs itself in runner mode (--run) under
@@ -30,6 +31,7 @@ import io
 import json
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -168,18 +170,42 @@ def summarize(rows: list[dict], echo: bool = False) -> list[dict]:
     return ok
 
 
+def result(gpu_model: dict, environment: dict, rows: list[dict]) -> dict:
+    """The results file's content: the rows, and per quantity the range of measured / model over the
+    rows measured without error (time also as the median of |measured / model - 1|)."""
+    ok = summarize(rows)
+    out = {"gpu_model": gpu_model, "environment": environment, "metrics": METRICS,
+           "ncu_flags": "--profile-from-start off --cache-control all --clock-control none", "rows": rows}
+    for key in ("read_bytes", "write_bytes", "time_s"):
+        ratios = sorted(r["ratio_measured_to_model"][key] for r in ok if r["ratio_measured_to_model"][key])
+        out[f"{key}_ratio_range"] = [ratios[0], ratios[-1]] if ratios else None
+    deviations = [abs(r["ratio_measured_to_model"]["time_s"] - 1) for r in ok if r["ratio_measured_to_model"]["time_s"]]
+    out["time_median_abs_deviation"] = statistics.median(deviations) if deviations else None
+    return out
+
+
 def write_result(path: str, gpu, rows: list[dict]) -> None:
     from harness import gpu_info
 
-    ok = summarize(rows)
-    result = {"gpu_model": dataclasses.asdict(gpu), "environment": gpu_info(), "metrics": METRICS,
-              "ncu_flags": "--profile-from-start off --cache-control all --clock-control none", "rows": rows}
-    for key in ("read_bytes", "write_bytes", "time_s"):
-        ratios = sorted(r["ratio_measured_to_model"][key] for r in ok if r["ratio_measured_to_model"][key])
-        result[f"{key}_ratio_range"] = [ratios[0], ratios[-1]] if ratios else None
     out = pathlib.Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out.write_text(json.dumps(result(dataclasses.asdict(gpu), gpu_info(), rows), indent=1))
+
+
+def merge(paths: list[str]) -> dict:
+    """One results file from runs of parts of the matrix (each within one process and machine): a
+    later part's row replaces an earlier one of the same case and shape; environment.parts lists
+    each part's commit, date, GPU and cases."""
+    parts = [json.loads(pathlib.Path(p).read_text()) for p in paths]
+    rows: dict[tuple, dict] = {}
+    for part in parts:
+        for row in part["rows"]:
+            rows[(row["case"], tuple(row["shape"]))] = row
+    environment = dict(parts[0]["environment"])
+    environment["parts"] = [{"commit": part["environment"].get("commit"), "date": part["environment"].get("date"),
+                             "gpu": part["environment"].get("gpu"), "cases": sorted({r["case"] for r in part["rows"]})}
+                            for part in parts]
+    return result(parts[0]["gpu_model"], environment, list(rows.values()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,12 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", default="H100 SXM", help="the model's GPU (coda_ext.analysis.GPUS)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per profiled run")
     p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--merge", nargs="+", metavar="PART", help="combine results files of runs split by --cases or "
+                   "--shapes into --out; no GPU")
     p.add_argument("--run", metavar="CASE", help=argparse.SUPPRESS)      # runner mode (under ncu)
     p.add_argument("--shape", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.run:
         run_once(args.run, tuple(int(x) for x in args.shape.split(",")), args.config)
+        return 0
+    if args.merge:
+        merged = merge(args.merge)
+        pathlib.Path(args.out).write_text(json.dumps(merged, indent=1))
+        summarize(merged["rows"], echo=True)
+        print(f"wrote {args.out}: {len(merged['rows'])} rows from {len(args.merge)} parts")
         return 0
 
     import torch

@@ -298,3 +298,31 @@ def test_validate_io_parses_ncu_csv_and_lists_its_kernels():
     shapes = validate_io.default_shapes()
     assert {s[0] for s in shapes} == {128, 16384} and len(shapes) == 8
     assert all(cfg in tuning.HEURISTIC_CONFIGS for _, _, cfg in validate_io.build_items())
+
+
+def test_validate_io_merges_parts(tmp_path, capsys):
+    import validate_io
+
+    def row(case, M, read, time_s):
+        model = {"read_bytes": 100.0, "write_bytes": 10.0, "time_s": 1e-3, "kernels": []}
+        measured = {"read_bytes": read, "write_bytes": 10.0, "time_s": time_s, "kernels": []}
+        ratios = {k: measured[k] / model[k] for k in ("read_bytes", "write_bytes", "time_s")}
+        return {"case": case, "shape": [M, 64, 64], "config": "c", "model": model, "measured": measured,
+                "ratio_measured_to_model": ratios}
+
+    parts = []
+    for i, rows in enumerate([[row("a", 1, 100.0, 1.0e-3), row("b", 1, 120.0, 1.2e-3)],
+                              [row("b", 1, 110.0, 1.1e-3), row("a", 2, 90.0, 0.9e-3)]]):
+        path = tmp_path / f"part{i}.json"
+        env = {"commit": f"c{i}", "date": "d", "gpu": "NVIDIA H100 80GB HBM3"}
+        path.write_text(json.dumps(validate_io.result({"name": "H100 SXM"}, env, rows)))
+        parts.append(str(path))
+    out = tmp_path / "all.json"
+    assert validate_io.main(["--merge", *parts, "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert [(r["case"], r["shape"][0]) for r in merged["rows"]] == [("a", 1), ("b", 1), ("a", 2)]
+    assert merged["rows"][1]["measured"]["read_bytes"] == 110.0          # the later part's row
+    assert [p["commit"] for p in merged["environment"]["parts"]] == ["c0", "c1"]
+    assert merged["read_bytes_ratio_range"] == [0.9, 1.1]
+    assert merged["time_median_abs_deviation"] == pytest.approx(0.1)
+    assert "3 rows from 2 parts" in capsys.readouterr().out
