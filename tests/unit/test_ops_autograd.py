@@ -431,6 +431,41 @@ def test_rope_backward_not_fused_while_traced():
         assert rope_backward._tracing(torch.empty(3, 4))
 
 
+@pytest.mark.parametrize("table", ["rope_frequencies", "per-head", "rotated V"])
+def test_rope_backward_follows_any_frequency_table(table):
+    """Regression: the backward took the first head's frequencies for every head, right for
+    rope_frequencies' tables only. Now a table with other frequencies per head (or a rotated V)
+    gets every pair at its own angle: dz is the autograd gradient of the fp64 rotation by the table."""
+    from coda_ext.ops import rope_backward
+
+    gen = _gen("rope-table-" + table)
+    H, KV, hd, M = 4, 2, 8, 5
+    N = (H + 2 * KV) * hd
+    freqs = ops.rope_frequencies(hd, H, KV)
+    if table != "rope_frequencies":
+        n = N if table == "rotated V" else (H + KV) * hd
+        pairs = torch.rand(n // 2, generator=gen, dtype=torch.float64) * 0.3
+        cols = pairs.repeat_interleave(2)
+        freqs[0, :n], freqs[1, :n] = cols.float(), (cols - cols.float().double()).float()
+    assert rope_backward._one_head_table(freqs, H + KV, hd) == (table == "rope_frequencies")
+    if table == "rope_frequencies":   # the answer is kept per table object and version
+        kept = freqs[0, hd].clone()
+        freqs[0, hd] = kept + 0.125
+        assert not rope_backward._one_head_table(freqs, H + KV, hd)
+        freqs[0, hd] = kept
+        assert rope_backward._one_head_table(freqs, H + KV, hd)
+    pos = torch.arange(M, dtype=torch.float32) * 37
+    z = _randn(gen, M, N, dtype=torch.float64).requires_grad_()
+    angle = 2 * math.pi * (pos.double()[:, None] * (freqs[0].double() + freqs[1].double())[None, 0::2])
+    a, b = z[:, 0::2], z[:, 1::2]
+    out = torch.stack([a * angle.cos() - b * angle.sin(), b * angle.cos() + a * angle.sin()], -1).reshape(M, N)
+    dqkv = _randn(gen, M, N, dtype=torch.float64)
+    (want,) = torch.autograd.grad(out, z, dqkv)
+    dz, zdz = ops.qkv_rope_backward(dqkv.float(), out.detach().float(), pos, freqs, H, KV)
+    torch.testing.assert_close(dz.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(zdz.double(), (out.detach() * dqkv).sum(-1), atol=1e-4, rtol=1e-5)
+
+
 def test_compiled_rows_makes_one_graph_for_every_row_count():
     """The element-wise passes (rope_backward, norm_input) compile with only the row count dynamic: new
     row counts reuse the graph (regression: with every size dynamic the RoPE backward ran 3.5x slower);
