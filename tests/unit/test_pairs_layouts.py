@@ -11,8 +11,6 @@ import collections
 import dataclasses
 import importlib
 import math
-import shutil
-import subprocess
 
 import pytest
 import torch
@@ -564,21 +562,6 @@ def test_interpreted_op_flattens_and_restores_pair_tensors(monkeypatch):
 # --- a compiled op's checks, up to the launch ------------------------------------------------------------
 
 
-class Launched(Exception):
-    """Every check passed: the op would launch now (args: the outputs it would write)."""
-
-
-@pytest.fixture(scope="module")
-def stub_library(tmp_path_factory) -> str:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the stub library")
-    d = tmp_path_factory.mktemp("stub")
-    (d / "stub.c").write_text("int coda_run(void) { return 1; }\nlong coda_workspace_size(void) { return 0; }\n")
-    subprocess.run([cc, "-shared", "-fPIC", str(d / "stub.c"), "-o", str(d / "stub.so")], check=True)
-    return str(d / "stub.so")
-
-
 @pytest.fixture
 def no_nvcc(monkeypatch, stub_library):
     """ce.compile without nvcc: every kernel is the stub; returns the sources it was asked to build."""
@@ -592,19 +575,6 @@ def no_nvcc(monkeypatch, stub_library):
     return built
 
 
-@pytest.fixture
-def cpu_as_gpu(monkeypatch):
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: self.device.type == "cpu"))
-    monkeypatch.setattr(checks, "require_sm90", lambda device: None)
-    real = checks.check_no_overlap
-
-    def last_check(outputs, inputs):
-        real(outputs, inputs)
-        raise Launched(outputs)
-
-    monkeypatch.setattr(checks, "check_no_overlap", last_check)
-
-
 def test_compile_lays_the_config_out(no_nvcc):
     g = _interface_graph()
     assert ce.compile(g, "bfloat16").config == DEFAULT_CONFIG
@@ -615,8 +585,8 @@ def test_compile_lays_the_config_out(no_nvcc):
     assert [s.count(", true") for s in no_nvcc] == [0, 1, 2, 0]
 
 
-def _launch(op, A, W, **kw):
-    with pytest.raises(Launched) as e:
+def _launch(launched, op, A, W, **kw):
+    with pytest.raises(launched) as e:
         op(A, W, **kw)
     return e.value.args[0]
 
@@ -630,7 +600,7 @@ def test_op_reads_operands_in_its_layout(no_nvcc, cpu_as_gpu, major):
     z = torch.zeros(M, 2 * N, dtype=BF16)
     A = _transposed(M, K) if major[0] == "m" else torch.zeros(M, K, dtype=BF16)
     W = _transposed(N, K) if major[1] == "n" else torch.zeros(N, K, dtype=BF16)
-    outputs = _launch(op, A, W, z=z, out={"dz": torch.zeros(M, 2 * N, dtype=BF16)})
+    outputs = _launch(cpu_as_gpu, op, A, W, z=z, out={"dz": torch.zeros(M, 2 * N, dtype=BF16)})
     assert {k: (tuple(v.shape), v.dtype) for k, v in outputs.items()} == {
         "out": ((M, N), BF16), "dz": ((M, 2 * N), BF16), "dh": ((M, 2 * N), FP16), "rs": ((M,), torch.float32)}
     other_A = torch.zeros(M, K, dtype=BF16) if major[0] == "m" else _transposed(M, K)
@@ -680,6 +650,6 @@ def test_pair_rows_need_n_a_multiple_of_4(no_nvcc, cpu_as_gpu):
     g.store_pairs("dz", acc, even + odd)
     op = ce.compile(g, "bfloat16")
     A, z = torch.zeros(4, 8, dtype=BF16), torch.zeros(4, 16, dtype=BF16)
-    _launch(op, A, torch.zeros(8, 8, dtype=BF16), z=z, out={})
+    _launch(cpu_as_gpu, op, A, torch.zeros(8, 8, dtype=BF16), z=z, out={})
     with pytest.raises(ValueError, match=r"z's rows are 24 bytes apart; they must be a multiple of 16 bytes"):
         op(A, torch.zeros(6, 8, dtype=BF16), z=torch.zeros(4, 12, dtype=BF16), out={})
