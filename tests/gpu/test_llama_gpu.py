@@ -23,7 +23,7 @@ from coda_ext.models import (CodaLlamaDecoderLayer, CodaLlamaForCausalLM, EagerL
                              EagerLlamaForCausalLM, LlamaConfig, shift_labels, training_kernels)
 from coda_ext.models.config import qkv_to_hf
 from coda_ext.ops import split_gate_up
-from test_ops_gpu import max_err, nan_memory
+from test_ops_gpu import assert_within_rule, max_err, nan_memory
 
 pytestmark = pytest.mark.gpu
 
@@ -77,14 +77,8 @@ def check(label: str, got: dict, ref: dict, base: dict, report) -> None:
     """Each tensor: max error ≤ 2 × the eager bf16 model's + 1e-5 · (1 + max |ref|)."""
     assert set(got) == set(ref) == set(base), label
     for name in ref:
-        g, r, b = got[name], ref[name], base[name]
-        assert g.shape == r.shape, f"{label} {name}: shape {tuple(g.shape)} != {tuple(r.shape)}"
-        assert not torch.isnan(g).any(), f"{label} {name}: NaN (unwritten elements?)"
-        err, err_torch = max_err(g, r), max_err(b, r)
-        floor = 1e-5 * (1.0 + r.abs().max().item())
-        report(f"{label} {name}: max_err={err:.3e} torch_bf16_err={err_torch:.3e}")
-        assert err <= 2 * err_torch + floor, (
-            f"{label} {name}: max error {err:.3e} > 2 x {err_torch:.3e} (eager PyTorch in bf16) + {floor:.1e}")
+        assert_within_rule(f"{label} {name}", got[name], ref[name], base[name], report, "torch_bf16_err",
+                           "eager PyTorch in bf16")
 
 
 def three(cls_coda, cls_eager, cfg, seed):

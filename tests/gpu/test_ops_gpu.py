@@ -154,18 +154,23 @@ OUTPUTS = {"linear_residual_norm": ("out", "h", "rstd"), "rms_linear": ("out",),
            "linear_swiglu_train": ("y", "z"), "qkv_rope": ("qkv",), "lm_head_cross_entropy": ("loss", "lse")}
 
 
+def assert_within_rule(label: str, g: torch.Tensor, r: torch.Tensor, b: torch.Tensor, report, err_key: str,
+                       baseline: str) -> None:
+    """DESIGN.md's rule for one tensor: max error <= 2 x the baseline's (b) + 1e-5 * (1 + max |ref|),
+    no NaN left (poisoned outputs), reported as `label: max_err=... err_key=...`."""
+    assert g.shape == r.shape, f"{label}: shape {tuple(g.shape)} != {tuple(r.shape)}"
+    assert not torch.isnan(g).any(), f"{label}: NaN in the output (unwritten elements?)"
+    err, err_torch = max_err(g, r), max_err(b, r)
+    floor = 1e-5 * (1.0 + r.abs().max().item())
+    report(f"{label}: max_err={err:.3e} {err_key}={err_torch:.3e}")
+    assert err <= 2 * err_torch + floor, f"{label}: max error {err:.3e} > 2 x {err_torch:.3e} ({baseline}) + {floor:.1e}"
+
+
 def check(case, got: tuple, ref: tuple, base: tuple, report, note: str = "") -> None:
     names = OUTPUTS[case.function]
     assert len(got) == len(ref) == len(base) == len(names), case.label
     for name, g, r, b in zip(names, got, ref, base):
-        label = f"{case.label}{note} {name}"
-        assert g.shape == r.shape, f"{label}: shape {tuple(g.shape)} != {tuple(r.shape)}"
-        assert not torch.isnan(g).any(), f"{label}: NaN in the output (unwritten elements?)"
-        err, err_torch = max_err(g, r), max_err(b, r)
-        floor = 1e-5 * (1.0 + r.abs().max().item())
-        report(f"{label}: max_err={err:.3e} torch_dtype_err={err_torch:.3e}")
-        assert err <= 2 * err_torch + floor, (
-            f"{label}: max error {err:.3e} > 2 x {err_torch:.3e} (PyTorch in {case.dtype}) + {floor:.1e}")
+        assert_within_rule(f"{case.label}{note} {name}", g, r, b, report, "torch_dtype_err", f"PyTorch in {case.dtype}")
 
 
 def test_nan_memory_hands_out_nan():
