@@ -31,6 +31,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import goals  # noqa: E402
 import graphs  # noqa: E402
 
 import coda_ext as ce  # noqa: E402
@@ -45,6 +46,8 @@ SHAPES = {
     "design": [(8192, 8192, 4096)],
 }
 DEFAULT_CASES = tuple(graphs.CASES)
+#: the variant that runs the identity graph (the bare GEMM) with the config coda_auto picked
+PLAIN = "plain_same_config"
 
 
 def configs(which: str) -> list:
@@ -57,7 +60,13 @@ def variant_name(cfg) -> str:
 
 
 def build_items(case_names=DEFAULT_CASES, which="auto"):
-    return [(graphs.CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in configs(which)]
+    """Every case's kernels, and the plain GEMM (identity graph) of each config they may run: the
+    `plain_same_config` variant that splits a row's ratio into mainloop and epilogue."""
+    items = [(graphs.CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in configs(which)]
+    identity = graphs.CASES["identity"][0]()
+    twins = {c.tag: c for name in case_names if name != "identity"
+             for c in concrete_configs(graphs.CASES[name][0](), configs(which))}
+    return items + [(identity, "bfloat16", c) for c in twins.values()]
 
 
 def make_inputs(op, M: int, N: int, K: int, seed: int):
@@ -150,6 +159,9 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
         variants = {"cublas_gemm": lambda i: F.linear(sets[i][0], sets[i][1])}
         for vname, op in ops.items():
             variants[vname] = (lambda op: lambda i: op(sets[i][0], sets[i][1], **sets[i][2]))(op)
+        twin = plain_twin(name, ops, M, N, K)
+        if twin is not None:
+            variants[PLAIN] = (lambda op: lambda i: op(sets[i][0], sets[i][1]))(twin)
         variants["torch_compile"] = lambda i: compiled(sets[i][0], sets[i][1], **sets[i][2])
         variants["eager"] = lambda i: reference(sets[i][0], sets[i][1], **sets[i][2])
         for i in (0, 1):
@@ -165,7 +177,10 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
         coda = [v for v in summary if v.startswith("coda_")]
         best = min(coda, key=lambda v: summary[v]["median_ratio_to_cublas"])
         entry["coda_ratio"] = summary[best]["median_ratio_to_cublas"]
-        entry["meets_goal"] = entry["coda_ratio"] <= goal
+        if PLAIN in summary:
+            entry["mainloop_ratio"] = summary[PLAIN]["median_ratio_to_cublas"]
+            entry["epilogue_ratio"] = entry["coda_ratio"] / entry["mainloop_ratio"]
+        entry["meets_goal"] = entry["coda_ratio"] <= goals.row_bound(name, (M, N, K))
         entry["beats_torch_compile"] = summary[best]["median_ratio_to_cublas"] < \
             summary["torch_compile"]["median_ratio_to_cublas"]
         result["shapes"][f"{M}x{N}x{K}"] = entry
@@ -175,6 +190,18 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
         sets = variants = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
     return result
+
+
+def plain_twin(name: str, ops: dict, M: int, N: int, K: int):
+    """The identity graph with the config coda_auto runs at this shape (None for identity itself, or
+    without an auto variant): its time / cuBLAS is the mainloop's share of the row, the fused kernel's
+    time / its time the epilogue's."""
+    import torch
+
+    if name == "identity" or "coda_auto" not in ops:
+        return None
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return ce.compile(graphs.CASES["identity"][0](), "bfloat16", ops["coda_auto"].config_for(M, N, K, sms))
 
 
 def _config(variant: str, tag: str | None):
@@ -195,6 +222,9 @@ def speed_of_light(case: str, shape: str, entry: dict, gpu: str = "H100 SXM") ->
               .variants["fused"]}
     model = io_model(build(), "bfloat16", (M, N, K), "auto", gpu)
     bounds["torch_compile"], bounds["eager"] = model.variants["compile"], model.variants["unfused"]
+    if PLAIN in entry["variants"]:
+        bounds[PLAIN] = io_model(graphs.CASES["identity"][0](), "bfloat16", (M, N, K),
+                                 _config("coda_auto", entry.get("auto_config")), gpu).variants["fused"]
     for v in entry["variants"]:
         if v.startswith("coda_"):
             bounds[v] = io_model(build(), "bfloat16", (M, N, K), _config(v, entry.get("auto_config")), gpu) \

@@ -7,8 +7,9 @@
 // The wgmma accumulator layout gives every thread adjacent column pairs (2c, 2c + 1) in
 // consecutive fragment slots, so each pair is combined in registers. At the end of each
 // epilogue subtile the results are written with 4-element vector stores after a transpose
-// within each quad of lanes (when the subtile has the wgmma layout, checked at run time), else
-// with predicated per-element stores.
+// within each quad of lanes (when the subtile has the wgmma layout: decided at compile time from
+// the static coordinate layout, the quad's arrangement checked at run time), else with
+// predicated per-element stores.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -102,84 +103,93 @@ struct Sm90PairGatedStore : Sm90PlainNode<Sm90PairGatedStoreArguments<Element>> 
       }
     }
 
-    template <class T>
-    CUTLASS_DEVICE static T shfl(T x, int src_lane) {
-      static_assert(sizeof(T) == 4, "shuffles move 32-bit words");
-      uint32_t bits;
-      memcpy(&bits, &x, 4);
-      bits = __shfl_sync(0xffffffffu, bits, src_lane);
-      memcpy(&x, &bits, 4);
-      return x;
+    // Two elements from lane (this lane ^ mask), as one 32-bit shuffle for 16-bit elements.
+    CUTLASS_DEVICE static void exchange(Element& a, Element& b, int mask) {
+      if constexpr (sizeof(Element) == 2) {
+        cutlass::Array<Element, 2> pair;
+        pair[0] = a;
+        pair[1] = b;
+        uint32_t bits;
+        memcpy(&bits, &pair, 4);
+        bits = __shfl_xor_sync(0xffffffffu, bits, mask);
+        memcpy(&pair, &bits, 4);
+        a = pair[0];
+        b = pair[1];
+      } else {
+        static_assert(sizeof(Element) == 4, "pair outputs are 16- or 32-bit");
+        uint32_t x, y;
+        memcpy(&x, &a, 4);
+        memcpy(&y, &b, 4);
+        x = __shfl_xor_sync(0xffffffffu, x, mask);
+        y = __shfl_xor_sync(0xffffffffu, y, mask);
+        memcpy(&a, &x, 4);
+        memcpy(&b, &y, 4);
+      }
     }
 
     // Vector stores through a transpose inside each quad of lanes. In the wgmma accumulator
     // layout the 4 lanes of a quad share two rows (r, r + 8) and lane q holds the outputs
     // (r, 4j + q), j = 0..3, of a 16-output (32-column) subtile row: after the transpose lane q
-    // holds (r, 4q + k), k = 0..3, and writes them with one 4-element store. The layout is
-    // checked from the coordinates first: if any lane of the warp sees another layout, the
-    // warp returns false and stores element by element.
+    // holds (r, 4q + k), k = 0..3, and writes them with one 4-element store.
+    // Which fragment slot holds which output is decided at compile time: the coordinates are the
+    // thread's first one plus a static layout, so every offset below folds to a constant (a layout
+    // other than wgmma's folds `layout_ok` to false and the subtile is stored element by element).
+    // At run time only the quad's arrangement is checked (two shuffles and a vote per subtile).
     template <class Coords>
     CUTLASS_DEVICE bool store_quad_transposed(Coords const& coords) {
-      int row0 = cute::get<0>(coords(0));
-      int oc0 = cute::get<1>(coords(0)) >> 1;
+      // Offsets from element 0 (static), and the fragment's top-left corner relative to it.
+      int dr_min = 0, dc_min = 0;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 2; i < 16; i += 2) {
-        row0 = cute::min(row0, int(cute::get<0>(coords(i))));
-        oc0 = cute::min(oc0, int(cute::get<1>(coords(i))) >> 1);
+        dr_min = cute::min(dr_min, int(cute::get<0>(coords(i))) - int(cute::get<0>(coords(0))));
+        dc_min = cute::min(dc_min, int(cute::get<1>(coords(i))) - int(cute::get<1>(coords(0))));
       }
+      int const row0 = int(cute::get<0>(coords(0))) + dr_min;
+      int const col0 = int(cute::get<1>(coords(0))) + dc_min;
       Element v[2][4];
+      bool layout_ok = true;
       unsigned filled = 0;
-      bool ok = true;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < 16; i += 2) {
-        int dr = int(cute::get<0>(coords(i))) - row0;
-        int doc = (int(cute::get<1>(coords(i))) >> 1) - oc0;
-        ok = ok && (dr == 0 || dr == 8) && (doc & 3) == 0 && doc < 16;
-        int slot = (dr >> 3) * 4 + (doc >> 2);
-        filled |= 1u << (slot & 7);
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < 8; ++s) {
-          if (slot == s) v[s / 4][s % 4] = tC_rOut(i);
-        }
+        int dr = int(cute::get<0>(coords(i))) - int(cute::get<0>(coords(0))) - dr_min;   // static: 0 or 8
+        int dc = int(cute::get<1>(coords(i))) - int(cute::get<1>(coords(0))) - dc_min;   // static: 0, 8, 16, 24
+        bool here = (dr == 0 || dr == 8) && dc >= 0 && dc < 32 && (dc & 7) == 0;
+        layout_ok = layout_ok && here;
+        int slot = here ? (dr >> 3) * 4 + (dc >> 3) : 0;
+        filled |= 1u << slot;
+        v[slot >> 2][slot & 3] = tC_rOut(i);
+      }
+      if (!layout_ok || filled != 0xffu) {
+        return false;
       }
       int lane = int(threadIdx.x) & 31;
       int q = lane & 3;
-      int leader = lane & ~3;
-      int lead_row = __shfl_sync(0xffffffffu, row0, leader);
-      int lead_oc = __shfl_sync(0xffffffffu, oc0, leader);
-      ok = ok && filled == 0xffu && row0 == lead_row && oc0 == lead_oc + q && (lead_oc & 3) == 0;
-      if (!__all_sync(0xffffffffu, ok)) {
+      int lead_row = __shfl_sync(0xffffffffu, row0, lane & ~3);
+      int lead_col = __shfl_sync(0xffffffffu, col0, lane & ~3);
+      bool quad_ok = row0 == lead_row && col0 == lead_col + 2 * q && (lead_col & 7) == 0;
+      if (!__all_sync(0xffffffffu, quad_ok)) {
         return false;
       }
-      // Transpose: in round s lane q sends its value for column group (q - s) & 3 and receives
-      // lane ((q + s) & 3)'s value for group q, which is output 4q + ((q + s) & 3).
-      Element w[2][4];
+      // 4 x 4 transpose per row in two butterfly steps. Step 1 (lanes q, q ^ 2): the lanes with
+      // q & 2 trade their slots 0, 1 for the partner's 2, 3. Step 2 (lanes q, q ^ 1): the odd lanes
+      // trade slots 0, 2 for the partner's 1, 3. Lane q then holds (r, 4q + k) in slot k.
+      bool hi = (q & 2) != 0;
+      bool odd = (q & 1) != 0;
       CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < 4; ++s) {
-        int send = (q - s) & 3;
-        int from = (q + s) & 3;
-        cutlass::Array<Element, 2> out;
-        out[0] = send == 0 ? v[0][0] : send == 1 ? v[0][1] : send == 2 ? v[0][2] : v[0][3];
-        out[1] = send == 0 ? v[1][0] : send == 1 ? v[1][1] : send == 2 ? v[1][2] : v[1][3];
-        cutlass::Array<Element, 2> in;
-        if constexpr (sizeof(Element) == 2) {
-          in = shfl(out, leader | from);
-        } else {
-          in[0] = shfl(out[0], leader | from);
-          in[1] = shfl(out[1], leader | from);
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          if (from == k) {
-            w[0][k] = in[0];
-            w[1][k] = in[1];
-          }
-        }
+      for (int r = 0; r < 2; ++r) {
+        Element a = hi ? v[r][0] : v[r][2];
+        Element b = hi ? v[r][1] : v[r][3];
+        exchange(a, b, 2);
+        if (hi) { v[r][0] = a; v[r][1] = b; } else { v[r][2] = a; v[r][3] = b; }
+        a = odd ? v[r][0] : v[r][1];
+        b = odd ? v[r][2] : v[r][3];
+        exchange(a, b, 1);
+        if (odd) { v[r][0] = a; v[r][2] = b; } else { v[r][1] = a; v[r][3] = b; }
       }
       Element* ptr = params_ptr->ptr_out;
       int64_t ld = params_ptr->ld_out;
       int out_cols = cute::get<1>(shape_mn) >> 1;
-      int oc = lead_oc + 4 * q;
+      int oc = (lead_col >> 1) + 4 * q;
       bool vector_ok = (ld % 4 == 0) && (reinterpret_cast<uintptr_t>(ptr) % (4 * sizeof(Element)) == 0);
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -189,12 +199,12 @@ struct Sm90PairGatedStore : Sm90PlainNode<Sm90PairGatedStoreArguments<Element>> 
         if (vector_ok && oc + 3 < out_cols) {
           cutlass::AlignedArray<Element, 4> vec;
           CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < 4; ++k) vec[k] = w[r][k];
+          for (int k = 0; k < 4; ++k) vec[k] = v[r][k];
           *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dst) = vec;
         } else {
           CUTLASS_PRAGMA_UNROLL
           for (int k = 0; k < 4; ++k) {
-            if (oc + k < out_cols) dst[k] = w[r][k];
+            if (oc + k < out_cols) dst[k] = v[r][k];
           }
         }
       }

@@ -6,11 +6,7 @@
 // the cluster, the schedule (cooperative or ping-pong) and the epilogue graph.
 #pragma once
 
-#include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/kernel/tile_scheduler.hpp>
+#include "sm90_cutlass.cuh"
 
 namespace coda::kernels {
 

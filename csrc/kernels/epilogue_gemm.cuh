@@ -18,14 +18,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
-#include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
-#include <cutlass/gemm/kernel/tile_scheduler.hpp>
-#include <cutlass/kernel_hardware_info.h>
 
 #include "coda/abi.h"
+#include "sm90_cutlass.cuh"
 #include "config.cuh"
 #include "finalize.cuh"
 #include "../epilogues/nodes.hpp"
@@ -83,7 +78,7 @@ struct EpilogueGemm {
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
                                                       CollectiveEpilogue, typename Cfg::Schedule::TileScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using Arguments = typename Kernel::Arguments;
   using FusionArguments = typename Fusion::Arguments;
   using ElementAB = typename Cfg::ElementAB;
   using ElementD = typename Cfg::ElementD;
@@ -98,9 +93,9 @@ struct EpilogueGemm {
     return cached[device];
   }
 
-  static typename Gemm::Arguments gemm_arguments(CodaLaunch const& L, FusionArguments const& fusion) {
+  static Arguments gemm_arguments(CodaLaunch const& L, FusionArguments const& fusion) {
     using Stride = typename Cfg::StrideRowMajor;
-    typename Gemm::Arguments args{};
+    Arguments args{};
     args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
     args.problem_shape = {int(L.M), int(L.N), int(L.K), 1};
     args.mainloop.ptr_A = static_cast<ElementAB const*>(L.A);
@@ -132,13 +127,42 @@ struct EpilogueGemm {
   }
 
   static size_t gemm_workspace_bytes(CodaLaunch const& L) {
-    return align_up(Gemm::get_workspace_size(gemm_arguments(L, FusionArguments{})));
+    return align_up(Kernel::get_workspace_size(gemm_arguments(L, FusionArguments{})));
   }
 
   static size_t workspace_size(int64_t M, int64_t N, int64_t K, ReductionList const& reductions) {
     CodaLaunch L{};
     L.M = M; L.N = N; L.K = K; L.lda = K; L.ldb = K; L.ldd = N;
     return gemm_workspace_bytes(L) + partials_bytes(reductions, M, N);
+  }
+
+  // One launch of the persistent kernel: the grid the tile scheduler asks for, the kernel's whole
+  // shared memory, and the cluster shape as a launch attribute (a plain launch for 1x1 clusters).
+  static cudaError_t launch(typename Kernel::Params const& params, cudaStream_t stream) {
+    constexpr int kSmem = Kernel::SharedStorageSize;
+    void const* entry = reinterpret_cast<void const*>(&cutlass::device_kernel<Kernel>);
+    if constexpr (kSmem >= (48 << 10)) {
+      cudaError_t e = cudaFuncSetAttribute(entry, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (e != cudaSuccess) return e;
+    }
+    cudaLaunchConfig_t config{};
+    config.gridDim = Kernel::get_grid_shape(params);
+    config.blockDim = Kernel::get_block_shape();
+    config.dynamicSmemBytes = kSmem;
+    config.stream = stream;
+    cudaLaunchAttribute cluster[1];
+    constexpr unsigned kClusterM = cute::size<0>(typename Cfg::ClusterShape{});
+    constexpr unsigned kClusterN = cute::size<1>(typename Cfg::ClusterShape{});
+    if constexpr (kClusterM * kClusterN > 1) {
+      cluster[0].id = cudaLaunchAttributeClusterDimension;
+      cluster[0].val.clusterDim.x = kClusterM;
+      cluster[0].val.clusterDim.y = kClusterN;
+      cluster[0].val.clusterDim.z = 1;
+      config.attrs = cluster;
+      config.numAttrs = 1;
+    }
+    void* kernel_args[] = {const_cast<typename Kernel::Params*>(&params)};
+    return cudaLaunchKernelExC(&config, entry, kernel_args);
   }
 
   template <class MakeFusionArgs>
@@ -170,20 +194,17 @@ struct EpilogueGemm {
       offset += align_up(size_t(length * count) * sizeof(float));
     }
 
-    typename Gemm::Arguments args = gemm_arguments(L, make_fusion(L, partials));
-    Gemm gemm;
-    cutlass::Status status = gemm.can_implement(args);
-    if (status != cutlass::Status::kSuccess)
-      return fail(CODA_ERROR_CAN_IMPLEMENT, "CUTLASS can_implement rejected the problem",
-                  cutlassGetStatusString(status));
-    status = gemm.initialize(args, gemm_ws ? base : nullptr, stream);
+    Arguments args = gemm_arguments(L, make_fusion(L, partials));
+    if (!Kernel::can_implement(args))
+      return fail(CODA_ERROR_CAN_IMPLEMENT, "CUTLASS can_implement rejected the problem", nullptr);
+    cutlass::Status status = Kernel::initialize_workspace(args, gemm_ws ? base : nullptr, stream, nullptr);
     if (status != cutlass::Status::kSuccess)
       return fail(CODA_ERROR_INITIALIZE, "CUTLASS initialize failed", cutlassGetStatusString(status));
-    status = gemm.run(stream);
-    cudaError_t cuda_status = cudaGetLastError();
-    if (status != cutlass::Status::kSuccess || cuda_status != cudaSuccess)
-      return fail(CODA_ERROR_LAUNCH, "GEMM launch failed",
-                  cuda_status != cudaSuccess ? cudaGetErrorString(cuda_status) : cutlassGetStatusString(status));
+    cudaError_t cuda_status = launch(Kernel::to_underlying_arguments(args, gemm_ws ? base : nullptr), stream);
+    cudaError_t last = cudaGetLastError();  // read (and clear) in every case
+    if (cuda_status == cudaSuccess) cuda_status = last;
+    if (cuda_status != cudaSuccess)
+      return fail(CODA_ERROR_LAUNCH, "GEMM launch failed", cudaGetErrorString(cuda_status));
 
     FinalizeBatch batch{};
     batch.n_items = reductions.count;

@@ -93,12 +93,13 @@ def swiglu_pairs():
 
 
 def swiglu():
-    """The project node: gated activation on interleaved gate/up columns, half-width stores."""
+    """The project node: gated activation on interleaved gate/up columns, half-width stores (16-bit,
+    and fp32: the node's transpose moves 32-bit elements one shuffle each)."""
     g = ce.Graph()
     z = g.accumulator()
     g.output(z)
     g.store("y", ce.swiglu_pairs(z))
-    g.store("yg", ce.pair_gate(z * 0.5, "gelu_tanh"))
+    g.store("yg", ce.pair_gate(z * 0.5, "gelu_tanh"), dtype="float32")
     return g
 
 
