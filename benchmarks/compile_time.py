@@ -1,6 +1,7 @@
 """Cold nvcc time of one kernel, alone on this machine, and where it goes (nvcc's own phase times):
 
     python benchmarks/compile_time.py [--graph design] [--config ping_128x128x64_c1x1_s4]
+        [--baseline-csrc DIR]   # also build the same kernel against another csrc/ tree (builds alternate)
 
 The kernel is one of benchmarks/graphs.py in bf16 with a tuning candidate's config, built with
 coda_ext's nvcc command into a temporary directory, outside the cache, `--repeat` times. Prints the
@@ -25,6 +26,7 @@ import graphs  # noqa: E402
 import coda_ext as ce  # noqa: E402
 from coda_ext import tuning  # noqa: E402
 from coda_ext.compile import nvcc  # noqa: E402
+from coda_ext.compile.paths import csrc_dir  # noqa: E402
 
 
 def phases(path: pathlib.Path) -> dict[str, float]:
@@ -42,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graph", default="design", choices=list(graphs.CASES))
     p.add_argument("--config", default="ping_128x128x64_c1x1_s4", help="a tag of coda_ext.tuning.CANDIDATES")
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--baseline-csrc", metavar="DIR",
+                   help="a csrc/ tree of another revision (e.g. from `git archive REV csrc`): each build of the "
+                        "kernel is followed by one against DIR's headers, so both see the same machine load")
     args = p.parse_args(argv)
     cfg = tuning.config_by_tag(args.config, tuning.CANDIDATES)
     if cfg is None:
@@ -50,19 +55,29 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         src = pathlib.Path(tmp) / "kernel.cu"
         src.write_text(source)
+        trees = [("", None)] + ([(" [baseline csrc]", pathlib.Path(args.baseline_csrc))] if args.baseline_csrc else [])
         for i in range(args.repeat):
-            timing = pathlib.Path(tmp) / f"time{i}.csv"
-            cmd = nvcc.build_command(str(src), str(pathlib.Path(tmp) / "kernel.so")) + ["--time", str(timing)]
-            start = time.monotonic()
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            wall = time.monotonic() - start
-            if proc.returncode:
-                print(proc.stdout + proc.stderr, file=sys.stderr)
-                return 1
-            top = sorted(phases(timing).items(), key=lambda kv: -kv[1])[:5]
-            print(f"{args.graph} {cfg.tag}, build {i + 1}: {wall:.1f} s  ("
-                  + ", ".join(f"{k} {v / 1e3:.1f} s" for k, v in top) + ")", flush=True)
+            for t, (label, tree) in enumerate(trees):
+                timing = pathlib.Path(tmp) / f"time{i}_{t}.csv"   # nvcc --time appends: one file per build
+                cmd = with_csrc(nvcc.build_command(str(src), str(pathlib.Path(tmp) / "kernel.so")), tree)
+                start = time.monotonic()
+                proc = subprocess.run(cmd + ["--time", str(timing)], capture_output=True, text=True)
+                wall = time.monotonic() - start
+                if proc.returncode:
+                    print(proc.stdout + proc.stderr, file=sys.stderr)
+                    return 1
+                top = sorted(phases(timing).items(), key=lambda kv: -kv[1])[:5]
+                print(f"{args.graph} {cfg.tag}{label}, build {i + 1}: {wall:.1f} s  ("
+                      + ", ".join(f"{k} {v / 1e3:.1f} s" for k, v in top) + ")", flush=True)
     return 0
+
+
+def with_csrc(cmd: list[str], tree: pathlib.Path | None) -> list[str]:
+    """The nvcc command with the project's -I directories (csrc/, csrc/include/) taken from `tree`."""
+    if tree is None:
+        return cmd
+    ours = {f"-I{d}": f"-I{tree / d.relative_to(csrc_dir())}" for d in (csrc_dir(), csrc_dir() / "include")}
+    return [ours.get(a, a) for a in cmd]
 
 
 if __name__ == "__main__":

@@ -196,3 +196,17 @@ def test_compile_time_reads_nvcc_phase_csv(tmp_path):
                     "/k.cu , gcc (compiling) , a , b ,  , nvcc , 6914.0 , ms\n"
                     "/k.cu , gcc (compiling) , a , b ,  , nvcc , 13.7 , ms\n")
     assert compile_time.phases(path) == {"cicc": 31121.8, "gcc (compiling)": pytest.approx(6927.7)}
+
+
+def test_compile_time_baseline_tree_replaces_only_the_project_include_dirs(tmp_path):
+    import compile_time
+
+    from coda_ext.compile import nvcc
+    from coda_ext.compile.paths import csrc_dir
+
+    cmd = nvcc.build_command("k.cu", "k.so")
+    other = compile_time.with_csrc(cmd, tmp_path / "csrc")
+    assert f"-I{tmp_path / 'csrc'}" in other and f"-I{tmp_path / 'csrc' / 'include'}" in other
+    assert f"-I{csrc_dir()}" not in other
+    assert [a for a in other if not a.startswith("-I")] == [a for a in cmd if not a.startswith("-I")]
+    assert len(other) == len(cmd) and compile_time.with_csrc(cmd, None) == cmd
