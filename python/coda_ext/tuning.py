@@ -22,8 +22,8 @@ from .config import DEFAULT_CONFIG, KernelConfig
 #: What the heuristic chooses from (benchmarks/results/sweep_*_h100.json: tile x cluster x schedule x
 #: swizzle x raster of the plain GEMM and of pointwise, tile-load and reduction graphs at the
 #: Llama shapes). Ping-pong overlaps one warp group's epilogue with the other's MMAs.
-LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles otherwise (see heuristic)
-PINGPONG = DEFAULT_CONFIG                                                 # many tiles, N <= 16384, K <= 4096
+LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=8)    # many tiles otherwise (see heuristic)
+PINGPONG = DEFAULT_CONFIG                                    # many tiles, N <= 16384, K <= 4096, an epilogue
 WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")  # compute-only, N > 16384, M >= 4096
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
 WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
@@ -79,9 +79,15 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
         wave's operands in L2 (bias+SiLU 1.013-1.020x cuBLAS vs 1.049-1.069x cooperative at
         N = 28672 and 128256); cooperative for a plain GEMM, with a tile load (residual 0.996-1.037x
         vs 1.035-1.050x) and at smaller M, where A stays in L2 anyway (M = 1024: 1.048x vs 1.104x);
-      - N <= 16384: ping-pong 128x128 when K <= 4096; with a longer K loop the epilogue matters
-        less than the mainloop, and cooperative 128x256 was faster (16384x4096x14336, one run:
-        bias+SiLU 1.023x vs 1.067x, residual 1.002x vs 1.077x, SwiGLU 1.034x vs 1.081x);
+      - N <= 16384: ping-pong 128x128 when K <= 4096 and there is an epilogue to hide; with a
+        longer K loop the epilogue matters less than the mainloop, and cooperative 128x256 was faster
+        (16384x4096x14336, one run: bias+SiLU 1.023x vs 1.067x, residual 1.002x vs 1.077x, SwiGLU
+        1.034x vs 1.081x); a plain GEMM has nothing to hide and takes cooperative 128x256 (2x1,
+        swizzle 8: 1.030x / 1.000x / 0.989x cuBLAS at 16384x6144x4096, 16384x16384x2048 and
+        8192x8192x4096 against 1.061x / 1.037x / 1.020x in ping-pong 128x128, one run,
+        benchmarks/results/sweep_identity_h100.json);
+    - the 2x1-cluster cooperative 128x256 config uses swizzle 8 (0-1.5 % faster than 4 in that sweep
+      and in SwiGLU's at 16384x4096x14336, equal elsewhere);
     - else one wave or so: cooperative 128x256;
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
@@ -106,7 +112,7 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue) -> KernelCon
             return LARGE
         if N > 16384:
             return WIDE if tiles_m >= 32 and not (epilogue.plain or epilogue.tile_load) else LARGE
-        return PINGPONG if K <= 4096 else LARGE
+        return PINGPONG if K <= 4096 and not epilogue.plain else LARGE
     return MEDIUM
 
 
