@@ -22,13 +22,14 @@ from .config import DEFAULT_CONFIG, KernelConfig
 #: What the heuristic chooses from (benchmarks/results/sweep_*_h100.json: tile x cluster x schedule x
 #: swizzle x raster of the plain GEMM and of pointwise, tile-load and reduction graphs at the
 #: Llama shapes). Ping-pong overlaps one warp group's epilogue with the other's MMAs.
-LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=8)    # many tiles otherwise (see heuristic)
+LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles otherwise (see heuristic)
+LARGE_TALL = dataclasses.replace(LARGE, swizzle=8)                         # LARGE with 32 or more M tiles
 PINGPONG = DEFAULT_CONFIG                                    # many tiles, N <= 16384, K <= 4096, an epilogue
 WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")  # compute-only, N > 16384, M >= 4096
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
 WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
 SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <= 128: more CTAs stream W
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, PINGPONG, WIDE, MEDIUM, WAVE_FILL, SKINNY)
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, WIDE, MEDIUM, WAVE_FILL, SKINNY)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
@@ -86,8 +87,10 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
         swizzle 8: 1.030x / 1.000x / 0.989x cuBLAS at 16384x6144x4096, 16384x16384x2048 and
         8192x8192x4096 against 1.061x / 1.037x / 1.020x in ping-pong 128x128, one run,
         benchmarks/results/sweep_identity_h100.json);
-    - the 2x1-cluster cooperative 128x256 config uses swizzle 8 (0-1.5 % faster than 4 in that sweep
-      and in SwiGLU's at 16384x4096x14336, equal elsewhere);
+    - the 2x1-cluster cooperative 128x256 config uses swizzle 8 with 32 or more M tiles (0-1.5 %
+      faster than 4 in that sweep and at M = 8192 and 16384 in graphs_h100.json); with fewer the
+      swizzled grid runs idle tiles: at 1024x28672x4096 swizzle 8 took 2.05-2.24x cuBLAS, 4 took
+      1.01-1.11x (benchmarks/results/earlier/graphs_h100_a9e8b89.json);
     - else one wave or so: cooperative 128x256;
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
@@ -96,6 +99,8 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
     choice = _by_shape(M, N, K, sms, epilogue)
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG
+    if choice == LARGE and -(-M // 128) >= 32:
+        return LARGE_TALL
     return choice
 
 

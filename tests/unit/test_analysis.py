@@ -60,8 +60,10 @@ def test_swept_operand_is_reread_once_per_band():
     # More N tiles than M tiles: raster along M, A swept: 64 x 1002 tiles, bands of 4 N-tiles, A is 67 MB.
     s = io_model(bench_graphs.identity(), "bfloat16", (8192, 128256, 4096)).schedule
     assert (s.raster, s.bands, s.a_reads, s.w_reads) == ("along_m", 251, 251, 1)
-    # Clusters widen the band (LARGE: swizzle 8 x a 2x1 cluster); a small operand stays in L2.
+    # Clusters widen the band (swizzle x cluster rows); a small operand stays in L2.
     s = io_model(bench_graphs.identity(), "bfloat16", (16384, 6144, 4096), config=tuning.LARGE).schedule
+    assert (s.band, s.bands, s.w_reads) == (8, 16, 16)
+    s = io_model(bench_graphs.identity(), "bfloat16", (16384, 6144, 4096), config=tuning.LARGE_TALL).schedule
     assert (s.band, s.bands, s.w_reads) == (16, 8, 8)
     s = io_model(bench_graphs.identity(), "bfloat16", (128, 28672, 4096), config="auto").schedule
     assert (s.raster, s.a_reads, s.w_reads) == ("along_m", 1, 1)

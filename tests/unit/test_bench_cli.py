@@ -153,7 +153,7 @@ def test_speed_of_light_is_the_model_bound_over_the_measured_time(tmp_path, caps
 
     ms = {"cublas_gemm": 1.0, "coda_auto": 1.1, "coda_ping_64x128x64_c1x1": 1.3, "torch_compile": 1.2, "eager": 2.0}
     entry = {"variants": {v: {"median_ms": t, "median_ratio_to_cublas": t} for v, t in ms.items()},
-             "auto_config": "coop_128x256x64_c2x1_s8", "coda_ratio": 1.1, "meets_goal": False}
+             "auto_config": "coop_128x256x64_c2x1_s4", "coda_ratio": 1.1, "meets_goal": False}
     data = {"env": {}, "reps": 1, "max_autotune": False,
             "results": {"swiglu": {"goal_ratio": 1.02, "shapes": {"4096x6144x4096": entry}}}}
     path = tmp_path / "r.json"
@@ -164,7 +164,7 @@ def test_speed_of_light_is_the_model_bound_over_the_measured_time(tmp_path, caps
     shape, swiglu = (4096, 6144, 4096), bench_graphs.graphs.CASES["swiglu"][0]
     coop = io_model(swiglu(), "bfloat16", shape, bench_graphs.tuning.LARGE)
     ping = io_model(swiglu(), "bfloat16", shape, bench_graphs.tuning.SKINNY)
-    assert coop.config.tag == "coop_128x256x64_c2x1_s8" and ping.config.tag == "ping_64x128x64_c1x1"
+    assert coop.config.tag == "coop_128x256x64_c2x1_s4" and ping.config.tag == "ping_64x128x64_c1x1"
     gpu = coop.gpu
     assert sol["coda_auto"]["bound_ms"] == pytest.approx(coop.variants["fused"].seconds(gpu) * 1e3)
     assert sol["coda_ping_64x128x64_c1x1"]["bound_ms"] == pytest.approx(ping.variants["fused"].seconds(gpu) * 1e3)

@@ -54,13 +54,13 @@ COLRED = tuning.Epilogue(col_reduce=True)
 
 @pytest.mark.parametrize("M,N,K,plain,pointwise,tile,colred", [
     # the issue's shapes: many tiles
-    (16384, 28672, 4096, "LARGE", "WIDE", "LARGE", "LARGE"),
-    (8192, 128256, 4096, "LARGE", "WIDE", "LARGE", "LARGE"),
-    (16384, 4096, 14336, "LARGE", "LARGE", "LARGE", "LARGE"),
-    (16384, 2048, 8192, "LARGE", "LARGE", "LARGE", "LARGE"),
-    (16384, 6144, 4096, "LARGE", "PINGPONG", "PINGPONG", "LARGE"),
-    (16384, 16384, 2048, "LARGE", "PINGPONG", "PINGPONG", "LARGE"),
-    (8192, 8192, 4096, "LARGE", "PINGPONG", "PINGPONG", "LARGE"),
+    (16384, 28672, 4096, "LARGE_TALL", "WIDE", "LARGE_TALL", "LARGE_TALL"),
+    (8192, 128256, 4096, "LARGE_TALL", "WIDE", "LARGE_TALL", "LARGE_TALL"),
+    (16384, 4096, 14336, "LARGE_TALL", "LARGE_TALL", "LARGE_TALL", "LARGE_TALL"),
+    (16384, 2048, 8192, "LARGE_TALL", "LARGE_TALL", "LARGE_TALL", "LARGE_TALL"),
+    (16384, 6144, 4096, "LARGE_TALL", "PINGPONG", "PINGPONG", "LARGE_TALL"),
+    (16384, 16384, 2048, "LARGE_TALL", "PINGPONG", "PINGPONG", "LARGE_TALL"),
+    (8192, 8192, 4096, "LARGE_TALL", "PINGPONG", "PINGPONG", "LARGE_TALL"),
     # a wave or so, and M <= 128
     (1024, 28672, 4096, "LARGE", "LARGE", "LARGE", "LARGE"),
     (1024, 4096, 14336, "MEDIUM", "MEDIUM", "MEDIUM", "MEDIUM"),
@@ -100,7 +100,7 @@ def test_auto_uses_the_graph_epilogue():
     g.col_reduce("c", acc, "sum")
     op = TunedOp(g, "bfloat16", tune=False)
     flags = lambda e: (e.plain, e.tile_load, e.col_reduce)  # noqa: E731
-    assert flags(op.epilogue) == flags(COLRED) and op.config_for(16384, 6144, 4096) == tuning.LARGE
+    assert flags(op.epilogue) == flags(COLRED) and op.config_for(16384, 6144, 4096) == tuning.LARGE_TALL
     pointwise = TunedOp(_graph(), "bfloat16", tune=False)
     assert flags(pointwise.epilogue) == flags(POINTWISE) and pointwise.config_for(16384, 6144, 4096) == tuning.PINGPONG
     assert pointwise.config_for(16384, 28672, 4096) == tuning.WIDE
@@ -180,7 +180,7 @@ def test_heavy_epilogue_never_starves_the_large_mainloop():
     heavy = tuning.Epilogue.of(kernel_source(norm_backward.graph(True), "bfloat16").lowered)
     assert heavy.col_reduce and heavy.tile_load and heavy.large_stages < 3
     assert tuning.heuristic(32768, 2048, 16384, 132, heavy) == tuning.PINGPONG
-    assert tuning.heuristic(32768, 2048, 16384, 132, dataclasses.replace(heavy, large_stages=4)) == tuning.LARGE
+    assert tuning.heuristic(32768, 2048, 16384, 132, dataclasses.replace(heavy, large_stages=4)) == tuning.LARGE_TALL
     light = tuning.Epilogue.of(kernel_source(residual_norm.graph(), "bfloat16").lowered)
     assert light.large_stages >= 3
 
@@ -216,3 +216,12 @@ def test_tuning_memory_keeps_operand_layouts_apart():
                                                                                       "mn")
     assert tuning.memory_key("d", "bfloat16", 8, 8, 8, "H100") == tuning.memory_key("d", "bfloat16", 8, 8, 8, "H100",
                                                                                       "kk")
+
+
+def test_swizzle_8_only_with_enough_m_tiles():
+    """Regression: swizzle 8 on the 2x1-cluster cooperative config at 1024x28672x4096 (8 M tiles)
+    ran 2.05-2.24x cuBLAS (swizzle 4: 1.01-1.11x); it is kept for 32 or more M tiles."""
+    assert tuning.heuristic(1024, 28672, 4096, epilogue=PLAIN) == tuning.LARGE
+    assert tuning.heuristic(1024, 28672, 4096, epilogue=PLAIN).swizzle == 4
+    assert tuning.heuristic(4096, 28672, 4096, epilogue=PLAIN) == tuning.LARGE_TALL
+    assert tuning.heuristic(16384, 6144, 4096, epilogue=PLAIN).swizzle == 8
