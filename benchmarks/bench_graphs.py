@@ -245,6 +245,10 @@ def annotate(results: dict) -> dict:
     return results
 
 
+#: one color per variant in every panel (other coda configs take matplotlib's cycle)
+COLORS = {"coda_auto": "tab:blue", PLAIN: "tab:gray", "torch_compile": "tab:orange", "eager": "tab:red"}
+
+
 def plot(results: dict, path: pathlib.Path, gpu: str) -> None:
     import matplotlib
 
@@ -259,9 +263,9 @@ def plot(results: dict, path: pathlib.Path, gpu: str) -> None:
         width = 0.8 / len(variants)
         for j, v in enumerate(variants):
             ratios = [results[name]["shapes"][s]["variants"][v]["median_ratio_to_cublas"] for s in shapes]
-            ax.bar([i + j * width for i in range(len(shapes))], ratios, width, label=v)
+            ax.bar([i + j * width for i in range(len(shapes))], ratios, width, label=v, color=COLORS.get(v))
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.axhline(results[name]["goal_ratio"], color="g", ls="--", lw=0.8, label="goal")
+        ax.axhline(results[name]["goal_ratio"], color="g", ls="--", lw=0.8, label="goal (training shapes)")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes, fontsize=7, rotation=20)
         ax.set_ylabel("time / cuBLAS GEMM")
         ax.set_title(f"{name} (bf16, {gpu})", fontsize=9)
