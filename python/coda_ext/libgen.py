@@ -7,7 +7,8 @@ For every kernel of KERNELS and dtype (bf16, fp16) it writes csrc/kernels/ops/<n
 the translation unit coda_ext emits for the op module's graph (coda_ext.kernel_source), with the
 entry points named coda_<name>_<dtype> (CODA_DEFINE_NAMED_ENTRY_POINTS) so that several link into
 one libcoda. Each kernel has one fixed config: what coda_ext.tuning.heuristic picks for the op's
-large training shape (M = 16384 tokens, N and K of a Llama 3 layer). It also writes
+large training shape (M = 16384 tokens, N and K of a Llama 3 layer), with a launch default that
+suits every M (coda_ext.tuning.for_every_m). It also writes
 contract_generated.h: per kernel, that config and the CodaLaunch slot of every operand in the
 graph's canonical slot order (inputs sorted by name, then outputs sorted by name), which is
 the order the emitted code reads them — so the host code (csrc/lib) never spells a slot number.
@@ -94,7 +95,7 @@ def kernel_config(kernel: LibKernel) -> KernelConfig:
     """What the Python heuristic picks for the kernel's training shape (bf16 and fp16 alike)."""
     first = kernel_source(kernel.graph(), "bfloat16")
     N, K = kernel.shape
-    return tuning.heuristic(TRAINING_M, N, K, tuning.DEFAULT_SMS, tuning.Epilogue.of(first.lowered))
+    return tuning.for_every_m(tuning.heuristic(TRAINING_M, N, K, tuning.DEFAULT_SMS, tuning.Epilogue.of(first.lowered)))
 
 
 @functools.lru_cache(maxsize=None)

@@ -225,3 +225,12 @@ def test_swizzle_8_only_with_enough_m_tiles():
     assert tuning.heuristic(1024, 28672, 4096, epilogue=PLAIN).swizzle == 4
     assert tuning.heuristic(4096, 28672, 4096, epilogue=PLAIN) == tuning.LARGE_TALL
     assert tuning.heuristic(16384, 6144, 4096, epilogue=PLAIN).swizzle == 8
+
+
+def test_fixed_kernels_launch_with_a_swizzle_that_suits_every_m():
+    """libcoda's kernels take one launch default for every M: never LARGE_TALL's swizzle 8."""
+    assert tuning.for_every_m(tuning.LARGE_TALL) == tuning.LARGE
+    assert tuning.for_every_m(tuning.PINGPONG) == tuning.PINGPONG
+    from coda_ext import libgen
+
+    assert all(libgen.kernel_config(k).swizzle <= 4 for k in libgen.KERNELS)
