@@ -67,7 +67,8 @@ def _waves(tiles: int, sms: int) -> float:
     return tiles / (-(-tiles // sms) * sms)
 
 
-def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue = Epilogue()) -> KernelConfig:
+def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue = Epilogue(),
+              major: str = "kk") -> KernelConfig:
     """The config for an (M, N, K) problem and a kind of epilogue (a few integer operations):
     - M <= 128: 64x128 ping-pong tiles, so twice as many CTAs stream W (memory-bound shapes);
     - 128x128 ping-pong where it fills the waves clearly better than 128x256 (192 tiles of
@@ -83,10 +84,12 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       - N <= 16384: ping-pong 128x128 when K <= 4096 and there is an epilogue to hide; with a
         longer K loop the epilogue matters less than the mainloop, and cooperative 128x256 was faster
         (16384x4096x14336, one run: bias+SiLU 1.023x vs 1.067x, residual 1.002x vs 1.077x, SwiGLU
-        1.034x vs 1.081x); a plain GEMM has nothing to hide and takes cooperative 128x256 (2x1,
-        swizzle 8: 1.030x / 1.000x / 0.989x cuBLAS at 16384x6144x4096, 16384x16384x2048 and
-        8192x8192x4096 against 1.061x / 1.037x / 1.020x in ping-pong 128x128, one run,
-        benchmarks/results/sweep_identity_h100.json);
+        1.034x vs 1.081x); a plain GEMM with both operands K-major (`major`, the layout this was
+        measured in) has nothing to hide and takes cooperative 128x256 (2x1, swizzle 8: 1.030x /
+        1.000x / 0.989x cuBLAS at 16384x6144x4096, 16384x16384x2048 and 8192x8192x4096 against
+        1.061x / 1.037x / 1.020x in ping-pong 128x128, one run,
+        benchmarks/results/sweep_identity_h100.json); the backward GEMMs that read an operand
+        M- or N-major keep ping-pong there (measured at 0.89-1.02x cuBLAS in the training step);
     - the 2x1-cluster cooperative 128x256 config uses swizzle 8 with 32 or more M tiles (0-1.5 %
       faster than 4 in that sweep and at M = 8192 and 16384 in graphs_h100.json); with fewer the
       swizzled grid runs idle tiles: at 1024x28672x4096 swizzle 8 took 2.05-2.24x cuBLAS, 4 took
@@ -96,7 +99,7 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
       with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md)."""
-    choice = _by_shape(M, N, K, sms, epilogue)
+    choice = _by_shape(M, N, K, sms, epilogue, major)
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG
     if choice == LARGE and -(-M // 128) >= 32:
@@ -111,7 +114,7 @@ def for_every_m(config: KernelConfig) -> KernelConfig:
     return LARGE if config == LARGE_TALL else config
 
 
-def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue) -> KernelConfig:
+def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) -> KernelConfig:
     tiles_m = -(-M // 128)
     if tiles_m == 1:
         return SKINNY
@@ -124,7 +127,7 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue) -> KernelCon
             return LARGE
         if N > 16384:
             return WIDE if tiles_m >= 32 and not (epilogue.plain or epilogue.tile_load) else LARGE
-        return PINGPONG if K <= 4096 and not epilogue.plain else LARGE
+        return PINGPONG if K <= 4096 and not (epilogue.plain and major == "kk") else LARGE
     return MEDIUM
 
 

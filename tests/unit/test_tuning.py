@@ -235,3 +235,14 @@ def test_fixed_kernels_launch_with_a_swizzle_that_suits_every_m():
 
     picked = [libgen.kernel_config(k) for k in libgen.KERNELS]
     assert tuning.LARGE in picked and tuning.LARGE_TALL not in picked
+
+
+def test_plain_gemms_with_transposed_operands_keep_ping_pong():
+    """The cooperative choice for plain GEMMs was measured with K-major operands only; the backward
+    GEMMs (an M- or N-major operand) keep the ping-pong config they were measured in."""
+    assert tuning.heuristic(16384, 6144, 4096, epilogue=PLAIN) == tuning.LARGE_TALL
+    for major in ("mk", "kn", "mn"):
+        assert tuning.heuristic(16384, 6144, 4096, epilogue=PLAIN, major=major) == tuning.PINGPONG
+    g = ce.Graph()
+    g.output(g.accumulator())
+    assert TunedOp(g, "bfloat16", tune=False, major="mk").config_for(16384, 6144, 4096).tile == (128, 128, 64)
