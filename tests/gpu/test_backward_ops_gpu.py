@@ -20,7 +20,7 @@ import coda_ext as ce
 from coda_ext import ops
 from coda_ext.ops import linear_grad, lm_head_ce, norm_backward, swiglu_backward
 from coda_ext.runtime import auto_items
-from test_ops_gpu import max_err, nan_memory
+from test_ops_gpu import assert_within_rule, max_err, nan_memory
 
 pytestmark = pytest.mark.gpu
 
@@ -169,12 +169,7 @@ def _in_dtype(op, args):
 def _check(label, got, ref, base, report):
     assert len(got) == len(ref) == len(base), label
     for i, (g, r, b) in enumerate(zip(got, ref, base)):
-        assert g.shape == r.shape, f"{label}[{i}]: shape {tuple(g.shape)} != {tuple(r.shape)}"
-        assert not torch.isnan(g).any(), f"{label}[{i}]: NaN (unwritten elements?)"
-        err, err_torch = max_err(g, r), max_err(b, r)
-        floor = 1e-5 * (1.0 + r.abs().max().item())
-        report(f"{label}[{i}]: max_err={err:.3e} torch_dtype_err={err_torch:.3e}")
-        assert err <= 2 * err_torch + floor, f"{label}[{i}]: {err:.3e} > 2 x {err_torch:.3e} + {floor:.1e}"
+        assert_within_rule(f"{label}[{i}]", g, r, b, report, "torch_dtype_err", "torch in the op's dtype")
 
 
 
