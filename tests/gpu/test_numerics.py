@@ -154,13 +154,14 @@ def test_streamk_is_deterministic(compiled_ops):
 
 def test_auto_dispatches_by_shape(compiled_ops):
     """config="auto" picks a config per shape and graph (every config it may use: the design graph,
-    with a tile load, never takes WIDE; SwiGLU, compute only, does at large M and N) and matches the
-    interpreter at each."""
+    with a tile load, never takes WIDE; SwiGLU, compute only, does at large M and N; LARGE at 2048 rows,
+    LARGE_TALL from 32 row tiles on) and matches the interpreter at each."""
     from coda_ext import tuning
 
     gen = torch.Generator(device="cuda").manual_seed(13)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    design_shapes = [(4096, 16512, 256), (4096, 4096, 256), (1024, 4096, 256), (1024, 6144, 256), (128, 1024, 8192)]
+    design_shapes = [(4096, 16512, 256), (2048, 16512, 256), (4096, 4096, 256), (1024, 4096, 256), (1024, 6144, 256),
+                     (128, 1024, 8192)]
     plan = [("design", design_shapes), ("swiglu", [(4096, 16512, 256)])]
     chosen = set()
     for case, shapes in plan:
