@@ -22,10 +22,17 @@ from .runtime import expand_items, prebuild
 
 
 def load_items(path: str):
-    spec = importlib.util.spec_from_file_location("coda_prebuild_cases", path)
+    """build_items() of a Python file, imported as `python FILE` would run it: its folder first on
+    sys.path (so it imports its siblings) and the module registered under a name of its own."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = f"coda_prebuild_{len(sys.modules)}"
+    spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module   # dataclasses look their module up there
     spec.loader.exec_module(module)
     if not hasattr(module, "build_items"):
         raise SystemExit(f"{path} defines no build_items()")

@@ -442,6 +442,25 @@ def test_prebuild_cli_loads_both_scripts():
         assert len(items) == want and all(isinstance(cfg, ce.KernelConfig) for _, _, cfg in items)
 
 
+def test_prebuild_cli_imports_a_files_siblings(tmp_path):
+    """Regression: `python -m coda_ext.prebuild benchmarks/bench_llama_training.py` failed in a fresh
+    process (`import harness`: the file's folder was not on sys.path as it is for `python FILE`)."""
+    import subprocess
+
+    (tmp_path / "helper_sibling.py").write_text("N = 3\n")
+    (tmp_path / "items.py").write_text(
+        "from __future__ import annotations\nimport dataclasses\nimport helper_sibling\n\n\n"
+        "@dataclasses.dataclass(frozen=True)\nclass Shape:\n    n: int\n\n\n"
+        "def build_items():\n    return [Shape(helper_sibling.N)]\n")
+    code = ("import sys; from coda_ext.prebuild import load_items; "
+            "print(len(load_items(sys.argv[1])), len(load_items(sys.argv[2])))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "items.py"),
+                          str(ROOT / "benchmarks" / "bench_llama_training.py")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == "1" and int(out.stdout.split()[1]) > 0
+
+
 def test_sanitizer_log_shows_no_machine_paths():
     """The committed log names the checkout, the Python and the scratch folder, not this machine's paths."""
     import sys as _sys
