@@ -1,5 +1,5 @@
 """coda_ext packaging. Pure Python at install time: kernels are compiled on first use (or by
-`python -m coda_ext.prebuild`), the torch binding once per torch version. The C++ sources
+`python -m coda_ext prebuild`), the torch binding once per torch version. The C++ sources
 (csrc/) ship inside the package so installed copies can compile kernels."""
 import pathlib
 import shutil

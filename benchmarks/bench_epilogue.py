@@ -7,7 +7,7 @@ Method (shared/reference/anchors.md): every variant runs in one process, interle
 rotated between two sets larger than L2; the figure quoted is the median of per-round
 ratios to the bare cuBLAS GEMM of the same shape, with absolute medians for context.
 Writes JSON (GPU, clocks, versions, commit) and a PNG plot next to it.
-Kernels: `python -m coda_ext.prebuild benchmarks/bench_epilogue.py` builds them ahead of time.
+Kernels: `python -m coda_ext prebuild benchmarks/bench_epilogue.py` builds them ahead of time.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ bare cuBLAS GEMM of the same shape, eager PyTorch and torch.compile of the unfus
 Liger-Kernel's fused linear cross-entropy for the LM head), timed interleaved in one process;
 ratios are medians of per-round ratios to cuBLAS; peak memory above what was allocated before.
 
-    python -m coda_ext.prebuild benchmarks/bench_fused_ops.py -j 16   # the kernels the run needs
+    python -m coda_ext prebuild benchmarks/bench_fused_ops.py -j 16   # the kernels the run needs
     python benchmarks/bench_fused_ops.py [--models 8B 1B] [--ms 16384 1024 128] [--ops ...] [--out NAME]
     python benchmarks/bench_fused_ops.py --merge results/a.json results/b.json --out ops_h100
 

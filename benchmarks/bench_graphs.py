@@ -18,7 +18,7 @@ model's time lower bound (coda_ext.analysis, H100 SXM) ÷ the measured median, p
 at the bound; the coda variants against the fused kernel of their config, torch.compile against the
 compile-style sequence, eager against the unfused one, cuBLAS against the plain GEMM of config
 "auto"). `--dry-run` lists what would run without a GPU.
-Kernels: `python -m coda_ext.prebuild benchmarks/bench_graphs.py` builds the default set ahead.
+Kernels: `python -m coda_ext prebuild benchmarks/bench_graphs.py` builds the default set ahead.
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def compile_costs(graph, dtype: str, cfgs, cold_set: bool) -> dict:
     import os
     import tempfile
 
-    from coda_ext.compile.cache import cache_key, entry_dir
+    from coda_ext.jit.cache import cache_key, entry_dir
 
     out = {"configs": {}}
     if cold_set:

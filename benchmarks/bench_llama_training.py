@@ -149,7 +149,7 @@ def coda_layer(s: Shape, eager, device, dtype):
 
 
 def build_items() -> list:
-    """Every kernel the coda variants launch (python -m coda_ext.prebuild benchmarks/bench_llama_training.py)."""
+    """Every kernel the coda variants launch (python -m coda_ext prebuild benchmarks/bench_llama_training.py)."""
     from coda_ext import tuning
     from coda_ext.models.functions import training_kernels
     from coda_ext.ops import lm_head_ce

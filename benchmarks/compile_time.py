@@ -25,8 +25,8 @@ import graphs  # noqa: E402
 
 import coda_ext as ce  # noqa: E402
 from coda_ext import tuning  # noqa: E402
-from coda_ext.compile import nvcc  # noqa: E402
-from coda_ext.compile.paths import csrc_dir  # noqa: E402
+from coda_ext.jit import nvcc  # noqa: E402
+from coda_ext.jit.paths import csrc_dir  # noqa: E402
 
 
 def phases(path: pathlib.Path) -> dict[str, float]:

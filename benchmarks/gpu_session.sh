@@ -31,9 +31,9 @@ fi
 start=$(date +%s)
 prebuild_files=(tests/gpu/cases.py benchmarks/bench_epilogue.py)
 [ "${SANITIZE:-1}" != 0 ] && prebuild_files+=(benchmarks/sanitize.py benchmarks/numerics_table.py)
-python3 -m coda_ext.prebuild "${prebuild_files[@]}" -j "$(nproc)" 2>&1 | tail -3 | tee "$LOGDIR/prebuild.log"
+python3 -m coda_ext prebuild "${prebuild_files[@]}" -j "$(nproc)" 2>&1 | tail -3 | tee "$LOGDIR/prebuild.log"
 echo "prebuild took $(( $(date +%s) - start )) s"
-python3 -m coda_ext.demo 2>&1 | tee "$LOGDIR/demo.log" | tail -n 12
+python3 -m coda_ext demo 2>&1 | tee "$LOGDIR/demo.log" | tail -n 12
 if [ "${SANITIZE:-1}" != 0 ]; then
   # memcheck, racecheck and initcheck over every kernel family, the initcheck/TMA-store probe; the
   # per-node-kind numerics table (results/sanitizer_h100.{log,json}, results/numerics_h100.json)

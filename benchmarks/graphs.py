@@ -1,6 +1,6 @@
 """The epilogue graphs the speed goals are stated for, each with its goal (time / bare cuBLAS GEMM).
 
-Shared by bench_graphs.py and `python -m coda_ext.prebuild benchmarks/graphs.py`.
+Shared by bench_graphs.py and `python -m coda_ext prebuild benchmarks/graphs.py`.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import time
 
-from coda_ext.compile import paths
+from coda_ext.jit import paths
 
 HERE = pathlib.Path(__file__).resolve().parent
 

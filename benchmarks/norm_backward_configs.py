@@ -3,7 +3,7 @@ Llama layer) under several kernel configs against the cuBLAS GEMM of the same sh
 the measurement behind tuning.heuristic's rule that no 128x256 config may leave its mainloop fewer
 than three pipeline stages.
 
-    python -m coda_ext.prebuild benchmarks/norm_backward_configs.py -j 16
+    python -m coda_ext prebuild benchmarks/norm_backward_configs.py -j 16
     python benchmarks/norm_backward_configs.py       # prints one line per (shape, config)
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ in bf16 and fp16, at a benchmark shape and a ragged one, next to the error of Py
 math in the same dtype; and whether repeated launches give the same bits (per kernel; for the
 node-kind kernels also under other swizzle/raster launch orders, which compile to the same kernel).
 
-    python -m coda_ext.prebuild benchmarks/numerics_table.py -j 16   # the kernels below, in parallel
+    python -m coda_ext prebuild benchmarks/numerics_table.py -j 16   # the kernels below, in parallel
     python benchmarks/numerics_table.py                              # H100: expected about a minute
         [--quick] [--ops linear_residual_norm ...] [--dtypes bfloat16] [--out PATH]
 
@@ -22,7 +22,7 @@ checked and reported, not asserted.
 Ready ops: Llama-3-8B dimensions (d 4096, F 14336, 32/8 heads of 128, vocabulary 128256) at
 M = 4096 and M = 4000 (not a tile multiple; the "auto" config is the same, so one kernel each).
 """
-# No `from __future__ import annotations`: `python -m coda_ext.prebuild` loads this file outside sys.modules,
+# No `from __future__ import annotations`: `python -m coda_ext prebuild` loads this file outside sys.modules,
 # where dataclasses cannot resolve string annotations.
 import argparse
 import concurrent.futures
@@ -658,7 +658,7 @@ def _environment() -> dict:
 def run(args) -> dict:
     import torch
 
-    from coda_ext.compile.binding import load_binding
+    from coda_ext.jit.binding import load_binding
     from coda_ext.runtime import prebuild
 
     dtypes = tuple(args.dtypes)

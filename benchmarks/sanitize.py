@@ -1,6 +1,6 @@
 """compute-sanitizer (memcheck, racecheck, initcheck) over every kernel family, at tile-ragged shapes.
 
-    python -m coda_ext.prebuild benchmarks/sanitize.py -j 16    # the families' kernels, in parallel
+    python -m coda_ext prebuild benchmarks/sanitize.py -j 16    # the families' kernels, in parallel
     python benchmarks/sanitize.py                               # H100: expected 1-3 minutes (racecheck)
         [--tools memcheck racecheck initcheck] [--families plain ...] [--sanitizer PATH] [--out-dir DIR]
 
@@ -22,7 +22,7 @@ probe with the attribution of the coda_ext reports.
 
 Writes benchmarks/results/sanitizer_h100.log (each tool's output, trimmed) and sanitizer_h100.json.
 """
-# No `from __future__ import annotations`: `python -m coda_ext.prebuild` loads this file outside sys.modules,
+# No `from __future__ import annotations`: `python -m coda_ext prebuild` loads this file outside sys.modules,
 # where dataclasses cannot resolve string annotations.
 import argparse
 import bisect
@@ -639,7 +639,7 @@ def rerun_by_family(sanitizer: str, tool: str, families: list[str], tmp: pathlib
 
 
 def build_probe(tmp: pathlib.Path) -> tuple[str | None, str]:
-    from coda_ext.compile.paths import nvcc_path
+    from coda_ext.jit.paths import nvcc_path
 
     exe = tmp / "initcheck_probe"
     cmd = [nvcc_path(), "-gencode=arch=compute_90a,code=sm_90a", "-O2", "-lineinfo", "-o", str(exe), str(PROBE_SOURCE)]
@@ -682,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from coda_ext.compile.binding import load_binding
+    from coda_ext.jit.binding import load_binding
     from coda_ext.runtime import prebuild
 
     start = time.monotonic()

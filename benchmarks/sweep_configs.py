@@ -5,7 +5,7 @@ against the bare cuBLAS GEMM: the measurements behind the config heuristic (coda
         [--swizzles 1,4,8] [--rasters heuristic,along_m,along_n] [--only TAG,...] [--reps 20]
         [--out FILE.json] [--dry-run]
 
-Kernels: `python -m coda_ext.prebuild benchmarks/sweep_configs.py` builds the sweep ahead.
+Kernels: `python -m coda_ext prebuild benchmarks/sweep_configs.py` builds the sweep ahead.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Checks the IO/roofline model (coda_ext.analysis) against Nsight Compute on an H100: DRAM bytes
 read and written, and kernel time, of every benchmark graph's op at M = 128 and M = 16384.
 
-    python -m coda_ext.prebuild benchmarks/validate_io.py -j 16     # the kernels, ahead of time
+    python -m coda_ext prebuild benchmarks/validate_io.py -j 16     # the kernels, ahead of time
     python benchmarks/validate_io.py [--cases design,swiglu] [--shapes 16384,6144,4096 ...] [--ncu PATH]
     python benchmarks/validate_io.py --merge PART.json ... --out FILE.json      # runs split by --cases/--shapes
 

@@ -15,7 +15,7 @@ set(CODA_OP_ENUM_gemm_bias_act kGemmBiasAct)
 set(CODA_OP_ENUM_gemm_residual kGemmResidual)
 set(CODA_OP_ENUM_gemm_swiglu kGemmSwiglu)
 set(CODA_OP_ENUM_gemm_row_sumsq kGemmRowSumSq)
-# The Transformer-block ops: translation units written by `python -m coda_ext.libgen
+# The Transformer-block ops: translation units written by `python -m coda_ext libgen
 # csrc/kernels/ops` from the graphs of coda_ext.ops (committed; CMake never runs Python).
 set(CODA_OP_ENUM_linear_residual_norm kLinearResidualNorm)
 set(CODA_OP_ENUM_rms_linear kRmsLinear)

@@ -29,7 +29,7 @@ def nvcc_reason() -> str | None:
     if not (os.environ.get("CODA_EXT_NVCC") or shutil.which("nvcc") or os.environ.get("CUDA_HOME")):
         return "nvcc is not on PATH"
     try:
-        from coda_ext.compile.paths import cutlass_include_dirs
+        from coda_ext.jit.paths import cutlass_include_dirs
 
         cutlass_include_dirs()
     except Exception as e:  # CompileError: headers missing

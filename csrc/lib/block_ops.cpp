@@ -1,6 +1,6 @@
 // csrc/lib/block_ops.cpp — libcoda's Transformer-block ops (coda/ops.hpp): linear_residual_norm,
 // rms_linear, linear_swiglu, qkv_rope, lm_head_cross_entropy. Their kernels are emitted from the
-// graphs of coda_ext.ops (python -m coda_ext.libgen); every CodaLaunch slot index comes from
+// graphs of coda_ext.ops (python -m coda_ext libgen); every CodaLaunch slot index comes from
 // kernels/ops/contract_generated.h, written by the same generator from the same graphs.
 //
 // Around the GEMM an op may run small kernels of its own (kernels/ops/finish.cu): a vector of

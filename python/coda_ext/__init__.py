@@ -3,7 +3,7 @@
 Build an epilogue graph, compile it onto a fixed SM90 warp-specialized GEMM, call it on
 torch tensors; or evaluate the same graph with the PyTorch reference interpreter.
 """
-from .compile import emit_source, kernel_source
+from .jit import emit_source, kernel_source
 from .runtime import compile, prebuild  # noqa: A004
 from .config import DEFAULT_CONFIG, KernelConfig
 from .errors import CodaError, CompileError, GraphError, LaunchError, UnsupportedError

@@ -15,8 +15,8 @@ import dataclasses
 import json
 from typing import Any, Callable
 
-from .compile.cache import locked
-from .compile.paths import cache_root
+from .jit.cache import locked
+from .jit.paths import cache_root
 from .config import DEFAULT_CONFIG, KernelConfig
 
 #: What the heuristic chooses from (benchmarks/results/sweep_*_h100.json: tile x cluster x schedule x

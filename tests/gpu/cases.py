@@ -1,6 +1,6 @@
 """The graphs the GPU suite compiles: every node kind appears in at least one of them.
 
-Shared by tests/gpu (numerics) and `python -m coda_ext.prebuild tests/gpu/cases.py` (builds
+Shared by tests/gpu (numerics) and `python -m coda_ext prebuild tests/gpu/cases.py` (builds
 them all in parallel ahead of the tests). Each case: a builder function and its dtypes.
 Inputs are described so the tests can make fresh random tensors for any (M, N).
 """

@@ -26,7 +26,7 @@ def compiled_ops():
     import cases
 
     import coda_ext as ce
-    from coda_ext.compile.binding import load_binding
+    from coda_ext.jit.binding import load_binding
 
     keys = [(name, dtype) for name, (_, dtypes) in cases.CASES.items() for dtype in dtypes]
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:

@@ -1,6 +1,6 @@
 """The ready ops' GPU cases, in one place: tests/gpu/test_ops_gpu.py runs them, and
 
-    python -m coda_ext.prebuild tests/gpu/ops_cases.py -j 16
+    python -m coda_ext prebuild tests/gpu/ops_cases.py -j 16
 
 builds exactly the kernels they use, in parallel: (graph variant, dtype, the config that
 config="auto" picks for the case's shape). `python tests/gpu/ops_cases.py` prints the count.
@@ -18,7 +18,7 @@ import math
 import sys
 
 from coda_ext import ops, tuning
-from coda_ext.compile import kernel_source
+from coda_ext.jit import kernel_source
 from coda_ext.runtime import TunedOp
 
 

@@ -56,7 +56,7 @@ def _m(case: fz.Case, M: int) -> int:
 def fuzz_ops():
     """{case index: CompiledOp or the exception its build raised} for CASES + KIND_CASES, every kernel
     built in parallel first."""
-    from coda_ext.compile.binding import load_binding
+    from coda_ext.jit.binding import load_binding
     from coda_ext.runtime import prebuild  # the function (ce.prebuild is rebound by importing its CLI module)
 
     def build(case):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import coda_ext as ce
-from coda_ext import train_demo
+from coda_ext.tools import train_demo
 from coda_ext.models import (CodaLlamaDecoderLayer, CodaLlamaForCausalLM, EagerLlamaDecoderLayer,
                              EagerLlamaForCausalLM, LlamaConfig, shift_labels, training_kernels)
 from coda_ext.models.config import qkv_to_hf

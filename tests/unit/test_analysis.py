@@ -221,7 +221,7 @@ def test_every_ir_kind_has_a_cost_and_unknown_kinds_raise(monkeypatch):
         costs.kind_cost("frobnicate")
     # A kind the IR knows but the cost table does not: the model names it.
     monkeypatch.setitem(ir.ARITY, "frobnicate", 1)
-    g = ir.Graph((ir.Node("accumulator"), ir.Node("frobnicate", (0,)),
+    g = ir.GraphIR((ir.Node("accumulator"), ir.Node("frobnicate", (0,)),
                   ir.Node("output", (1,), ir.make_attrs(name="out"))))
     with pytest.raises(ce.UnsupportedError, match="'frobnicate'"):
         explain(g, "bfloat16", (128, 128, 128))

@@ -201,8 +201,8 @@ def test_compile_time_reads_nvcc_phase_csv(tmp_path):
 def test_compile_time_baseline_tree_replaces_only_the_project_include_dirs(tmp_path):
     import compile_time
 
-    from coda_ext.compile import nvcc
-    from coda_ext.compile.paths import csrc_dir
+    from coda_ext.jit import nvcc
+    from coda_ext.jit.paths import csrc_dir
 
     cmd = nvcc.build_command("k.cu", "k.so")
     other = compile_time.with_csrc(cmd, tmp_path / "csrc")

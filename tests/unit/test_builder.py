@@ -105,7 +105,7 @@ def test_empty_graph():
 
 
 def test_hand_made_graph_with_two_outputs():
-    graph = ir.Graph((
+    graph = ir.GraphIR((
         ir.Node("accumulator"),
         ir.Node("output", (0,), _attrs(name="a")),
         ir.Node("output", (0,), _attrs(name="b")),
@@ -176,7 +176,7 @@ def test_unsupported_reduction_op(kind, op):
 
 
 def test_hand_made_graph_with_bad_reduce_op():
-    graph = ir.Graph((
+    graph = ir.GraphIR((
         ir.Node("accumulator"),
         ir.Node("output", (0,), _attrs(name="out")),
         ir.Node("row_reduce", (0,), _attrs(name="r", op="mean")),
@@ -350,7 +350,7 @@ def test_fp32_gemm_operands_unsupported():
 
 
 def test_forward_reference():
-    graph = ir.Graph((
+    graph = ir.GraphIR((
         ir.Node("accumulator"),
         ir.Node("add", (0, 2)),
         ir.Node("scalar", (), _attrs(mode="constant", value=1.0)),
@@ -364,7 +364,7 @@ def test_forward_reference():
 
 
 def test_cycle():
-    graph = ir.Graph((
+    graph = ir.GraphIR((
         ir.Node("accumulator"),
         ir.Node("mul", (0, 2)),
         ir.Node("neg", (1,)),
@@ -375,19 +375,19 @@ def test_cycle():
 
 
 def test_self_loop():
-    graph = ir.Graph((ir.Node("accumulator"), ir.Node("neg", (1,)), ir.Node("output", (1,), _attrs(name="out"))))
+    graph = ir.GraphIR((ir.Node("accumulator"), ir.Node("neg", (1,)), ir.Node("output", (1,), _attrs(name="out"))))
     with pytest.raises(ce.GraphError, match=r"node 1 \(neg\): reads node 1"):
         verify(graph)
 
 
 def test_input_out_of_range():
-    graph = ir.Graph((ir.Node("accumulator"), ir.Node("neg", (7,)), ir.Node("output", (1,), _attrs(name="out"))))
+    graph = ir.GraphIR((ir.Node("accumulator"), ir.Node("neg", (7,)), ir.Node("output", (1,), _attrs(name="out"))))
     with pytest.raises(ce.GraphError, match=r"node 1 \(neg\): input 7 is not a node of this graph"):
         verify(graph)
 
 
 def test_node_reading_a_sink():
-    graph = ir.Graph((
+    graph = ir.GraphIR((
         ir.Node("accumulator"),
         ir.Node("store", (0,), _attrs(name="s")),
         ir.Node("neg", (1,)),
@@ -398,17 +398,17 @@ def test_node_reading_a_sink():
 
 
 def test_unknown_kind_and_arity():
-    bad_kind = ir.Graph((ir.Node("accumulator"), ir.Node("softmax", (0,)), ir.Node("output", (1,), _attrs(name="o"))))
+    bad_kind = ir.GraphIR((ir.Node("accumulator"), ir.Node("softmax", (0,)), ir.Node("output", (1,), _attrs(name="o"))))
     with pytest.raises(ce.GraphError, match=r"node 1 \(softmax\): unknown node kind 'softmax'"):
         verify(bad_kind)
-    bad_arity = ir.Graph((ir.Node("accumulator"), ir.Node("add", (0,)), ir.Node("output", (1,), _attrs(name="o"))))
+    bad_arity = ir.GraphIR((ir.Node("accumulator"), ir.Node("add", (0,)), ir.Node("output", (1,), _attrs(name="o"))))
     with pytest.raises(ce.GraphError, match=r"node 1 \(add\): takes 2 inputs, got 1"):
         verify(bad_arity)
 
 
 def test_hand_made_attribute_errors():
     def graph_with(node):
-        return ir.Graph((ir.Node("accumulator"), node, ir.Node("add", (0, 1)), ir.Node("output", (2,), _attrs(name="o"))))
+        return ir.GraphIR((ir.Node("accumulator"), node, ir.Node("add", (0, 1)), ir.Node("output", (2,), _attrs(name="o"))))
 
     cases = [
         (ir.Node("tile", (), _attrs(name="t", dtype="int8")), r"node 1 \(tile 't'\): dtype 'int8' is not one of"),
@@ -423,7 +423,7 @@ def test_hand_made_attribute_errors():
 
 
 def test_hand_made_duplicate_names():
-    graph = ir.Graph((
+    graph = ir.GraphIR((
         ir.Node("accumulator"),
         ir.Node("row_vector", (), _attrs(name="x")),
         ir.Node("add", (0, 1)),

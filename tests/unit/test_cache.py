@@ -17,7 +17,7 @@ import warnings
 import pytest
 
 import coda_ext as ce
-from coda_ext.compile import cache, nvcc, paths
+from coda_ext.jit import cache, nvcc, paths
 
 FAKE_VERSION = "Build fake_nvcc_99.9/compiler.0"
 
@@ -405,7 +405,7 @@ def test_libcoda_sources_do_not_enter_the_key(tmp_path, monkeypatch):
     (csrc/kernels/ops, csrc/lib) keeps every JIT cache entry valid."""
     import shutil
 
-    from coda_ext.compile.paths import csrc_dir
+    from coda_ext.jit.paths import csrc_dir
 
     copy = tmp_path / "csrc"
     shutil.copytree(csrc_dir(), copy)
@@ -422,11 +422,11 @@ def test_libcoda_sources_do_not_enter_the_key(tmp_path, monkeypatch):
 
 
 def test_prebuild_cli_reports_cache_hits(tmp_path, monkeypatch, capsys):
-    """`python -m coda_ext.prebuild FILE` builds the listed kernels in parallel and says how many
+    """`python -m coda_ext prebuild FILE` builds the listed kernels in parallel and says how many
     came from the cache (e.g. a cache built on a machine without a GPU and copied over)."""
     import importlib
 
-    cli = importlib.import_module("coda_ext.prebuild")  # the module (coda_ext.prebuild is the function)
+    cli = importlib.import_module("coda_ext.tools.prebuild")  # the module (coda_ext.prebuild is the function)
 
     calls = tmp_path / "ok_calls.txt"
     monkeypatch.setenv("CODA_EXT_NVCC", str(_write_fake_nvcc(tmp_path / "nvcc_ok", calls, SUCCEEDING_BODY)))
@@ -604,7 +604,7 @@ def test_prebuild_failure_names_the_graph(isolated):
 def test_regression_prebuild_function_survives_importing_the_cli():
     import importlib
 
-    importlib.import_module("coda_ext.prebuild")
+    importlib.import_module("coda_ext.tools.prebuild")
     assert callable(ce.prebuild), f"coda_ext.prebuild is {ce.prebuild!r}"
 
 
@@ -612,8 +612,8 @@ def test_cached_says_no_for_a_corrupt_entry(tmp_path, monkeypatch):
     """Regression: cached() looked only for the file, so prebuild counted a broken entry as a hit."""
     import json
 
-    from coda_ext.compile import cached, kernel_source
-    from coda_ext.compile.cache import cache_key, entry_dir
+    from coda_ext.jit import cached, kernel_source
+    from coda_ext.jit.cache import cache_key, entry_dir
 
     monkeypatch.setenv("CODA_EXT_CACHE_DIR", str(tmp_path / "cache"))
     g = ce.Graph()

@@ -35,7 +35,7 @@ def _example(order: int) -> ce.Graph:
     return g
 
 
-def _kinds(graph: ir.Graph) -> list[str]:
+def _kinds(graph: ir.GraphIR) -> list[str]:
     return [n.kind for n in graph.nodes]
 
 
@@ -56,7 +56,7 @@ def test_same_graph_two_orders_is_identical():
 
 
 def test_commutative_operands_and_nested_order():
-    def build(flip: bool) -> ir.Graph:
+    def build(flip: bool) -> ir.GraphIR:
         g = ce.Graph()
         if flip:
             b = g.row_vector("b")
@@ -75,7 +75,7 @@ def test_commutative_operands_and_nested_order():
 
 
 def test_non_commutative_operand_order_matters():
-    def build(flip: bool) -> ir.Graph:
+    def build(flip: bool) -> ir.GraphIR:
         g = ce.Graph()
         acc = g.accumulator()
         b = g.row_vector("b")
@@ -120,7 +120,7 @@ def test_cse_merges_duplicated_subexpressions():
 
 
 def test_cse_on_hand_made_ir():
-    raw = ir.Graph((
+    raw = ir.GraphIR((
         ir.Node("accumulator"),
         ir.Node("exp", (0,)),
         ir.Node("accumulator"),
@@ -128,7 +128,7 @@ def test_cse_on_hand_made_ir():
         ir.Node("add", (1, 3)),
         ir.Node("output", (4,), ir.make_attrs(name="out")),
     ))
-    assert canonicalize(raw) == ir.Graph((
+    assert canonicalize(raw) == ir.GraphIR((
         ir.Node("accumulator"),
         ir.Node("exp", (0,)),
         ir.Node("add", (1, 1)),
@@ -300,7 +300,7 @@ def test_resolve_dtypes():
 # --- plan: tree or topological ------------------------------------------------------------------
 
 
-def _planned(build) -> tuple[ir.Graph, object]:
+def _planned(build) -> tuple[ir.GraphIR, object]:
     g = ce.Graph()
     build(g, g.accumulator())
     lowered = lower(g.build(), "bfloat16")

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import coda_ext as ce
-from coda_ext.compile.paths import csrc_dir
+from coda_ext.jit.paths import csrc_dir
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
 from cases import example, identity, swiglu_pairs as swiglu  # noqa: E402  (one home for shared graphs)
@@ -130,7 +130,7 @@ def test_stream_k_kernels_are_built_without_pdl_hooks():
     dependent-launch hooks, which every other schedule enables (epilogue_gemm.cuh)."""
     import coda_ext as ce
     from coda_ext import tuning
-    from coda_ext.compile import emit_source
+    from coda_ext.jit import emit_source
 
     g = ce.Graph()
     g.output(g.accumulator())

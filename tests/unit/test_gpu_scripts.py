@@ -433,9 +433,9 @@ def test_numerics_main_writes_json_and_prints_tables(tmp_path, monkeypatch, caps
 
 
 def test_prebuild_cli_loads_both_scripts():
-    """`python -m coda_ext.prebuild benchmarks/sanitize.py benchmarks/numerics_table.py` imports them outside
+    """`python -m coda_ext prebuild benchmarks/sanitize.py benchmarks/numerics_table.py` imports them outside
     sys.modules (dataclasses with string annotations would fail there)."""
-    from coda_ext.prebuild import load_items
+    from coda_ext.tools.prebuild import load_items
 
     for name, want in (("sanitize.py", len(sanitize.FAMILIES)), ("numerics_table.py", len(nt.build_items()))):
         items = load_items(str(ROOT / "benchmarks" / name))
@@ -443,7 +443,7 @@ def test_prebuild_cli_loads_both_scripts():
 
 
 def test_prebuild_cli_imports_a_files_siblings(tmp_path):
-    """Regression: `python -m coda_ext.prebuild benchmarks/bench_llama_training.py` failed in a fresh
+    """Regression: `python -m coda_ext prebuild benchmarks/bench_llama_training.py` failed in a fresh
     process (`import harness`: the file's folder was not on sys.path as it is for `python FILE`)."""
     import subprocess
 
@@ -452,7 +452,7 @@ def test_prebuild_cli_imports_a_files_siblings(tmp_path):
         "from __future__ import annotations\nimport dataclasses\nimport helper_sibling\n\n\n"
         "@dataclasses.dataclass(frozen=True)\nclass Shape:\n    n: int\n\n\n"
         "def build_items():\n    return [Shape(helper_sibling.N)]\n")
-    code = ("import sys; from coda_ext.prebuild import load_items; "
+    code = ("import sys; from coda_ext.tools.prebuild import load_items; "
             "print(len(load_items(sys.argv[1])), len(load_items(sys.argv[2])))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "items.py"),
                           str(ROOT / "benchmarks" / "bench_llama_training.py")],

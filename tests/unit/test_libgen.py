@@ -1,4 +1,4 @@
-"""libcoda's generated kernels (coda_ext.libgen): the committed csrc/kernels/ops files are what the
+"""libcoda's generated kernels (coda_ext.tools.libgen): the committed csrc/kernels/ops files are what the
 generator writes from the graphs of coda_ext.ops, the CMake kernel list, the public enums and the
 C header name every generated kernel, and the one hand-written epilogue (RmsLinear) is the tree the
 JIT emits for rms_scale.graph(activation). CPU only: nothing is compiled."""
@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from coda_ext import emit_source, kernel_source, libgen
+from coda_ext import emit_source, kernel_source
+from coda_ext.tools import libgen
 from coda_ext.ops import rms_scale
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ def generated() -> dict[str, str]:
 def test_committed_files_are_what_the_generator_writes(generated):
     stale = [name for name, text in generated.items()
              if not (OPS_DIR / name).is_file() or (OPS_DIR / name).read_text() != text]
-    assert not stale, (f"{stale} differ from what `python -m coda_ext.libgen csrc/kernels/ops` writes: "
+    assert not stale, (f"{stale} differ from what `python -m coda_ext libgen csrc/kernels/ops` writes: "
                        "regenerate them (and commit the result)")
 
 

@@ -402,7 +402,7 @@ def test_torch_compile_fullgraph():
 def test_optimizer_steps_track_the_reference():
     """300 AdamW steps on the demo's learnable task: the two loss curves agree step by step (fp32: the
     fused model's autograd wiring on the op references against a plain PyTorch Llama)."""
-    from coda_ext.train_demo import make_batches
+    from coda_ext.tools.train_demo import make_batches
 
     ref = randomize(RefLM(CFG), seed=7)
     coda = coda_from(ref)
@@ -421,7 +421,7 @@ def test_optimizer_steps_track_the_reference():
 
 
 def test_demo_smoke(capsys):
-    from coda_ext import train_demo
+    from coda_ext.tools import train_demo
 
     rc = train_demo.main(["--device", "cpu", "--impl", "reference", "--steps", "5", "--hidden", "128",
                           "--layers", "1", "--seq", "32", "--batch", "2", "--vocab", "64"])

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import coda_ext as ce
-from coda_ext.compile import cache, nvcc, paths
+from coda_ext.jit import cache, nvcc, paths
 
 
 def _cutlass_missing() -> str | None:

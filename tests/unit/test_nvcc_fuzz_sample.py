@@ -22,7 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
 import fuzz_strategies as fz  # noqa: E402
 
 import coda_ext as ce  # noqa: E402
-from coda_ext.compile import cache, nvcc, paths  # noqa: E402
+from coda_ext.jit import cache, nvcc, paths  # noqa: E402
 
 
 def _missing() -> str | None:

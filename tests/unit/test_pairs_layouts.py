@@ -3,7 +3,7 @@ the CPU: builder and verifier errors, the interpreter against hand-computed tens
 the 16-bit dtype), the emitted C++, config validation, tags and the Config<...> template arguments,
 the runtime layout checks, the op interface's (M, 2N) shapes (through the custom op's fake and an
 interpreted run), a compiled op's argument checks up to the launch (the library a stub, CPU tensors
-standing in for CUDA ones, as in test_bad_inputs.py), and `python -m coda_ext.prebuild --ops` items.
+standing in for CUDA ones, as in test_bad_inputs.py), and `python -m coda_ext prebuild --ops` items.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import coda_ext as ce
 from coda_ext import ops, tuning
-from coda_ext.compile import nvcc
+from coda_ext.jit import nvcc
 from coda_ext.config import DEFAULT_CONFIG, MAJORS
 from coda_ext.graph import ir
 from coda_ext.graph.builder import Value
@@ -202,7 +202,7 @@ VALID = (
 )
 
 
-def _edited(**nodes) -> ir.Graph:
+def _edited(**nodes) -> ir.GraphIR:
     """VALID with nodes replaced (n4=...) or appended (n8=...)."""
     out = list(VALID)
     for key, node in sorted(nodes.items(), key=lambda kv: int(kv[0][1:])):
@@ -211,13 +211,13 @@ def _edited(**nodes) -> ir.Graph:
             out[i] = node
         else:
             out.append(node)
-    return ir.Graph(tuple(out))
+    return ir.GraphIR(tuple(out))
 
 
 def test_valid_raw_pair_graph_verifies():
-    g = ir.Graph(VALID)
+    g = ir.GraphIR(VALID)
     assert verify(g) is g
-    one_half = ir.Graph(VALID[:3] + (N("mul", (0, 2)), N("pack", (3, 0), A_()), N("pair_store", (4,), A_(name="dz"))))
+    one_half = ir.GraphIR(VALID[:3] + (N("mul", (0, 2)), N("pack", (3, 0), A_()), N("pair_store", (4,), A_(name="dz"))))
     assert verify(one_half) is one_half   # dtype None: the op's
 
 
@@ -422,9 +422,9 @@ def test_tuned_op_carries_its_major():
 
 
 def test_prebuild_ops_items_carry_each_modules_major():
-    """`python -m coda_ext.prebuild --ops`: every config "auto" may use for every graph variant, in the
+    """`python -m coda_ext prebuild --ops`: every config "auto" may use for every graph variant, in the
     layout that variant is called with (BUILDS: (graph, args, major))."""
-    cli = importlib.import_module("coda_ext.prebuild")   # the module (coda_ext.prebuild is the function)
+    cli = importlib.import_module("coda_ext.tools.prebuild")   # the module (coda_ext.prebuild is the function)
     majors_seen = set()
     for m in ops.MODULES + ops.BACKWARD_MODULES:
         items = cli.ready_op_items([m.NAME], ["bfloat16", "float16"])

@@ -77,7 +77,7 @@ def test_heuristic(M, N, K, plain, pointwise, tile, colred):
 
 
 def test_epilogue_kind_of_a_graph():
-    from coda_ext.compile import kernel_source
+    from coda_ext.jit import kernel_source
 
     def kind(build):
         g = ce.Graph()
@@ -138,7 +138,7 @@ def test_tune_picks_the_fastest_and_remembers_it(monkeypatch):
     fastest = tuning.CANDIDATES[2].tag
     times[fastest] = 0.5
     fake = _FakeOps(times)
-    monkeypatch.setattr(sys.modules["coda_ext.runtime.api"], "compile", fake.compile)
+    monkeypatch.setattr(sys.modules["coda_ext.runtime.tuned"], "compile_config", fake.compile)
     monkeypatch.setattr(sys.modules["coda_ext.runtime.tuned"], "build_kernels", lambda items, jobs=None: [])
     op = TunedOp(_graph(), "bfloat16", tune=True, reps=3, time_fn=fake.time_fn)
     A, W = _tensors()
@@ -174,7 +174,7 @@ def test_heavy_epilogue_never_starves_the_large_mainloop():
     """The RMSNorm backward (two tile loads, two stores, a column reduction) leaves a 128x256 mainloop
     two stages: the heuristic takes ping-pong 128x128 where it would take cooperative 128x256 (measured
     1.65x vs 1.13-1.19x cuBLAS, docs/measured.md); light epilogues keep their choice."""
-    from coda_ext.compile import kernel_source
+    from coda_ext.jit import kernel_source
     from coda_ext.ops import norm_backward, residual_norm
 
     heavy = tuning.Epilogue.of(kernel_source(norm_backward.graph(True), "bfloat16").lowered)
@@ -231,7 +231,7 @@ def test_fixed_kernels_launch_with_a_swizzle_that_suits_every_m():
     """libcoda's kernels take one launch default for every M: never LARGE_TALL's swizzle 8."""
     assert tuning.for_every_m(tuning.LARGE_TALL) == tuning.LARGE
     assert tuning.for_every_m(tuning.PINGPONG) == tuning.PINGPONG
-    from coda_ext import libgen
+    from coda_ext.tools import libgen
 
     picked = [libgen.kernel_config(k) for k in libgen.KERNELS]
     assert tuning.LARGE in picked and tuning.LARGE_TALL not in picked

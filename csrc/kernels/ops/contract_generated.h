@@ -1,4 +1,4 @@
-// coda/kernels/ops/contract_generated.h — written by `python -m coda_ext.libgen csrc/kernels/ops`
+// coda/kernels/ops/contract_generated.h — written by `python -m coda_ext libgen csrc/kernels/ops`
 // from the graphs of coda_ext.ops; do not edit. What libcoda's host code (csrc/lib) and its kernels
 // (csrc/kernels/ops/<kernel>_<dtype>.cu) agree on, per kernel: the fixed mainloop config and
 // the CodaLaunch slot of every operand, in the graph's canonical slot order (inputs sorted by

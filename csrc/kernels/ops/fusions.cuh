@@ -10,7 +10,7 @@
 //
 // The slots each op reads are fixed in contract.h; csrc/lib fills them. Most kernels of the
 // ready ops (linear_residual_norm, linear_swiglu, qkv_rope, ...) are emitted from their Python
-// graphs instead (python -m coda_ext.libgen, contract_generated.h); RmsLinear below is the one
+// graphs instead (python -m coda_ext libgen, contract_generated.h); RmsLinear below is the one
 // of them written here, because its activation is chosen at run time.
 #pragma once
 

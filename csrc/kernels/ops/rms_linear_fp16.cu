@@ -1,7 +1,7 @@
 // libcoda kernel rms_linear_fp16: coda_ext.ops.rms_scale.graph(None) in float16,
 // act(rstd ⊙row A·Bᵀ), act chosen at run time (Llama 3 8B up projection).
 // Config ping_128x128x64_c1x1_s4: coda_ext.tuning.heuristic at M = 16384, N = 14336, K = 4096.
-// Written by `python -m coda_ext.libgen csrc/kernels/ops`; do not edit (change the graph and regenerate).
+// Written by `python -m coda_ext libgen csrc/kernels/ops`; do not edit (change the graph and regenerate).
 // The epilogue is coda::ops::RmsLinear (fusions.cuh); the Cfg line is the emitted graph's.
 #include "kernels/ops/fusions.cuh"
 

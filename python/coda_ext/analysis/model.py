@@ -25,7 +25,8 @@ from ..config import DEFAULT_CONFIG, KernelConfig
 from ..errors import UnsupportedError
 from ..graph import ir
 from ..graph.builder import dtype_name
-from ..passes import canonicalize, lower, resolve_dtypes
+from ..graph.canonical import as_ir
+from ..passes import lower, resolve_dtypes
 from .costs import DTYPE_BYTES, REDUCE_FLOPS, kind_cost, node_flops
 from .roofline import GPU, Access, GemmWork, Kernel, Variant, gpu_spec
 from .schedule import Schedule, schedule
@@ -81,8 +82,8 @@ def io_tensor(node: ir.Node, M: int, N: int, dtype: str, half: bool = False) -> 
 class Model:
     """The three variants of one graph at one shape, and what they were computed from."""
 
-    graph: ir.Graph           # canonical user graph
-    lowered: ir.Graph         # what the fused kernel runs
+    graph: ir.GraphIR           # canonical user graph
+    lowered: ir.GraphIR         # what the fused kernel runs
     dtype: str
     shape: tuple[int, int, int]
     config: KernelConfig
@@ -93,18 +94,7 @@ class Model:
     variants: dict[str, Variant]
 
 
-def as_ir(graph: Any) -> ir.Graph:
-    """The canonical IR of a builder Graph or an ir.Graph (verified)."""
-    if isinstance(graph, ir.Graph):
-        from ..graph.verify import verify
-
-        return canonicalize(verify(graph))
-    if hasattr(graph, "build"):
-        return graph.build()
-    raise TypeError(f"expected a coda_ext.Graph, got {type(graph).__name__}")
-
-
-def resolve_config(config: Any, lowered: ir.Graph, M: int, N: int, K: int, gpu: GPU) -> tuple[KernelConfig, str]:
+def resolve_config(config: Any, lowered: ir.GraphIR, M: int, N: int, K: int, gpu: GPU) -> tuple[KernelConfig, str]:
     """The kernel config and how it was chosen: None -> DEFAULT_CONFIG (as coda_ext.compile), "auto" ->
     the shape heuristic exactly as config="auto" dispatches (tuning.heuristic on the M bucket)."""
     if config is None:
@@ -151,11 +141,11 @@ def gemm_operands(M: int, N: int, K: int, dtype: str, config: KernelConfig, gpu:
     return sched, operands, GemmWork(M, N, K, config.tile[0], config.tile[1], streamk=config.schedule == "streamk")
 
 
-def _epilogue_flops(graph: ir.Graph, M: int, N: int) -> float:
+def _epilogue_flops(graph: ir.GraphIR, M: int, N: int) -> float:
     return sum(node_flops(n) * (M * (N // 2) if kind_cost(n.kind).half else M * N) for n in graph.nodes)
 
 
-def _fused(lowered: ir.Graph, dtype: str, M: int, N: int, sched: Schedule, tensors: _Tensors,
+def _fused(lowered: ir.GraphIR, dtype: str, M: int, N: int, sched: Schedule, tensors: _Tensors,
            operands: tuple[Access, ...], work: GemmWork) -> Variant:
     before: list[Kernel] = []
     gemm = list(operands)
@@ -188,7 +178,7 @@ def _fused(lowered: ir.Graph, dtype: str, M: int, N: int, sched: Schedule, tenso
     return Variant("fused", tuple(kernels))
 
 
-def _owner_of_accumulator(graph: ir.Graph, dtype: str) -> int | None:
+def _owner_of_accumulator(graph: ir.GraphIR, dtype: str) -> int | None:
     """The first output/store that is the bare accumulator in the op dtype: the GEMM writes it directly."""
     for j, n in enumerate(graph.nodes):
         if n.kind in ("output", "store") and graph[n.inputs[0]].kind == "accumulator" \
@@ -197,7 +187,7 @@ def _owner_of_accumulator(graph: ir.Graph, dtype: str) -> int | None:
     return None
 
 
-def _compile_style(lowered: ir.Graph, dtype: str, M: int, N: int, tensors: _Tensors,
+def _compile_style(lowered: ir.GraphIR, dtype: str, M: int, N: int, tensors: _Tensors,
                    operands: tuple[Access, ...], work: GemmWork) -> Variant:
     owner = _owner_of_accumulator(lowered, dtype)
     if owner is None:
@@ -241,7 +231,7 @@ def _value_shape(node: ir.Node, inputs: list[str]) -> str:
     return s.pop() if s else "scalar"
 
 
-def _unfused(graph: ir.Graph, dtype: str, M: int, N: int, tensors: _Tensors,
+def _unfused(graph: ir.GraphIR, dtype: str, M: int, N: int, tensors: _Tensors,
              operands: tuple[Access, ...], work: GemmWork) -> Variant:
     nodes = graph.nodes
     elems = {"scalar": 0, "row": N, "col": M, "full": M * N, "half": M * (N // 2)}

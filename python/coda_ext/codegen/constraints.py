@@ -30,7 +30,7 @@ STAGE_BARRIERS = 16       # bytes of pipeline barriers per mainloop stage (full 
 _BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 4}   # int64 vectors are narrowed to int32
 
 
-def segment_size(graph: ir.Graph) -> int | None:
+def segment_size(graph: ir.GraphIR) -> int | None:
     """The segment width of the graph's segment reductions (one per graph), or None."""
     sizes = sorted({n.attr("size") for n in graph.nodes if n.kind == "segment_reduce"})
     if len(sizes) > 1:
@@ -38,7 +38,7 @@ def segment_size(graph: ir.Graph) -> int | None:
     return sizes[0] if sizes else None
 
 
-def fit_config(graph: ir.Graph, config: KernelConfig) -> KernelConfig:
+def fit_config(graph: ir.GraphIR, config: KernelConfig) -> KernelConfig:
     """`config`, with the epilogue tile the graph needs; raises UnsupportedError naming the fix."""
     size = segment_size(graph)
     if size is None:
@@ -75,7 +75,7 @@ def _align(n: int) -> int:
     return -(-n // SMEM_ALIGN) * SMEM_ALIGN
 
 
-def epilogue_buffers(graph: ir.Graph, dtype: str, config: KernelConfig) -> dict[str, int]:
+def epilogue_buffers(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> dict[str, int]:
     """Bytes of the epilogue's shared memory at the fewest stages CUTLASS gives its buffers: D's
     staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores: 32-bit), each
     row vector's TILE_N slice (rounded up to SMEM_ALIGN), and SMEM_ALIGN for barriers and padding."""
@@ -100,14 +100,14 @@ def epilogue_buffers(graph: ir.Graph, dtype: str, config: KernelConfig) -> dict[
     return parts
 
 
-def mainloop_stages(graph: ir.Graph, dtype: str, config: KernelConfig) -> int:
+def mainloop_stages(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> int:
     """An upper bound of the mainloop pipeline stages left beside the epilogue's buffers."""
     tm, tn, tk = config.tile
     stage = (tm + tn) * tk * _BYTES[dtype] + STAGE_BARRIERS
     return (SMEM_BYTES - sum(epilogue_buffers(graph, dtype, config).values())) // stage
 
 
-def check_shared_memory(graph: ir.Graph, dtype: str, config: KernelConfig) -> None:
+def check_shared_memory(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> None:
     """Raises UnsupportedError if the epilogue's buffers leave the mainloop fewer than two stages."""
     if mainloop_stages(graph, dtype, config) >= MIN_MAINLOOP_STAGES:
         return
@@ -124,7 +124,7 @@ def check_shared_memory(graph: ir.Graph, dtype: str, config: KernelConfig) -> No
         "or a smaller TILE_N")
 
 
-def check_column_partials(graph: ir.Graph, dtype: str, config: KernelConfig) -> None:
+def check_column_partials(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> None:
     """A column reduction gathers its per-warp partials of a whole N tile (one fp32 row per warp) in the
     staging buffer of one epilogue subtile: refuse an epilogue tile too small for that (csrc
     column_partials.hpp would stop nvcc with a static_assert)."""

@@ -111,7 +111,7 @@ def node_arguments(alias: str, node: ir.Node, slot: dict[int, int], reduction: d
     return f"{alias}::args()"
 
 
-def emit(graph: ir.Graph, dtype: str, config: KernelConfig) -> str:
+def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
     """C++ source of the kernel of `graph` (already lowered) for operands of `dtype`."""
     p = plan(graph)
     slots = {node: s for s, node in enumerate(graph.slots())}

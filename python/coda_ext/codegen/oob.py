@@ -17,7 +17,7 @@ _ZERO_PRESERVING = ("neg", "abs", "sqrt", "square", "tanh", "silu", "relu", "gel
 _FINITE_LEAVES = ("accumulator", "tile", "row_vector", "col_vector")
 
 
-def zero_outside(graph: ir.Graph, node: int, axis: str) -> bool:
+def zero_outside(graph: ir.GraphIR, node: int, axis: str) -> bool:
     """True if `node` is exactly 0 beyond the problem along `axis` ('cols': n >= N, 'rows': m >= M)."""
     n = graph[node]
     k = n.kind
@@ -47,7 +47,7 @@ def zero_outside(graph: ir.Graph, node: int, axis: str) -> bool:
     return False
 
 
-def _finite(graph: ir.Graph, node: int, axis: str) -> bool:
+def _finite(graph: ir.GraphIR, node: int, axis: str) -> bool:
     """Finite beyond the problem: a finite leaf, a constant, or a value that is 0 there."""
     n = graph[node]
     if n.kind in _FINITE_LEAVES or (n.kind == "scalar" and n.attr("mode") == "constant"):
@@ -55,7 +55,7 @@ def _finite(graph: ir.Graph, node: int, axis: str) -> bool:
     return zero_outside(graph, node, axis)
 
 
-def reduction_needs_bounds_check(graph: ir.Graph, node: int) -> bool:
+def reduction_needs_bounds_check(graph: ir.GraphIR, node: int) -> bool:
     """A row/col reduction needs its per-element bounds test unless its input is 0 beyond the
     problem and its identity is 0."""
     n = graph[node]

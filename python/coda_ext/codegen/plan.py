@@ -31,7 +31,7 @@ class Plan:
     is_tree: bool
 
 
-def plan(graph: ir.Graph) -> Plan:
+def plan(graph: ir.GraphIR) -> Plan:
     nodes = graph.nodes
     out_nodes = graph.find("output")
 

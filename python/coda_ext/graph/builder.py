@@ -231,13 +231,13 @@ class Graph:
 
     # --- result ---------------------------------------------------------------------------
 
-    def raw(self) -> ir.Graph:
+    def raw(self) -> ir.GraphIR:
         """The graph as built, before verification and canonicalisation."""
-        return ir.Graph(tuple(self._nodes))
+        return ir.GraphIR(tuple(self._nodes))
 
-    def build(self) -> ir.Graph:
+    def build(self) -> ir.GraphIR:
         """Verifies the graph and returns its canonical immutable IR."""
-        from ..passes.canonicalize import canonicalize
+        from .canonical import canonicalize
         from .verify import verify
 
         return canonicalize(verify(self.raw()))

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ir
+from .canonical import as_ir
 
 
 class Outputs(dict):
@@ -87,18 +88,10 @@ def torch_dtype(name: str) -> torch.dtype:
     return _TORCH_DTYPES[name]
 
 
-def _as_ir(graph: Any) -> ir.Graph:
-    if isinstance(graph, ir.Graph):
-        return graph
-    if hasattr(graph, "build"):
-        return graph.build()
-    raise TypeError(f"expected a coda_ext.Graph or its built IR, got {type(graph).__name__}")
-
-
 def interpret(graph: Any, A: torch.Tensor, W: torch.Tensor, *, compute_dtype: torch.dtype = torch.float32,
               **inputs: Any) -> Outputs:
     """Evaluates `graph` on A (M, K) and W (N, K): returns every output by name, unrounded."""
-    g = _as_ir(graph)
+    g = as_ir(graph)
     expected = {g[i].name for i in g.input_nodes()}
     missing = sorted(expected - set(inputs))
     extra = sorted(set(inputs) - expected)

@@ -120,7 +120,7 @@ class Node:
 
 
 @dataclasses.dataclass(frozen=True)
-class Graph:
+class GraphIR:
     """An epilogue graph: nodes in topological order (inputs of node i are all < i)."""
 
     nodes: tuple[Node, ...]
@@ -138,6 +138,17 @@ class Graph:
             for i in node.inputs:
                 out[i].append(j)
         return out
+
+    def live(self) -> list[bool]:
+        """live()[i]: node i is a sink or feeds one (the one liveness walk: verify and prune use it)."""
+        live = [False] * len(self.nodes)
+        for i in range(len(self.nodes) - 1, -1, -1):
+            if self.nodes[i].is_sink:
+                live[i] = True
+            if live[i]:
+                for j in self.nodes[i].inputs:
+                    live[j] = True
+        return live
 
     def find(self, kind: str) -> list[int]:
         return [i for i, n in enumerate(self.nodes) if n.kind == kind]

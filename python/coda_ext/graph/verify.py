@@ -8,7 +8,7 @@ MAX_SLOTS = 32        # CODA_MAX_SLOTS in csrc/include/coda/abi.h
 MAX_REDUCTIONS = 8    # kMaxReductions in csrc/kernels/epilogue_gemm.cuh
 
 
-def verify(graph: ir.Graph) -> ir.Graph:
+def verify(graph: ir.GraphIR) -> ir.GraphIR:
     """Returns `graph` unchanged if it is a valid epilogue graph; raises GraphError otherwise."""
     nodes = graph.nodes
     known = set(ir.ARITY) | {"keep_first"}
@@ -41,7 +41,7 @@ def verify(graph: ir.Graph) -> ir.Graph:
     if not any(n.is_sink for n in nodes):
         raise GraphError("the graph produces nothing: add g.output(value), g.store(name, value) or a reduction")
 
-    live = _live(graph)
+    live = graph.live()
     accs = graph.find("accumulator")
     if not any(live[i] for i in accs):
         raise GraphError("the GEMM accumulator is never used by an output: start from g.accumulator()")
@@ -103,7 +103,7 @@ def _check_attrs(n: ir.Node, where: str) -> None:
         raise GraphError(f"{where}: activation {n.attr('act')!r} is not one of {ir.PAIR_ACTIVATIONS}")
 
 
-def _check_packed(graph: ir.Graph, consumers: list[list[int]]) -> None:
+def _check_packed(graph: ir.GraphIR, consumers: list[list[int]]) -> None:
     """Packed pair values are containers, not numbers: a pair_tile feeds only unpack, a pack only
     pair_store; unpack reads a pair_tile, pair_store a pack. (A pack of a half-width or packed value is
     refused by the consumer rules of those values.)"""
@@ -119,14 +119,3 @@ def _check_packed(graph: ir.Graph, consumers: list[list[int]]) -> None:
         if want and nodes[n.inputs[0]].kind != want:
             raise GraphError(f"{n.describe(i)} must read a {want}, not {nodes[n.inputs[0]].describe(n.inputs[0])}")
 
-
-def _live(graph: ir.Graph) -> list[bool]:
-    """live[i]: node i feeds some sink (or is one)."""
-    live = [False] * len(graph)
-    for i in range(len(graph) - 1, -1, -1):
-        if graph[i].is_sink:
-            live[i] = True
-        if live[i]:
-            for j in graph[i].inputs:
-                live[j] = True
-    return live

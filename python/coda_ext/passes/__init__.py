@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 from ..graph import ir
-from .canonicalize import canonicalize
+from ..graph.canonical import canonicalize
 from .fold_square_reduce import fold_square_reduce
 from .lower_pair_stores import lower_pair_stores
 from .prune import prune
 from .resolve_dtypes import resolve_dtypes
 
 
-def lower(graph: ir.Graph, dtype: str) -> ir.Graph:
+def lower(graph: ir.GraphIR, dtype: str) -> ir.GraphIR:
     """The pipeline from a verified, canonical graph to the graph the emitter takes."""
     graph = resolve_dtypes(graph, dtype)   # every input/store gets a concrete dtype
     graph = fold_square_reduce(graph)      # before lowering: sees reduce(sum, x*x)

@@ -18,7 +18,7 @@ def _squared(node: ir.Node) -> int | None:
     return None
 
 
-def fold_square_reduce(graph: ir.Graph) -> ir.Graph:
+def fold_square_reduce(graph: ir.GraphIR) -> ir.GraphIR:
     consumers = graph.consumers()
     nodes = list(graph.nodes)
     for i, n in enumerate(nodes):
@@ -29,4 +29,4 @@ def fold_square_reduce(graph: ir.Graph) -> ir.Graph:
                 attrs = dict(n.attrs)
                 attrs["op"] = "sumsq"
                 nodes[i] = ir.Node(n.kind, (base,), ir.make_attrs(**attrs))
-    return prune(ir.Graph(tuple(nodes)))
+    return prune(ir.GraphIR(tuple(nodes)))

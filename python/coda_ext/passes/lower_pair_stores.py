@@ -10,11 +10,11 @@ from ..graph import ir
 from .prune import prune
 
 
-def lower_pair_stores(graph: ir.Graph) -> ir.Graph:
+def lower_pair_stores(graph: ir.GraphIR) -> ir.GraphIR:
     nodes = list(graph.nodes)
     for i, n in enumerate(nodes):
         if n.kind == "store" and nodes[n.inputs[0]].kind == "pair_gate":
             gate = nodes[n.inputs[0]]
             attrs = ir.make_attrs(name=n.name, dtype=n.attr("dtype"), act=gate.attr("act"))
             nodes[i] = ir.Node("pair_gated_store", gate.inputs, attrs)
-    return prune(ir.Graph(tuple(nodes)))
+    return prune(ir.GraphIR(tuple(nodes)))

@@ -6,7 +6,7 @@ from ..graph import ir
 _HAS_DTYPE = ir.INPUT_KINDS + ("store", "pack", "pair_store")
 
 
-def resolve_dtypes(graph: ir.Graph, dtype: str) -> ir.Graph:
+def resolve_dtypes(graph: ir.GraphIR, dtype: str) -> ir.GraphIR:
     """Also gives each unpack the element dtype of the pair_tile it reads (the kernel needs it)."""
     nodes: list[ir.Node] = []
     for n in graph.nodes:
@@ -16,4 +16,4 @@ def resolve_dtypes(graph: ir.Graph, dtype: str) -> ir.Graph:
             attrs["dtype"] = want
             n = ir.Node(n.kind, n.inputs, ir.make_attrs(**attrs))
         nodes.append(n)
-    return ir.Graph(tuple(nodes))
+    return ir.GraphIR(tuple(nodes))

@@ -3,9 +3,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ..compile import build_kernels, kernel_source, nvcc
+from ..jit import build_kernels
 from ..config import DEFAULT_CONFIG, KernelConfig
 from ..errors import UnsupportedError
+from .op import compile_config
+from .tuned import TunedOp
 
 
 def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | None = None,  # noqa: A001
@@ -24,8 +26,6 @@ def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | No
     and in CUDA-graph capture."""
     import dataclasses
 
-    from .op import CompiledOp
-    from .tuned import TunedOp
 
     if isinstance(config, str):
         if config not in ("auto", "tune"):
@@ -33,14 +33,11 @@ def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | No
         return TunedOp(graph, dtype, tune=config == "tune", major=major or "kk")
     if major is not None:
         config = dataclasses.replace(config or DEFAULT_CONFIG, major=major)
-    ks = kernel_source(graph, dtype, config)
-    library = nvcc.build(ks.source, ks.label)
-    return CompiledOp(ks.graph, ks.lowered, ks.dtype, ks.config, library, ks.source)
+    return compile_config(graph, dtype, config)
 
 
 def expand_items(items: Iterable[tuple[Any, Any, Any]]):
     """(graph, dtype, config) items with "auto"/"tune" configs replaced by the configs they stand for."""
-    from .tuned import TunedOp
 
     for graph, dtype, config in items:
         if isinstance(config, str):

@@ -32,7 +32,7 @@ class Slot:
 class GraphOp:
     """Names, shapes and the public call of an op compiled from one lowered graph."""
 
-    def _init_interface(self, lowered: ir.Graph, dtype: str, key: str) -> None:
+    def _init_interface(self, lowered: ir.GraphIR, dtype: str, key: str) -> None:
         from .torch_op import register
 
         self.lowered = lowered

@@ -13,7 +13,15 @@ from ..graph.interpret import Outputs, torch_dtype
 from . import checks
 from .interface import GraphOp, Slot
 
-__all__ = ["CompiledOp", "Slot"]
+__all__ = ["CompiledOp", "Slot", "compile_config"]
+
+
+def compile_config(graph: Any, dtype: Any, config: KernelConfig | None) -> "CompiledOp":
+    """The op of `graph` on one concrete kernel config, building its kernel on a cache miss."""
+    from ..jit import kernel_source, nvcc
+
+    ks = kernel_source(graph, dtype, config)
+    return CompiledOp(ks.graph, ks.lowered, ks.dtype, ks.config, nvcc.build(ks.source, ks.label), ks.source)
 
 
 class CompiledOp(GraphOp):
@@ -23,7 +31,7 @@ class CompiledOp(GraphOp):
     other outputs are allocated. M (the rows of A) is a runtime size: any M runs on this kernel.
     """
 
-    def __init__(self, graph: ir.Graph, lowered: ir.Graph, dtype: str, config: KernelConfig, library: str,
+    def __init__(self, graph: ir.GraphIR, lowered: ir.GraphIR, dtype: str, config: KernelConfig, library: str,
                  source: str):
         self.graph = graph              # canonical user graph
         self.config = config
@@ -39,13 +47,13 @@ class CompiledOp(GraphOp):
                 f"inputs={list(self.input_names)} outputs={list(self.output_names)}>")
 
     def workspace_size(self, M: int, N: int, K: int) -> int:
-        from ..compile.binding import load_binding
+        from ..jit.binding import load_binding
 
         return load_binding().workspace_size(self._workspace, M, N, K)
 
     def run(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor]) -> Outputs:
         """Checks every argument, allocates the outputs not in `out`, launches. A is (M, K)."""
-        from ..compile.binding import load_binding
+        from ..jit.binding import load_binding
 
         self.check_names(inputs, out)
         M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None,

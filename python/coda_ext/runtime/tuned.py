@@ -9,12 +9,13 @@ from typing import Any, Callable, Iterable
 import torch
 
 from .. import tuning
-from ..compile import build_kernels, kernel_source
+from ..jit import build_kernels, kernel_source
 from ..config import KernelConfig
 from ..errors import UnsupportedError
 from ..graph.interpret import Outputs
 from . import checks
 from .interface import GraphOp
+from .op import compile_config
 
 
 class TunedOp(GraphOp):
@@ -67,10 +68,8 @@ class TunedOp(GraphOp):
         return self._laid_out(tuning.heuristic(tuning.m_bucket(M), N, K, sms, self.epilogue, self.major))
 
     def op_for(self, config: KernelConfig):
-        from .api import compile as compile_op
-
         if config.tag not in self._ops:
-            self._ops[config.tag] = compile_op(self.graph, self.dtype_name, config)
+            self._ops[config.tag] = compile_config(self.graph, self.dtype_name, config)
         return self._ops[config.tag]
 
     def choose(self, A: Any, W: Any, inputs: dict[str, Any], gpu: str) -> KernelConfig:

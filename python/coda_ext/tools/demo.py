@@ -1,6 +1,6 @@
 """The main job: build an epilogue graph, show what it compiles to, compile it, and run it.
 
-    python -m coda_ext.demo [--M 4096 --N 4096 --K 4096] [--no-compile]
+    python -m coda_ext demo [--M 4096 --N 4096 --K 4096] [--no-compile]
 
 On an SM90 GPU the compiled op runs and is compared with the PyTorch reference of the same
 graph. Elsewhere the kernel is still compiled (nvcc needs no GPU), the reference interpreter
@@ -30,7 +30,7 @@ def build_graph() -> ce.Graph:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m coda_ext.demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m coda_ext demo", description=__doc__.splitlines()[0])
     p.add_argument("--M", type=int, default=4096)
     p.add_argument("--N", type=int, default=4096)
     p.add_argument("--K", type=int, default=4096)

@@ -1,7 +1,7 @@
 """libcoda's kernels of the ready ops, generated from their Python graphs (one source of truth).
 
-    python -m coda_ext.libgen csrc/kernels/ops            # (re)writes the files below
-    python -m coda_ext.libgen csrc/kernels/ops --check    # exit 1 if any file would change
+    python -m coda_ext libgen csrc/kernels/ops            # (re)writes the files below
+    python -m coda_ext libgen csrc/kernels/ops --check    # exit 1 if any file would change
 
 For every kernel of KERNELS and dtype (bf16, fp16) it writes csrc/kernels/ops/<name>_<dtype>.cu:
 the translation unit coda_ext emits for the op module's graph (coda_ext.kernel_source), with the
@@ -31,15 +31,15 @@ import re
 import sys
 from typing import Any
 
-from . import tuning
-from .compile import KernelSource, kernel_source
-from .config import RASTER_ORDERS, KernelConfig
+from .. import tuning
+from ..jit import KernelSource, kernel_source
+from ..config import RASTER_ORDERS, KernelConfig
 
 #: The large training shape whose heuristic config every kernel is compiled with.
 TRAINING_M = 16384
 #: libcoda's dtypes: file suffix -> coda_ext dtype and the C++ element type.
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
-GENERATOR = "python -m coda_ext.libgen csrc/kernels/ops"
+GENERATOR = "python -m coda_ext libgen csrc/kernels/ops"
 HEADER = "contract_generated.h"
 
 
@@ -57,7 +57,7 @@ class LibKernel:
     extra_slots: tuple[str, ...] = ()  # libcoda's own slots after the graph's (the fusion reads them)
 
     def graph(self) -> Any:
-        from . import ops
+        from .. import ops
 
         return getattr(ops, self.module).graph(*self.args)
 
@@ -248,7 +248,7 @@ def generate() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coda_ext.libgen", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m coda_ext libgen", description=__doc__.splitlines()[0])
     parser.add_argument("outdir", nargs="?", default="csrc/kernels/ops", help="where the files go (csrc/kernels/ops)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file differs")
     args = parser.parse_args(argv)

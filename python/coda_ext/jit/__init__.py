@@ -12,6 +12,7 @@ from ..codegen import emit
 from ..codegen.constraints import check_column_partials, check_shared_memory, fit_config
 from ..config import DEFAULT_CONFIG, KernelConfig
 from ..graph import ir
+from ..graph.canonical import as_ir
 from ..graph.builder import dtype_name
 from ..passes import lower
 from . import nvcc
@@ -19,8 +20,8 @@ from . import nvcc
 
 @dataclasses.dataclass(frozen=True)
 class KernelSource:
-    graph: ir.Graph        # canonical user graph
-    lowered: ir.Graph      # what was emitted
+    graph: ir.GraphIR        # canonical user graph
+    lowered: ir.GraphIR      # what was emitted
     dtype: str
     config: KernelConfig
     source: str
@@ -30,20 +31,9 @@ class KernelSource:
         return f"{self.graph.digest()} [{self.dtype}, {self.config.tag}]"
 
 
-def _as_ir(graph: Any) -> ir.Graph:
-    if isinstance(graph, ir.Graph):
-        from ..graph.verify import verify
-        from ..passes import canonicalize
-
-        return canonicalize(verify(graph))
-    if hasattr(graph, "build"):
-        return graph.build()
-    raise TypeError(f"expected a coda_ext.Graph, got {type(graph).__name__}")
-
-
 def kernel_source(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | None = None) -> KernelSource:
     """Verifies, lowers and emits `graph`; nothing is compiled."""
-    g = _as_ir(graph)
+    g = as_ir(graph)
     d = dtype_name(dtype)
     if d == "float32":
         from ..errors import UnsupportedError

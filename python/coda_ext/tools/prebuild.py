@@ -1,7 +1,7 @@
 """Build a list of kernels ahead of time, in parallel, on any machine with nvcc (no GPU needed).
 
-    python -m coda_ext.prebuild path/to/cases.py [-j JOBS]
-    python -m coda_ext.prebuild --ops [OP ...] [--dtypes bfloat16]   # the ready ops' kernels
+    python -m coda_ext prebuild path/to/cases.py [-j JOBS]
+    python -m coda_ext prebuild --ops [OP ...] [--dtypes bfloat16]   # the ready ops' kernels
 
 The file defines build_items() -> [(graph, dtype, config), ...] (config: a KernelConfig, None for the
 default, or "auto"/"tune" for every config such an op may use). The built kernels land
@@ -15,10 +15,9 @@ import importlib.util
 import os
 import sys
 import time
-import types
 
-from .compile import cached, kernel_source
-from .runtime import expand_items, prebuild
+from ..jit import cached, kernel_source
+from ..runtime import expand_items, prebuild
 
 
 def load_items(path: str):
@@ -40,7 +39,7 @@ def load_items(path: str):
 
 
 def ready_op_names() -> list[str]:
-    from . import ops
+    from .. import ops
 
     return [m.NAME for m in ops.MODULES + ops.BACKWARD_MODULES]
 
@@ -48,21 +47,21 @@ def ready_op_names() -> list[str]:
 def ready_op_items(names: list[str], dtypes: list[str]):
     """(graph, dtype, config) of every config "auto" may use for every graph variant (and its operand
     layout) of the named ready ops (all if none named)."""
-    from . import ops
+    from .. import ops
 
     known = {m.NAME: m for m in ops.MODULES + ops.BACKWARD_MODULES}
     unknown = sorted(set(names) - set(known))
     if unknown:
         raise SystemExit(f"unknown ready op(s) {unknown}; known: {sorted(known)}")
     chosen = [known[n] for n in names] if names else list(known.values())
-    from .runtime.tuned import TunedOp
+    from ..runtime.tuned import TunedOp
 
     return [item for m in chosen for build, args, major in m.BUILDS for d in dtypes
             for item in TunedOp(build(*args), d, tune=False, major=major).prebuild_items()]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m coda_ext.prebuild", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m coda_ext prebuild", description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", help="Python files defining build_items()")
     parser.add_argument("--ops", nargs="*", metavar="OP", default=None,
                         help="the ready ops' kernels (coda_ext.ops; all of them, or the named ones: "
@@ -84,16 +83,6 @@ def main(argv: list[str] | None = None) -> int:
           f"({hits} already in the cache, {len(distinct) - hits} compiled)", file=sys.stderr)
     return 0
 
-
-class _CallableModule(types.ModuleType):
-    """Importing this CLI module rebinds the package attribute coda_ext.prebuild from the function to
-    the module; calling the module still runs the function, so coda_ext.prebuild(items) keeps working."""
-
-    def __call__(self, *args, **kwargs):
-        return prebuild(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,7 +1,7 @@
 """Train a small Llama on coda_ext's fused layers next to an eager PyTorch Llama with the same weights.
 
-    python -m coda_ext.train_demo                      # on an H100: fused bf16, 300 steps, d 1024, 4 layers
-    python -m coda_ext.train_demo --device cpu --impl reference --steps 5       # the CPU smoke run
+    python -m coda_ext train_demo                      # on an H100: fused bf16, 300 steps, d 1024, 4 layers
+    python -m coda_ext train_demo --device cpu --impl reference --steps 5       # the CPU smoke run
 
 No downloads: the model is built from a config and the data is generated here, a learnable
 synthetic task (each token follows a fixed random successor of the previous one with probability
@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from .models import CodaLlamaForCausalLM, EagerLlamaForCausalLM, LlamaConfig, training_kernels
-from .models.functions import resolve_impl
+from ..models import CodaLlamaForCausalLM, EagerLlamaForCausalLM, LlamaConfig, training_kernels
+from ..models.functions import resolve_impl
 
 P_FOLLOW = 0.9   # probability that a token is its predecessor's successor
 # Loss-curve agreement, relative to the eager loss: (first 10 steps, mean of the last 10 % of steps). bf16/fp16
@@ -34,7 +34,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def parse_args(argv=None) -> argparse.Namespace:
     cuda = torch.cuda.is_available()
-    p = argparse.ArgumentParser(prog="python -m coda_ext.train_demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m coda_ext train_demo", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--device", default="cuda" if cuda else "cpu")
     p.add_argument("--dtype", choices=DTYPES, default=None, help="default: bfloat16 on CUDA, float32 elsewhere")

@@ -9,13 +9,14 @@ Names come from canonical position only, never from creation order.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
-from ..graph import ir
+from . import ir
 
 _SINK_ORDER = {k: i for i, k in enumerate(ir.SINK_KINDS + ("pair_gated_store",))}
 
 
-def canonicalize(graph: ir.Graph) -> ir.Graph:
+def canonicalize(graph: ir.GraphIR) -> ir.GraphIR:
     nodes = graph.nodes
     keys: list[str] = []
     for n in nodes:
@@ -56,4 +57,16 @@ def canonicalize(graph: ir.Graph) -> ir.Graph:
 
     for s in sinks:
         visit(s)
-    return ir.Graph(tuple(out))
+    return ir.GraphIR(tuple(out))
+
+
+def as_ir(graph: Any) -> ir.GraphIR:
+    """The verified, canonical IR of a builder Graph or of an ir.GraphIR (the one conversion every
+    entry point — compile, interpret, explain — goes through)."""
+    if isinstance(graph, ir.GraphIR):
+        from .verify import verify
+
+        return canonicalize(verify(graph))
+    if hasattr(graph, "build"):
+        return graph.build()
+    raise TypeError(f"expected a coda_ext.Graph or its built IR, got {type(graph).__name__}")
