@@ -1,6 +1,6 @@
-"""Where the epilogue time goes: the DESIGN.md graph taken apart, node kind by node kind.
+"""Where the epilogue time goes: the design graph (docs/design.md) taken apart, node kind by node kind.
 
-    python benchmarks/ablate_epilogue.py [--shape M N K] [--reps 30]
+    python -m benchmarks.ablate_epilogue [--shape M N K] [--reps 30]
 
 Each variant is timed interleaved with the bare cuBLAS GEMM of the same shape (median of
 per-round ratios), for each kernel configuration in CONFIGS. Prints a table and writes JSON.
@@ -8,18 +8,15 @@ per-round ratios), for each kernel configuration in CONFIGS. Prints a table and 
 from __future__ import annotations
 
 import argparse
-import json
-import pathlib
 import sys
 
 import torch
 import torch.nn.functional as F
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import coda_ext as ce
 
-import coda_ext as ce  # noqa: E402
-from harness import gpu_info, summarize, time_interleaved  # noqa: E402
+from benchmarks.common import RESULTS, gpu_info, summarize, time_interleaved, write_json
+from tests.helpers import rand
 
 CONFIGS = [
     ce.KernelConfig((128, 256, 64), (1, 2), "cooperative", swizzle=4),
@@ -28,18 +25,16 @@ CONFIGS = [
 
 
 def variants():
-    def v(build):
-        g = ce.Graph()
-        build(g, g.accumulator())
-        return g
+    """The ablation's graphs (coda_ext.graphs), one epilogue feature at a time."""
+    from coda_ext import graphs
 
     return {
-        "acc": v(lambda g, a: g.output(a)),
-        "acc+bias": v(lambda g, a: g.output(a + g.row_vector("bias"))),
-        "acc*aux": v(lambda g, a: g.output(a * g.tile("aux"))),
-        "silu(acc)": v(lambda g, a: g.output(ce.silu(a))),
-        "acc;rowsum": v(lambda g, a: (g.output(a), g.row_reduce("rowsum", a, "sum"))),
-        "silu*aux+bias": v(lambda g, a: g.output(ce.silu(a) * g.tile("aux") + g.row_vector("bias"))),
+        "acc": graphs.identity(),
+        "acc+bias": graphs.acc_bias(),
+        "acc*aux": graphs.acc_aux(),
+        "silu(acc)": graphs.silu_acc(),
+        "acc;rowsum": graphs.acc_rowsum(),
+        "silu*aux+bias": graphs.silu_aux_bias(),
     }
 
 
@@ -51,17 +46,15 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", nargs=3, type=int, default=[8192, 8192, 4096])
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--out", default=str(HERE / "results" / "ablation_h100.json"))
+    p.add_argument("--out", default=str(RESULTS / "ablation_h100.json"))
     args = p.parse_args()
     M, N, K = args.shape
     dt = torch.bfloat16
     sets = []
     for s in range(2):
-        gen = torch.Generator(device="cuda").manual_seed(s)
-        sets.append({"A": (torch.randn(M, K, generator=gen, device="cuda") * K ** -0.25).to(dt),
-                     "W": (torch.randn(N, K, generator=gen, device="cuda") * K ** -0.25).to(dt),
-                     "aux": torch.randn(M, N, generator=gen, device="cuda").to(dt),
-                     "bias": torch.randn(N, generator=gen, device="cuda").to(dt)})
+        gen = rand.generator(s, device="cuda")
+        A, W = rand.operands(gen, M, N, K, dt)
+        sets.append({"A": A, "W": W, "aux": rand.randn(gen, M, N, dtype=dt), "bias": rand.randn(gen, N, dtype=dt)})
     fns = {"cublas_gemm": lambda i: F.linear(sets[i]["A"], sets[i]["W"])}
     for name, g in variants().items():
         for cfg in CONFIGS:
@@ -72,9 +65,7 @@ def main() -> int:
     times = time_interleaved(fns, args.reps)
     summary = summarize(times, "cublas_gemm")
     result = {"shape": {"M": M, "N": N, "K": K}, "results": summary, "env": gpu_info()}
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     print(f"{'variant':44s} {'median ms':>10s} {'x cuBLAS':>9s}")
     for name, s in summary.items():
         print(f"{name:44s} {s['median_ms']:10.3f} {s['median_ratio_to_cublas']:9.3f}")

@@ -2,7 +2,7 @@
 ZdZ, the input RMSNorm) at the Llama 1B-like and 8B training shapes, against the same math compiled
 with every size dynamic (dynamic=True) and against a copy of the input (the HBM floor's scale):
 
-    python benchmarks/bench_elementwise.py [--shapes 1B 8B]
+    python -m benchmarks.bench_elementwise [--shapes 1B 8B]
 
 Prints one line per pass and shape with the max errors against the fp32 references. Medians of 30
 launches, each after a 1 ms GPU wait (host overhead stays out of the timed span). Needs a GPU.
@@ -12,25 +12,15 @@ from __future__ import annotations
 import argparse
 import statistics
 
+from benchmarks import common
+from tests.helpers import rand
+
 SHAPES = {"1B": (32768, 32, 8, 64, 2048), "8B": (8192, 32, 8, 128, 4096)}   # M, heads, kv heads, head_dim, d
 
 
 def bench(fn, reps: int = 30) -> float:
-    """Median microseconds of fn."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+    """Median microseconds of fn (L2 warm, a queued GPU wait before each launch: common.time_interleaved)."""
+    times = common.time_interleaved({"fn": lambda i: fn()}, reps, warmup=3, flush_l2=False)["fn"]
     return statistics.median(times) * 1e3
 
 
@@ -48,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shapes:
         M, H, KV, hd, d = SHAPES[name]
         N = (H + 2 * KV) * hd
-        g = torch.Generator(device="cuda").manual_seed(0)
-        r = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+        g = rand.generator(name, device="cuda")
+        r = lambda *s: rand.randn(g, *s, dtype=torch.bfloat16)  # noqa: E731
         dqkv, qkv, x, w = r(M, N), r(M, N), r(M, d), r(d)
         pos = torch.arange(M, device="cuda") % 8192
         freqs = ops.rope_frequencies(hd, H, KV, device="cuda")

@@ -1,8 +1,8 @@
 """Times a fused epilogue graph against the bare cuBLAS GEMM, eager PyTorch and torch.compile.
 
-    python benchmarks/bench_epilogue.py [--shape M N K] [--reps 50] [--out results.json]
+    python -m benchmarks.bench_epilogue [--shape M N K] [--reps 50] [--out results.json]
 
-Method (shared/reference/anchors.md): every variant runs in one process, interleaved
+Method (docs/design.md, "How speed is judged"): every variant runs in one process, interleaved
 (fused, cuBLAS, compile, eager, fused, ...), each call timed with CUDA events on inputs
 rotated between two sets larger than L2; the figure quoted is the median of per-round
 ratios to the bare cuBLAS GEMM of the same shape, with absolute medians for context.
@@ -17,14 +17,12 @@ import pathlib
 import sys
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "gpu"))
-sys.path.insert(0, str(HERE))
+import coda_ext as ce
 
-import coda_ext as ce  # noqa: E402
-from harness import gpu_info, summarize, time_interleaved  # noqa: E402
+from benchmarks.common import RESULTS, gpu_info, summarize, time_interleaved, write_json
+from tests.helpers import rand
 
-#: Kernel configurations measured for the DESIGN.md graph.
+#: Kernel configurations measured for the design graph (docs/design.md).
 CONFIGS = [
     ce.DEFAULT_CONFIG,  # ping-pong 128x128x64, 1x1 cluster, swizzle 4
     ce.KernelConfig((128, 128, 64), (2, 1), "pingpong", swizzle=4),
@@ -39,15 +37,15 @@ def identity_configs():
 
 
 def design_graph():
-    import cases
+    from coda_ext import graphs
 
-    return cases.design()
+    return graphs.design()
 
 
 def identity_graph():
-    import cases
+    from coda_ext import graphs
 
-    return cases.identity()
+    return graphs.identity()
 
 
 def build_items():
@@ -63,13 +61,9 @@ def bench_design(M: int, N: int, K: int, reps: int) -> dict:
     dt = torch.bfloat16
     sets = []
     for s in range(2):
-        g = torch.Generator(device="cuda").manual_seed(s)
-        sets.append({
-            "A": (torch.randn(M, K, generator=g, device="cuda") * K ** -0.25).to(dt),
-            "W": (torch.randn(N, K, generator=g, device="cuda") * K ** -0.25).to(dt),
-            "aux": torch.randn(M, N, generator=g, device="cuda").to(dt),
-            "bias": torch.randn(N, generator=g, device="cuda").to(dt),
-        })
+        g = rand.generator(s, device="cuda")
+        A, W = rand.operands(g, M, N, K, dt)
+        sets.append({"A": A, "W": W, "aux": rand.randn(g, M, N, dtype=dt), "bias": rand.randn(g, N, dtype=dt)})
 
     def eager(A, W, aux, bias):
         d = F.silu(F.linear(A, W)) * aux + bias
@@ -143,13 +137,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", nargs=3, type=int, default=[8192, 8192, 4096], metavar=("M", "N", "K"))
     p.add_argument("--reps", type=int, default=60)
-    p.add_argument("--out", default=str(HERE / "results" / "design_h100.json"))
+    p.add_argument("--out", default=str(RESULTS / "design_h100.json"))
     args = p.parse_args()
     result = bench_design(*args.shape, reps=args.reps)
     result["env"] = gpu_info()
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = write_json(args.out, result)
     plot(result, out.with_suffix(".png"))
     print(f"{'variant':36s} {'median ms':>10s} {'x cuBLAS':>9s} {'TFLOP/s':>8s}")
     for name, s in result["results"].items():

@@ -1,11 +1,11 @@
-"""The ready ops (coda_ext.ops) at the Llama shapes of shared/reference/anchors.md against the
+"""The ready ops (coda_ext.ops) at the Llama shapes of docs/design.md against the
 bare cuBLAS GEMM of the same shape, eager PyTorch and torch.compile of the unfused math (and
 Liger-Kernel's fused linear cross-entropy for the LM head), timed interleaved in one process;
 ratios are medians of per-round ratios to cuBLAS; peak memory above what was allocated before.
 
     python -m coda_ext prebuild benchmarks/bench_fused_ops.py -j 16   # the kernels the run needs
-    python benchmarks/bench_fused_ops.py [--models 8B 1B] [--ms 16384 1024 128] [--ops ...] [--out NAME]
-    python benchmarks/bench_fused_ops.py --merge results/a.json results/b.json --out ops_h100
+    python -m benchmarks.bench_fused_ops [--models 8B 1B] [--ms 16384 1024 128] [--ops ...] [--out NAME]
+    python -m benchmarks.bench_fused_ops --merge results/a.json results/b.json --out ops_h100
 
 torch.compile is timed at the training shapes (M = 16384) and for the LM head (compiling per
 shape costs ~10-30 s each). Writes results/<out>.json and .png.
@@ -18,8 +18,8 @@ import pathlib
 import statistics
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from benchmarks import common
+from tests.helpers import rand
 
 MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
 MS = (16384, 1024, 128)
@@ -46,13 +46,15 @@ def cases(models=tuple(MODELS), ms=MS, lm_head=True, ops=OPS):
 
 
 def graph_of(op, model):
-    from coda_ext.ops import lm_head_ce, qkv, residual_norm, rms_scale, swiglu
+    from coda_ext import graphs
 
     hd = MODELS[model]["hd"]
-    return {"residual_norm_down": lambda: residual_norm.graph(), "residual_norm_o": lambda: residual_norm.graph(),
-            "rms_linear_silu": lambda: rms_scale.graph("silu"), "swiglu_y": lambda: swiglu.graph(True, False),
-            "swiglu_train": lambda: swiglu.graph(True, True), "qkv_rope": lambda: qkv.graph(True, False, hd),
-            "qkv_rope_qknorm": lambda: qkv.graph(True, True, hd), "lm_head_ce": lambda: lm_head_ce.graph(True)}[op]()
+    return {"residual_norm_down": lambda: graphs.linear_residual_norm(),
+            "residual_norm_o": lambda: graphs.linear_residual_norm(),
+            "rms_linear_silu": lambda: graphs.rms_linear("silu"), "swiglu_y": lambda: graphs.linear_swiglu(True, False),
+            "swiglu_train": lambda: graphs.linear_swiglu(True, True), "qkv_rope": lambda: graphs.qkv_rope(True, False, hd),
+            "qkv_rope_qknorm": lambda: graphs.qkv_rope(True, True, hd),
+            "lm_head_ce": lambda: graphs.lm_head_cross_entropy(True)}[op]()
 
 
 def build_items():
@@ -70,22 +72,22 @@ def _variants(op, model, M, N, K, with_compile, with_liger):
     import torch
     import torch.nn.functional as F
 
-    import harness
     from coda_ext import ops
 
     dt, dev, eps = torch.bfloat16, "cuda", 1e-6
     c = MODELS[model]
     sets = []
-    for _ in range(2):
-        s = dict(x=torch.randn(M, K, device=dev, dtype=dt), w=torch.randn(N, K, device=dev, dtype=dt) / K**0.5,
-                 rstd=torch.rand(M, device=dev) + 0.5)
+    for i in range(2):
+        gen = rand.generator(op, model, M, i, device=dev)
+        s = dict(x=rand.randn(gen, M, K, dtype=dt), w=rand.randn(gen, N, K, dtype=dt, scale=K ** -0.5),
+                 rstd=rand.positive(gen, M))
         if op.startswith("residual_norm"):
-            s.update(res=torch.randn(M, N, device=dev, dtype=dt), g=torch.rand(N, device=dev, dtype=dt) + 0.5)
+            s.update(res=rand.randn(gen, M, N, dtype=dt), g=rand.positive(gen, N, dtype=dt))
         if op.startswith("qkv"):
-            s.update(pos=torch.randint(0, 8192, (M,), device=dev),
-                     qw=torch.rand(c["hd"], device=dev) + 0.5, kw=torch.rand(c["hd"], device=dev) + 0.5)
+            s.update(pos=rand.indices(gen, M, high=8192), qw=rand.positive(gen, c["hd"]),
+                     kw=rand.positive(gen, c["hd"]))
         if op == "lm_head_ce":
-            s.update(t=torch.randint(0, N, (M,), device=dev))
+            s.update(t=rand.indices(gen, M, high=N))
         sets.append(s)
     hq, hkv, hd = c["hq"], c["hkv"], c["hd"]
     freqs = ops.rope_frequencies(hd, hq, hkv, device=dev)
@@ -137,7 +139,7 @@ def _variants(op, model, M, N, K, with_compile, with_liger):
     v = {"cublas": lambda i: F.linear(sets[i]["x"], sets[i]["w"]), "coda": lambda i: coda(sets[i]),
          "eager": lambda i: eager(sets[i])}
     if with_compile:
-        compiled = harness.compile_for_one_shape(eager)
+        compiled = common.compile_for_one_shape(eager)
         v["torch.compile"] = lambda i: compiled(sets[i])
     if with_liger:
         try:
@@ -150,14 +152,10 @@ def _variants(op, model, M, N, K, with_compile, with_liger):
 
 
 def _peak_memory(fn) -> float:
-    import harness
-
-    return harness.peak_memory_gb(fn)[0]
+    return common.peak_memory_gb(fn)[0]
 
 
 def run(selected, reps):
-    import harness
-
     results = []
     for op, model, M, N, K in selected:
         train = M == 16384 or op == "lm_head_ce"
@@ -166,7 +164,7 @@ def run(selected, reps):
             fn(0)
             fn(1)
         n = reps if op != "lm_head_ce" else max(5, reps // 3)
-        summary = harness.summarize(harness.time_interleaved(variants, n), "cublas")
+        summary = common.summarize(common.time_interleaved(variants, n), "cublas")
         row = {"op": op, "model": model, "M": M, "N": N, "K": K, "results": summary,
                "peak_gb": {k: _peak_memory(fn) for k, fn in variants.items()}}
         results.append(row)
@@ -248,7 +246,7 @@ def main(argv=None):
     p.add_argument("--out", default="ops_h100")
     p.add_argument("--merge", nargs="+", default=None, help="combine earlier result files instead of running")
     a = p.parse_args(argv)
-    out_dir = HERE / "results"
+    out_dir = common.RESULTS
     if a.merge:
         parts = [json.loads(pathlib.Path(f).read_text()) for f in a.merge]
         doc = dict(parts[0])
@@ -258,14 +256,12 @@ def main(argv=None):
         doc["results"] = list(rows.values())
         doc["runs"] = [part["gpu"] for part in parts]
     else:
-        import harness
-
         selected = [] if a.only_lm_head else cases(a.models, a.ms, lm_head=False, ops=a.ops)
         if not a.no_lm_head:
             selected += cases((), (), lm_head=True)
-        doc = {"gpu": harness.gpu_info(), "results": run(selected, a.reps)}
+        doc = {"gpu": common.gpu_info(), "results": run(selected, a.reps)}
     doc["goals"] = goals(doc["results"])
-    (out_dir / f"{a.out}.json").write_text(json.dumps(doc, indent=1))
+    common.write_json(out_dir / f"{a.out}.json", doc)
     try:
         plot(doc["results"], out_dir / f"{a.out}.png")
     except ImportError as e:

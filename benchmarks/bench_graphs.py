@@ -1,16 +1,16 @@
 """Times epilogue graphs, at many shapes, against the bare cuBLAS GEMM, eager PyTorch and
 torch.compile of the same math, and checks each against its speed goal.
 
-    python benchmarks/bench_graphs.py [--cases identity,swiglu,...] [--shapes llama | M,N,K ...]
+    python -m benchmarks.bench_graphs [--cases identity,swiglu,...] [--shapes llama | M,N,K ...]
         [--configs auto|default|candidates] [--max-autotune] [--reps 30] [--out FILE.json] [--dry-run]
-    python benchmarks/bench_graphs.py --merge PART1.json PART2.json ... --out FILE.json
-    python benchmarks/bench_graphs.py --annotate FILE.json     # (re)compute the speed-of-light fields; no GPU
+    python -m benchmarks.bench_graphs --merge PART1.json PART2.json ... --out FILE.json
+    python -m benchmarks.bench_graphs --annotate FILE.json     # (re)compute the speed-of-light fields; no GPU
 
 Cases and goals: benchmarks/graphs.py (the speed goals are time / bare cuBLAS GEMM time).
 `--configs auto` (the default) runs config="auto": the shape heuristic of coda_ext.tuning picks
 the kernel config per shape; the JSON records which. Eager and torch.compile run the graph's own
 PyTorch reference (coda_ext.interpret in the op's dtype): the same unfused math for every graph,
-with no hand-written baseline to drift. Timing is interleaved with L2 flushes (harness.py);
+with no hand-written baseline to drift. Timing is interleaved with L2 flushes (common.py);
 figures are medians of per-round ratios to cuBLAS. Writes JSON (GPU, clocks, versions, commit,
 cold compile seconds per config, the wall time to compile a graph's configs in parallel, warm
 load seconds) and a PNG with one panel per case. Every row also gets its speed of light: the IO
@@ -28,14 +28,11 @@ import pathlib
 import sys
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import coda_ext as ce
+from coda_ext import tuning
 
-import goals  # noqa: E402
-import graphs  # noqa: E402
-
-import coda_ext as ce  # noqa: E402
-from coda_ext import tuning  # noqa: E402
+from benchmarks import common, goals, graphs
+from tests.helpers import rand
 
 #: Llama-3-8B-like training and inference shapes (M, N, K) (the list of issue 3).
 SHAPES = {
@@ -67,29 +64,6 @@ def build_items(case_names=DEFAULT_CASES, which="auto"):
     twins = {c.tag: c for name in case_names if name != "identity"
              for c in concrete_configs(graphs.CASES[name][0](), configs(which))}
     return items + [(identity, "bfloat16", c) for c in twins.values()]
-
-
-def make_inputs(op, M: int, N: int, K: int, seed: int):
-    """Fresh random A, W and graph inputs (two sets are rotated, each larger than L2 at real shapes)."""
-    import torch
-
-    from coda_ext.graph.interpret import torch_dtype
-
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dt = op.dtype
-    A = (torch.randn(M, K, generator=g, device="cuda") * K ** -0.25).to(dt)
-    W = (torch.randn(N, K, generator=g, device="cuda") * K ** -0.25).to(dt)
-    inputs = {}
-    for s in op.slots:
-        if s.kind == "tile":
-            inputs[s.name] = torch.randn(M, N, generator=g, device="cuda").to(torch_dtype(s.dtype))
-        elif s.kind == "row_vector":
-            inputs[s.name] = torch.randn(N, generator=g, device="cuda").to(torch_dtype(s.dtype))
-        elif s.kind == "col_vector":
-            inputs[s.name] = (torch.rand(M, generator=g, device="cuda") + 0.5).to(torch_dtype(s.dtype))
-        elif s.kind == "scalar":
-            inputs[s.name] = 1.5 if s.mode == "value" else torch.full((1,), 1.5, device="cuda")
-    return A, W, inputs
 
 
 def concrete_configs(graph, cfgs) -> list[ce.KernelConfig]:
@@ -143,8 +117,6 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
     import torch
     import torch.nn.functional as F
 
-    from harness import compile_for_one_shape, summarize, time_interleaved
-
     graph = graphs.CASES[name][0]().build()
     goal = graphs.CASES[name][1]
     concrete = concrete_configs(graph, cfgs)
@@ -154,8 +126,9 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
     ops = {variant_name(cfg): ce.compile(graph, "bfloat16", cfg) for cfg in cfgs}
     reference = functools.partial(ce.interpret, graph, compute_dtype=meta.dtype)
     for M, N, K in shapes:
-        compiled = compile_for_one_shape(reference, max_autotune)
-        sets = [make_inputs(meta, M, N, K, seed) for seed in (0, 1)]
+        compiled = common.compile_for_one_shape(reference, max_autotune)
+        # two input sets, rotated: each larger than L2 at the real shapes
+        sets = [rand.op_inputs(meta, M, N, K, rand.generator(seed, device="cuda")) for seed in (0, 1)]
         variants = {"cublas_gemm": lambda i: F.linear(sets[i][0], sets[i][1])}
         for vname, op in ops.items():
             variants[vname] = (lambda op: lambda i: op(sets[i][0], sets[i][1], **sets[i][2]))(op)
@@ -167,7 +140,7 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
         for i in (0, 1):
             compiled(sets[i][0], sets[i][1], **sets[i][2])
         torch.cuda.synchronize()
-        summary = summarize(time_interleaved(variants, reps), "cublas_gemm")
+        summary = common.summarize(common.time_interleaved(variants, reps), "cublas_gemm")
         for s in summary.values():
             s["tflops"] = 2.0 * M * N * K / (s["median_ms"] * 1e-3) / 1e12
         entry = {"variants": summary}
@@ -331,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-set", action="store_true",
                    help="also time building each graph's configs in parallel into an empty cache")
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--out", default=str(HERE / "results" / "graphs_h100.json"))
+    p.add_argument("--out", default=str(common.RESULTS / "graphs_h100.json"))
     p.add_argument("--dry-run", action="store_true", help="list what would run; needs no GPU")
     p.add_argument("--annotate", metavar="FILE", help="recompute the speed-of-light fields of a results file in place; "
                    "no GPU")
@@ -356,23 +329,19 @@ def main(argv: list[str] | None = None) -> int:
         path = pathlib.Path(args.annotate)
         data = json.loads(path.read_text())
         annotate(data["results"])
-        path.write_text(json.dumps(data, indent=1))
+        common.write_json(path, data)
         print_table(data["results"])
         print(f"wrote {path}")
         return 0
     if args.merge:
         env, results, reps, max_autotune = merge(args.merge)
     else:
-        from harness import gpu_info
-
-        env = gpu_info()
+        env = common.gpu_info()
         results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune, args.cold_set) for name in names}
-        env["nvidia_smi_after"] = gpu_info()["nvidia_smi"]
+        env["nvidia_smi_after"] = common.gpu_info()["nvidia_smi"]
         reps, max_autotune = args.reps, args.max_autotune
     annotate(results)
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": env, "reps": reps, "max_autotune": max_autotune, "results": results}, indent=1))
+    out = common.write_json(args.out, {"env": env, "reps": reps, "max_autotune": max_autotune, "results": results})
     plot(results, out.with_suffix(".png"), env["gpu"])
     print_table(results)
     print(f"wrote {out} and {out.with_suffix('.png')}")

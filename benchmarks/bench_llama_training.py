@@ -1,12 +1,12 @@
 """A Llama layer's training step on an H100: coda_ext against eager PyTorch, torch.compile and
 Liger-Kernel, with the floor the non-attention part cannot beat.
 
-    python benchmarks/bench_llama_training.py [--cases layer-1b layer-8b lm-head] [--reps 20]
+    python -m benchmarks.bench_llama_training [--cases layer-1b layer-8b lm-head] [--reps 20]
 
 Cases: one forward + backward of a Llama-3-1B-like layer (d 2048, 32 Q / 8 KV heads, head_dim 64,
 F 8192, batch 4 x seq 8192) and of a Llama-3-8B layer (d 4096, head_dim 128, F 14336, 1 x 8192);
 the LM head + cross-entropy forward + backward (M 8192, d 4096, V 128256).
-Per case and variant: step time (median of interleaved rounds, L2 flushed, harness.py), peak
+Per case and variant: step time (median of interleaved rounds, L2 flushed, common.py), peak
 memory of one step beyond what was allocated before it (with and without the gradients it returns); per layer also attention alone (SDPA forward +
 backward at the layer's shape, the same call in every variant), the non-attention part (step −
 attention) and the GEMM floor (the bare cuBLAS GEMMs of the layer's linears: forward, dX and dW of
@@ -21,9 +21,8 @@ import pathlib
 import statistics
 import sys
 
-import harness
-
-HERE = pathlib.Path(__file__).resolve().parent
+from benchmarks import common
+from tests.helpers import rand
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,16 +189,15 @@ def step_fn(module_call, inputs, params):
 
 def gemm_floor_fns(s: Shape, device, dtype) -> dict:
     """The bare cuBLAS GEMMs of one layer's linears: forward, dX and dW of each."""
-    import torch
-
     M = s.batch * s.seq
     hd = s.head_dim
     linears = {"qkv": ((s.n_heads + 2 * s.n_kv_heads) * hd, s.d), "o": (s.d, s.n_heads * hd),
                "gate_up": (2 * s.ffn, s.d), "down": (s.d, s.ffn)}
     fns = {}
+    gen = rand.generator("gemm floor", M, device=device)
     for name, (N, K) in linears.items():
-        sets = [(torch.randn(M, K, device=device, dtype=dtype), torch.randn(N, K, device=device, dtype=dtype),
-                 torch.randn(M, N, device=device, dtype=dtype)) for _ in range(2)]
+        sets = [(rand.randn(gen, M, K, dtype=dtype), rand.randn(gen, N, K, dtype=dtype),
+                 rand.randn(gen, M, N, dtype=dtype)) for _ in range(2)]
         fns[f"{name}.fwd"] = lambda i, t=sets: t[i][0] @ t[i][1].t()
         fns[f"{name}.dx"] = lambda i, t=sets: t[i][2] @ t[i][1]
         fns[f"{name}.dw"] = lambda i, t=sets: t[i][2].t() @ t[i][0]
@@ -219,14 +217,16 @@ def breakdown_fns(s: Shape, device, dtype) -> dict:
     freqs = ops.rope_frequencies(hd, s.n_heads, s.n_kv_heads, s.theta, device=device)
     pos = torch.arange(s.seq, device=device).repeat(s.batch)
 
+    gen = rand.generator("breakdown", M, d, device=device)
+
     def r(*shape, scale=1.0):
-        return (torch.randn(shape, device=device) * scale).to(dtype)
+        return rand.randn(gen, *shape, dtype=dtype, scale=scale)
 
     def one():
-        t = {"x": r(M, d), "h": r(M, d), "w_qkv": r(Nq, d, scale=d ** -0.5), "rstd": torch.rand(M, device=device) + 0.5,
+        t = {"x": r(M, d), "h": r(M, d), "w_qkv": r(Nq, d, scale=d ** -0.5), "rstd": rand.positive(gen, M),
              "y0": r(M, Do), "w_o": r(d, Do, scale=Do ** -0.5), "g": r(d), "w_gu": r(2 * F_, d, scale=d ** -0.5),
              "w_d": r(d, F_, scale=F_ ** -0.5), "z1": r(M, 2 * F_), "dx2": r(M, d), "y1": r(M, F_),
-             "dz1": r(M, 2 * F_), "zdz": torch.randn(M, device=device), "dqkv": r(M, Nq), "qkv": r(M, Nq),
+             "dz1": r(M, 2 * F_), "zdz": rand.randn(gen, M), "dqkv": r(M, Nq), "qkv": r(M, Nq),
              "dz": r(M, Nq)}
         return t
 
@@ -264,13 +264,14 @@ def run_layer(name: str, s: Shape, reps: int, variants_wanted) -> dict:
     eager = eager_layer(s, device, dtype)
     cos, sin = rope_tables(s, device, dtype)
     pos = torch.arange(s.seq, device=device).expand(s.batch, s.seq)
-    inputs = [(torch.randn(s.batch, s.seq, s.d, device=device, dtype=dtype, requires_grad=True),
-               torch.randn(s.batch, s.seq, s.d, device=device, dtype=dtype)) for _ in range(2)]
+    gen = rand.generator(name, device=device)
+    inputs = [(rand.randn(gen, s.batch, s.seq, s.d, dtype=dtype).requires_grad_(),
+               rand.randn(gen, s.batch, s.seq, s.d, dtype=dtype)) for _ in range(2)]
     variants = {}
     if "eager" in variants_wanted:
         variants["eager"] = step_fn(lambda x: eager(x, cos, sin), inputs, list(eager.parameters()))
     if "torch.compile" in variants_wanted:
-        compiled = harness.compile_for_one_shape(eager)
+        compiled = common.compile_for_one_shape(eager)
         variants["torch.compile"] = step_fn(lambda x: compiled(x, cos, sin), inputs, list(eager.parameters()))
     if "liger" in variants_wanted:
         try:
@@ -283,9 +284,9 @@ def run_layer(name: str, s: Shape, reps: int, variants_wanted) -> dict:
         coda = coda_layer(s, eager, device, dtype)
         variants["coda"] = step_fn(lambda x: coda(x, pos), inputs, list(coda.parameters()))
     hd = s.head_dim
-    att = [tuple(torch.randn(s.batch, h, s.seq, hd, device=device, dtype=dtype, requires_grad=True)
+    att = [tuple(rand.randn(gen, s.batch, h, s.seq, hd, dtype=dtype).requires_grad_()
                  for h in (s.n_heads, s.n_kv_heads, s.n_kv_heads)) for _ in range(2)]
-    att_g = [torch.randn(s.batch, s.n_heads, s.seq, hd, device=device, dtype=dtype) for _ in range(2)]
+    att_g = [rand.randn(gen, s.batch, s.n_heads, s.seq, hd, dtype=dtype) for _ in range(2)]
     variants["attention"] = lambda i: torch.autograd.grad(attention(*att[i]), att[i], att_g[i])
     gemms = gemm_floor_fns(s, device, dtype)
     variants.update(gemms)
@@ -294,7 +295,7 @@ def run_layer(name: str, s: Shape, reps: int, variants_wanted) -> dict:
     for fn in variants.values():   # warm up: kernels, torch.compile, autotuning
         fn(0)
         fn(1)
-    times = harness.time_interleaved(variants, reps)
+    times = common.time_interleaved(variants, reps)
     med = {k: statistics.median(v) for k, v in times.items()}
     floor = sum(med[k] for k in gemms)
     floor_rounds = [sum(r) for r in zip(*(times[k] for k in gemms))]
@@ -313,7 +314,7 @@ def run_layer(name: str, s: Shape, reps: int, variants_wanted) -> dict:
             "non_attention_over_floor": statistics.median(ratios),
             "ratio_iqr": [ratios[len(ratios) // 4], ratios[-len(ratios) // 4 - 1]],
         }
-        peak = harness.peak_memory_gb(variants[v])
+        peak = common.peak_memory_gb(variants[v])
         row["variants"][v]["peak_gb"], row["variants"][v]["peak_without_grads_gb"] = peak
     return row
 
@@ -324,13 +325,9 @@ def run_lm_head(reps: int, variants_wanted, chunk_note: str = "") -> dict:
 
     device, dtype = "cuda", torch.bfloat16
     M, d, V = LM_HEAD
-    torch.manual_seed(0)
-    W = (torch.randn(V, d, device=device) * d ** -0.5).to(dtype).requires_grad_()
-    sets = []
-    for _ in range(2):
-        x = torch.randn(M, d, device=device, dtype=dtype, requires_grad=True)
-        t = torch.randint(0, V, (M,), device=device)
-        sets.append((x, t))
+    gen = rand.generator("lm-head", device=device)
+    W = rand.randn(gen, V, d, dtype=dtype, scale=d ** -0.5).requires_grad_()
+    sets = [(rand.randn(gen, M, d, dtype=dtype).requires_grad_(), rand.indices(gen, M, high=V)) for _ in range(2)]
 
     def eager_loss(x, t):
         return F.cross_entropy((x @ W.t()).float(), t)
@@ -346,7 +343,7 @@ def run_lm_head(reps: int, variants_wanted, chunk_note: str = "") -> dict:
     if "eager" in variants_wanted:
         variants["eager"] = wrap(eager_loss)
     if "torch.compile" in variants_wanted:
-        compiled = harness.compile_for_one_shape(eager_loss)
+        compiled = common.compile_for_one_shape(eager_loss)
         variants["torch.compile"] = wrap(compiled)
     if "liger" in variants_wanted:
         try:
@@ -358,15 +355,14 @@ def run_lm_head(reps: int, variants_wanted, chunk_note: str = "") -> dict:
     if "coda" in variants_wanted:
         from coda_ext import ops
         variants["coda"] = wrap(lambda x, t: ops.lm_head_cross_entropy(x, W, t)[0])
-    g = [(torch.randn(M, d, device=device, dtype=dtype), torch.randn(M, V, device=device, dtype=dtype))
-         for _ in range(2)]
+    g = [(rand.randn(gen, M, d, dtype=dtype), rand.randn(gen, M, V, dtype=dtype)) for _ in range(2)]
     gemms = {"fwd": lambda i: sets[i][0] @ W.t(), "dx": lambda i: g[i][1] @ W,
              "dw": lambda i: g[i][1].t() @ sets[i][0]}
     variants.update({f"gemm.{k}": f for k, f in gemms.items()})
     for fn in variants.values():
         fn(0)
         fn(1)
-    times = harness.time_interleaved(variants, max(5, reps // 3))
+    times = common.time_interleaved(variants, max(5, reps // 3))
     med = {k: statistics.median(v) for k, v in times.items()}
     floor_rounds = [sum(r) for r in zip(*(times[f"gemm.{k}"] for k in gemms))]
     row = {"case": "lm-head", "shape": {"M": M, "d": d, "V": V}, "gemm_floor_ms": statistics.median(floor_rounds),
@@ -375,7 +371,7 @@ def run_lm_head(reps: int, variants_wanted, chunk_note: str = "") -> dict:
         ratios = sorted(t / f for t, f in zip(times[v], floor_rounds))
         row["variants"][v] = {"step_ms": med[v], "over_floor": statistics.median(ratios),
                               "ratio_iqr": [ratios[len(ratios) // 4], ratios[-len(ratios) // 4 - 1]]}
-        peak = harness.peak_memory_gb(variants[v])
+        peak = common.peak_memory_gb(variants[v])
         row["variants"][v]["peak_gb"], row["variants"][v]["peak_without_grads_gb"] = peak
     return row
 
@@ -452,17 +448,16 @@ def main(argv=None) -> None:
     p.add_argument("--cases", nargs="+", default=list(LAYERS) + ["lm-head"])
     p.add_argument("--variants", nargs="+", default=["eager", "torch.compile", "liger", "coda"])
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--out", default=str(HERE / "results" / "llama_training_h100.json"))
+    p.add_argument("--out", default=str(common.RESULTS / "llama_training_h100.json"))
     args = p.parse_args(argv)
     out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    env, rows = harness.gpu_info(), []
+    env, rows = common.gpu_info(), []
     for case in args.cases:
         row = run_lm_head(args.reps, args.variants) if case == "lm-head" else \
             run_layer(case, LAYERS[case], args.reps, args.variants)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        out.write_text(json.dumps({"env": env, "rows": rows, "goals": goals(rows)}, indent=1))  # after every case
+        common.write_json(out, {"env": env, "rows": rows, "goals": goals(rows)})  # after every case
     plot(rows, out.with_suffix(".png"))
     print("\n".join(goals(rows)))
 

@@ -1,6 +1,6 @@
 """Cold nvcc time of one kernel, alone on this machine, and where it goes (nvcc's own phase times):
 
-    python benchmarks/compile_time.py [--graph design] [--config ping_128x128x64_c1x1_s4]
+    python -m benchmarks.compile_time [--graph design] [--config ping_128x128x64_c1x1_s4]
         [--baseline-csrc DIR]   # also build the same kernel against another csrc/ tree (builds alternate)
 
 The kernel is one of benchmarks/graphs.py in bf16 with a tuning candidate's config, built with
@@ -18,15 +18,12 @@ import sys
 import tempfile
 import time
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import coda_ext as ce
+from coda_ext import tuning
+from coda_ext.jit import nvcc
+from coda_ext.jit.paths import csrc_dir
 
-import graphs  # noqa: E402
-
-import coda_ext as ce  # noqa: E402
-from coda_ext import tuning  # noqa: E402
-from coda_ext.jit import nvcc  # noqa: E402
-from coda_ext.jit.paths import csrc_dir  # noqa: E402
+from benchmarks import graphs
 
 
 def phases(path: pathlib.Path) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """The fused kernels' speed goals, checked against a bench_graphs results file.
 
-    python benchmarks/goals.py [benchmarks/results/graphs_h100.json] [--out benchmarks/results/goals_h100.md]
+    python -m benchmarks.goals [benchmarks/results/graphs_h100.json] [--out benchmarks/results/goals_h100.md]
 
 Every ratio is time / the bare cuBLAS GEMM of the same shape (bf16, H100, medians of interleaved
 per-round ratios, one run). A goal that is missed is listed row by row with its measured split:
@@ -17,10 +17,8 @@ import pathlib
 import statistics
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import graphs  # noqa: E402
+from benchmarks import graphs
+from benchmarks.common import RESULTS
 
 #: inference rows: every graph within SMALL_M_BOUND of cuBLAS and never slower than torch.compile
 SMALL_M = (128, 1024)
@@ -175,7 +173,7 @@ def render(goals: list[Goal], env: dict, source: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results", nargs="?", default=str(HERE / "results" / "graphs_h100.json"))
+    p.add_argument("results", nargs="?", default=str(RESULTS / "graphs_h100.json"))
     p.add_argument("--out", help="write the table here (markdown) as well")
     args = p.parse_args(argv)
     data = json.loads(pathlib.Path(args.results).read_text())

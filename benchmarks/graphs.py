@@ -1,70 +1,19 @@
-"""The epilogue graphs the speed goals are stated for, each with its goal (time / bare cuBLAS GEMM).
+"""The epilogue graphs the speed goals are stated for (from coda_ext.graphs), each with its goal
+(time / bare cuBLAS GEMM).
 
 Shared by bench_graphs.py and `python -m coda_ext prebuild benchmarks/graphs.py`.
 """
 from __future__ import annotations
 
-import pathlib
-import sys
+import functools
 
-import coda_ext as ce
+from coda_ext.graphs import (bias_gelu, bias_silu, design, identity, linear, linear_swiglu, rstd_scale, rstd_swiglu,
+                             store_rowsum, swiglu)
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests" / "gpu"))
-from cases import design, identity, swiglu_pairs as swiglu  # noqa: E402  (one home for the graphs the GPU suite also checks)
-
-
-def bias_silu():
-    """D = silu(acc + bias[n])."""
-    g = ce.Graph()
-    g.output(ce.silu(g.accumulator() + g.row_vector("bias")))
-    return g
-
-
-def bias_gelu():
-    """D = gelu_tanh(acc + bias[n])."""
-    g = ce.Graph()
-    g.output(ce.gelu(g.accumulator() + g.row_vector("bias"), approximate="tanh"))
-    return g
-
-
-def residual():
-    """D = acc + residual (a tile load)."""
-    g = ce.Graph()
-    g.output(g.accumulator() + g.tile("residual"))
-    return g
-
-
-def rstd_scale():
-    """D = acc * rstd[m] * gamma[n]: an RMSNorm folded into the GEMM that follows it."""
-    g = ce.Graph()
-    g.output(g.accumulator() * g.col_vector("rstd", dtype="float32") * g.row_vector("gamma"))
-    return g
-
-
-def store_rowsum():
-    """D = acc + bias[n], stored; rowsum[m] = sum_n D; colsq[n] = sum_m D^2."""
-    g = ce.Graph()
-    d = g.accumulator() + g.row_vector("bias")
-    g.output(d)
-    g.row_reduce("rowsum", d, "sum")
-    g.col_reduce("colsq", d, "sumsq")
-    return g
-
-
-def swiglu_y():
-    """y = silu(acc[:, 0::2]) * acc[:, 1::2] at half width, and no M x N output (an inference FFN)."""
-    g = ce.Graph()
-    g.store("y", ce.swiglu_pairs(g.accumulator()))
-    return g
-
-
-def rstd_swiglu():
-    """Z = acc * rstd[m] stored, y = SwiGLU of Z at half width: the FFN's RMSNorm folded into gate/up."""
-    g = ce.Graph()
-    z = g.accumulator() * g.col_vector("rstd", dtype="float32")
-    g.output(z)
-    g.store("y", ce.swiglu_pairs(z))
-    return g
+#: Two families are ready ops' graphs: D = acc + residual (a tile load) is linear_residual's, and
+#: y = SwiGLU(acc) at half width without D is linear_swiglu's (unscaled, no pre-activation).
+residual = functools.partial(linear, True)
+swiglu_y = functools.partial(linear_swiglu, False, False)
 
 
 #: name -> (builder, goal: the largest time / bare cuBLAS GEMM time a row may take at a training

@@ -4,13 +4,14 @@ the measurement behind tuning.heuristic's rule that no 128x256 config may leave 
 than three pipeline stages.
 
     python -m coda_ext prebuild benchmarks/norm_backward_configs.py -j 16
-    python benchmarks/norm_backward_configs.py       # prints one line per (shape, config)
+    python -m benchmarks.norm_backward_configs       # prints one line per (shape, config)
 """
 from __future__ import annotations
 
 import sys
 
-import harness
+from benchmarks import common
+from tests.helpers import rand
 
 SHAPES = {"1b": (32768, 2048, 8192), "8b": (8192, 4096, 14336)}   # tokens, d, F: the GEMM is M x d x 2F
 
@@ -24,27 +25,28 @@ def configs():
 
 
 def build_items():
-    from coda_ext.ops import norm_backward
+    from coda_ext import graphs
 
-    return [(norm_backward.graph(True), "bfloat16", c) for c in configs()]
+    return [(graphs.rms_norm_backward_linear(True), "bfloat16", c) for c in configs()]
 
 
 def main() -> None:
     import torch
 
     import coda_ext as ce
-    from coda_ext.ops import norm_backward
+    from coda_ext import graphs
 
-    g = norm_backward.graph(True)
-    print(harness.gpu_info(), flush=True)
+    g = graphs.rms_norm_backward_linear(True)
+    print(common.gpu_info(), flush=True)
     for name, (M, d, F) in SHAPES.items():
         N2 = 2 * F
         sets = []
+        gen = rand.generator(name, device="cuda")
         for _ in range(2):
             def r(*s, sc=1.0):
-                return (torch.randn(s, device="cuda") * sc).bfloat16()
-            sets.append(dict(dz=r(M, N2), w=r(N2, d, sc=N2 ** -0.5), x=r(M, d), rstd=torch.rand(M, device="cuda") + .5,
-                             g=r(d), zdz=torch.randn(M, device="cuda"), dx_in=r(M, d)))
+                return rand.randn(gen, *s, dtype=torch.bfloat16, scale=sc)
+            sets.append(dict(dz=r(M, N2), w=r(N2, d, sc=N2 ** -0.5), x=r(M, d), rstd=rand.positive(gen, M),
+                             g=r(d), zdz=rand.randn(gen, M), dx_in=r(M, d)))
         variants = {"cublas": lambda i: sets[i]["dz"] @ sets[i]["w"]}
         for c in configs():
             op = ce.compile(g, "bfloat16", c)
@@ -54,7 +56,7 @@ def main() -> None:
         for f in variants.values():
             f(0)
             f(1)
-        for k, v in harness.summarize(harness.time_interleaved(variants, 20), "cublas").items():
+        for k, v in common.summarize(common.time_interleaved(variants, 20), "cublas").items():
             print(name, k, f"{v['median_ms']:.3f} ms", f"{v['median_ratio_to_cublas']:.3f}x", flush=True)
 
 

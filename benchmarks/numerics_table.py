@@ -5,18 +5,18 @@ math in the same dtype; and whether repeated launches give the same bits (per ke
 node-kind kernels also under other swizzle/raster launch orders, which compile to the same kernel).
 
     python -m coda_ext prebuild benchmarks/numerics_table.py -j 16   # the kernels below, in parallel
-    python benchmarks/numerics_table.py                              # H100: expected about a minute
+    python -m benchmarks.numerics_table                              # H100: expected about a minute
         [--quick] [--ops linear_residual_norm ...] [--dtypes bfloat16] [--out PATH]
 
 Writes benchmarks/results/numerics_h100.json and prints markdown tables.
 
 Node kinds: five graphs (KIND_GRAPHS), each output one kind applied to the accumulator (and to
-fresh inputs), stored in the op's dtype, written as tests/fuzz_strategies.py cases so its fp64
+fresh inputs), stored in the op's dtype, written as tests/helpers/fuzz_strategies.py cases so its fp64
 reference (and its fragile-element mask: elements whose comparison, select, cast or turns decision
 fp32 rounding may take the other way are left out) measures them; the config is the default
 (ping-pong 128x128x64) at every shape. Unit-scale operands (A, W ~ K**-0.25 N(0, 1): acc ~ N(0, 1)).
 PyTorch in the dtype: coda_ext.interpret(compute_dtype=dtype) (the GEMM output rounded to the dtype,
-then every node in it). The DESIGN.md rule (error <= 2x PyTorch's + 1e-5 (1 + max |ref|)) is
+then every node in it). The rule of docs/design.md (error <= 2x PyTorch's + 1e-5 (1 + max |ref|)) is
 checked and reported, not asserted.
 
 Ready ops: Llama-3-8B dimensions (d 4096, F 14336, 32/8 heads of 128, vocabulary 128256) at
@@ -27,7 +27,6 @@ M = 4096 and M = 4000 (not a tile multiple; the "auto" config is the same, so on
 import argparse
 import concurrent.futures
 import dataclasses
-import json
 import math
 import os
 import pathlib
@@ -36,13 +35,15 @@ import time
 import traceback
 from typing import Any, Callable
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+import coda_ext as ce
+from coda_ext import tuning
 
-import fuzz_strategies as fz  # noqa: E402
+from benchmarks import common
+from tests.helpers import fuzz_strategies as fz
+from tests.helpers import rand, references
+from tests.helpers.checks import floor, max_err, nan_outputs, within_rule
 
-import coda_ext as ce  # noqa: E402
-from coda_ext import tuning  # noqa: E402
+ROOT = common.ROOT
 
 DTYPES = ("bfloat16", "float16")
 CONFIG = ce.DEFAULT_CONFIG
@@ -330,31 +331,11 @@ def build_items(dtypes: tuple[str, ...] = DTYPES, ops: list[ReadyOp] | None = No
 # --- measuring ------------------------------------------------------------------------------------
 
 
-def max_abs(x, ref, mask=None) -> float:
-    """max |x - ref| (as float64) over `mask`; inf where x is NaN/inf and ref is not."""
-    import torch
-
-    d = torch.nan_to_num((x.double() - ref.double()).abs(), nan=math.inf)
-    if mask is not None:
-        d = d[mask]
-    return d.max().item() if d.numel() else math.nan
-
-
 def same_bits(a, b) -> bool:
     import torch
 
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.contiguous().view(torch.uint8),
                                                                         b.contiguous().view(torch.uint8))
-
-
-def _poisoned(op, M: int, N: int) -> dict:
-    import torch
-
-    out = {}
-    for name in op.output_names:
-        shape, dt = op.output_spec(name, M, N)
-        out[name] = torch.full(shape, math.nan, dtype=dt, device="cuda")
-    return out
 
 
 def measure_kind_graph(name: str, dtype: str, shape: tuple[int, int, int], seed: int = 0) -> tuple[list, dict]:
@@ -371,15 +352,15 @@ def measure_kind_graph(name: str, dtype: str, shape: tuple[int, int, int], seed:
     all_inputs = dict(inputs)
     gen = torch.Generator(device="cuda").manual_seed(seed + 1)
     if extra is not None:
-        all_inputs["z"] = torch.randn(M, 2 * N, generator=gen, device="cuda").to(fz.TORCH[dtype])
-    got = op(A, W, out=_poisoned(op, M, N), **all_inputs)
-    again = op(A, W, out=_poisoned(op, M, N), **all_inputs)
+        all_inputs["z"] = rand.randn(gen, M, 2 * N, dtype=fz.TORCH[dtype])
+    got = op(A, W, out=nan_outputs(op, M, N), **all_inputs)
+    again = op(A, W, out=nan_outputs(op, M, N), **all_inputs)
     torch.cuda.synchronize()
     determinism = {"repeat": all(same_bits(got[k], again[k]) for k in got), "orders": {}}
     del again
     for swizzle, raster in ORDERS:
         other = ce.compile(g, dtype, dataclasses.replace(CONFIG, swizzle=swizzle, raster=raster))
-        res = other(A, W, out=_poisoned(op, M, N), **all_inputs)
+        res = other(A, W, out=nan_outputs(op, M, N), **all_inputs)
         determinism["orders"][f"swizzle={swizzle},{raster}"] = all(same_bits(got[k], res[k]) for k in got)
         del res
     rows, determinism["check_device"] = kind_rows(name, dtype, shape, A, W, inputs, all_inputs.get("z"), got)
@@ -426,47 +407,20 @@ def _row(graph: str, output: str, dtype: str, shape, got, base, ref64, ok) -> di
     n_ok = int(ok.sum())
     max_ref = ref64[ok].abs().max().item() if n_ok else math.nan
     row = {"graph": graph, "output": output, "label": LABELS.get(f"{graph}/{output}", output), "dtype": dtype,
-           "shape": "x".join(map(str, shape)), "max_err": max_abs(got, ref64, ok), "torch_err": max_abs(base, ref64, ok),
-           "max_ref": max_ref, "floor": 1e-5 * (1 + max_ref) if n_ok else math.nan, "checked": n_ok,
+           "shape": "x".join(map(str, shape)), "max_err": max_err(got, ref64, ok), "torch_err": max_err(base, ref64, ok),
+           "max_ref": max_ref, "floor": floor(max_ref) if n_ok else math.nan, "checked": n_ok,
            "elements": ok.numel()}
     row["rule"] = rule_verdict(row)
     return row
 
 
 def rule_verdict(row: dict) -> str:
-    """DESIGN.md's rule on a row: "ok" if max_err <= 2 x torch_err + floor (or nothing was checked)."""
-    err, torch_err, floor = row["max_err"], row["torch_err"], row["floor"]
+    """The 2x rule (docs/design.md, tests/helpers/checks.py) on a row: "ok" if within it (or nothing was checked)."""
     if row["checked"] == 0:
         return "ok"
-    if not math.isfinite(err):
+    if not math.isfinite(row["max_err"]):
         return "unwritten or non-finite elements"
-    return "ok" if err <= 2 * torch_err + floor else "over 2x PyTorch's error"
-
-
-def _r(gen, dt, *shape, scale=1.0):
-    import torch
-
-    return (torch.randn(shape, generator=gen, device=gen.device) * scale).to(dt)
-
-
-def _qkv_in_dtype(z, pos, rstd, q_w, k_w):
-    """qkv_rope's math by PyTorch in z's dtype (angles in fp64, cos/sin rounded to the dtype)."""
-    import torch
-
-    from coda_ext import ops
-
-    z = z * rstd.to(z.dtype)[:, None]
-    q, k, v = z.unflatten(-1, (N_HEADS + 2 * N_KV_HEADS, HEAD_DIM)).split([N_HEADS, N_KV_HEADS, N_KV_HEADS], dim=-2)
-    q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + EPS) * q_w
-    k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + EPS) * k_w
-    angle = pos.double()[:, None, None] * ops.default_inv_freq(HEAD_DIM, THETA).to(pos.device)
-    cos, sin = torch.cos(angle).to(z.dtype), torch.sin(angle).to(z.dtype)
-
-    def rotate(t):
-        a, b = t[..., 0::2], t[..., 1::2]
-        return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
-
-    return torch.cat([rotate(q), rotate(k), v], dim=-2).flatten(-2)
+    return "ok" if within_rule(row["max_err"], row["torch_err"], row["max_ref"]) else "over 2x PyTorch's error"
 
 
 def ready_op_case(name: str, dtype: str, M: int, seed: int = 0, device: str = "cuda"):
@@ -482,8 +436,8 @@ def ready_op_case(name: str, dtype: str, M: int, seed: int = 0, device: str = "c
     gen = torch.Generator(device=device).manual_seed(seed + 1000 * M)
     dt = getattr(torch, dtype)
     d, f = D_MODEL, FFN
-    r = lambda *s, scale=1.0: _r(gen, dt, *s, scale=scale)  # noqa: E731
-    rstd = torch.rand(M, generator=gen, device=device) + 0.5
+    r = lambda *s, scale=1.0: rand.randn(gen, *s, dtype=dt, scale=scale)  # noqa: E731
+    rstd = rand.positive(gen, M)
     if name == "linear_residual_norm":
         x, w, res, gamma = r(M, f), r(d, f, scale=f ** -0.5), r(M, d), r(d)
         out = F.linear(x, w) + res
@@ -500,18 +454,18 @@ def ready_op_case(name: str, dtype: str, M: int, seed: int = 0, device: str = "c
                 (F.silu(z[:, 0::2]) * z[:, 1::2], z))
     if name == "qkv_rope":
         x, w = r(M, d), r((N_HEADS + 2 * N_KV_HEADS) * HEAD_DIM, d, scale=d ** -0.5)
-        pos = torch.randint(0, 100_000, (M,), generator=gen, device=device)
+        pos = rand.indices(gen, M, high=100_000)
         q_w, k_w = r(HEAD_DIM), r(HEAD_DIM)
         freqs = ops.rope_frequencies(HEAD_DIM, N_HEADS, N_KV_HEADS, theta=THETA, device=device)
         ref = qkv.reference(x, w, pos, N_HEADS, N_KV_HEADS, theta=THETA, rstd=rstd, q_norm_weight=q_w,
                             k_norm_weight=k_w, eps=EPS)
         return (lambda: (ops.qkv_rope(x, w, pos, freqs, N_HEADS, N_KV_HEADS, rstd=rstd, q_norm_weight=q_w,
                                       k_norm_weight=k_w, eps=EPS),),
-                (ref,), (_qkv_in_dtype(F.linear(x, w), pos, rstd, q_w, k_w),))
+                (ref,), (references.qkv_in_dtype(F.linear(x, w), pos, N_HEADS, N_KV_HEADS, THETA, rstd=rstd,
+                                                 q_norm_weight=q_w, k_norm_weight=k_w, eps=EPS),))
     if name == "lm_head_cross_entropy":
         x, w = r(M, d, scale=2.0), r(VOCAB, d, scale=d ** -0.5)
-        target = torch.randint(0, VOCAB, (M,), generator=gen, device=device)
-        target[torch.rand(M, generator=gen, device=device) < 0.1] = -100
+        target = rand.targets(gen, M, vocab=VOCAB)
         logits = F.linear(x, w) * rstd.to(dt)[:, None]
         base = (F.cross_entropy(logits, target, reduction="none"), torch.logsumexp(logits, -1))
         del logits
@@ -519,7 +473,7 @@ def ready_op_case(name: str, dtype: str, M: int, seed: int = 0, device: str = "c
                 lm_head_ce.reference(x, w, target, rstd, reduction="none"), base)
     if name == "rms_norm_backward_linear":
         dz, w, x = r(M, 2 * f), r(2 * f, d, scale=(2 * f) ** -0.5), r(M, d)
-        gamma, zdz, dx_in = r(d), torch.randn(M, generator=gen, device=device) * 10, r(M, d)
+        gamma, zdz, dx_in = r(d), rand.randn(gen, M, scale=10.0), r(M, d)
         acc = dz @ w
         rr = rstd.to(dt)[:, None]
         xhat = x * rr
@@ -615,7 +569,7 @@ def format_tables(result: dict) -> str:
         lines.append("")
     if lines:
         lines.insert(0, "Cells: coda_ext max abs error / PyTorch-in-dtype max abs error, against fp64 (ready ops: "
-                        "their fp32 reference); (!) marks a cell over DESIGN.md's 2x rule. bits repeat: every "
+                        "their fp32 reference); (!) marks a cell over the 2x rule of docs/design.md. bits repeat: every "
                         "launch of the kernel gave the same bits (per dtype).\n")
     return "\n".join(lines)
 
@@ -638,23 +592,6 @@ def summarize_determinism(det: dict[tuple[str, str], list[dict]]) -> list[dict]:
 # --- the run ----------------------------------------------------------------------------------------
 
 
-def _environment() -> dict:
-    import subprocess
-
-    import torch
-
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        env.update(gpu=p.name, sms=p.multi_processor_count)
-    try:   # CODA_COMMIT: set where the tree is a copy without its git history
-        env["commit"] = os.environ.get("CODA_COMMIT") or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return env
-
-
 def run(args) -> dict:
     import torch
 
@@ -666,7 +603,7 @@ def run(args) -> dict:
     kind_shapes = QUICK_KIND_SHAPES if args.quick else KIND_SHAPES
     op_shapes = QUICK_OP_SHAPES if args.quick else OP_SHAPES
     start = time.monotonic()
-    result: dict[str, Any] = {"environment": _environment(), "config": CONFIG.tag,
+    result: dict[str, Any] = {"environment": common.gpu_info(), "config": CONFIG.tag,
                               "kind_shapes": kind_shapes, "op_shapes": op_shapes, "kinds": [], "ops": [],
                               "determinism": [], "failures": []}
     not_built = set()   # kernel sources nvcc failed on: their graph or op is skipped, the rest measured
@@ -736,12 +673,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the ragged shapes only")
     parser.add_argument("--ops", nargs="*", default=None, help=f"ready ops (default all: {', '.join(READY_OPS)})")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "numerics_h100.json"))
+    parser.add_argument("--out", default=str(common.RESULTS / "numerics_h100.json"))
     args = parser.parse_args(argv)
     result = run(args)
-    path = pathlib.Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(_jsonable(result), indent=1) + "\n")
+    path = common.write_json(args.out, _jsonable(result))
     print(format_tables(result))
     not_identical = [d["kernel"] for d in result["determinism"] if not d["identical"]]
     checks = [f"{d['kernel']}: {d['check_device']}" for d in result["determinism"]

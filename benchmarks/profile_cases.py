@@ -3,7 +3,7 @@ the difference between a case's kernel and its identity twin is what the epilogu
 
     ncu --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,\\
 sm__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread \\
-        -k regex:device_kernel --csv python benchmarks/profile_cases.py --cases bias_silu,swiglu \\
+        -k regex:device_kernel --csv python -m benchmarks.profile_cases --cases bias_silu,swiglu \\
         --shape 16384,6144,4096
 
 Kernels run in the order printed: for each case, the case's kernel (config="auto"'s choice at the
@@ -12,16 +12,14 @@ shape), then the identity graph with that config. Reductions add a finalize kern
 from __future__ import annotations
 
 import argparse
-import pathlib
 import sys
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_graphs  # noqa: E402
-import graphs  # noqa: E402
+import coda_ext as ce
 
-import coda_ext as ce  # noqa: E402
+from benchmarks import graphs
+from tests.helpers import rand
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ce.compile(graph, "bfloat16", "auto").config_for(M, N, K, sms)
         op = ce.compile(graph, "bfloat16", cfg)
         twin = ce.compile(graphs.identity(), "bfloat16", cfg)
-        A, W, inputs = bench_graphs.make_inputs(op, M, N, K, seed=0)
+        A, W, inputs = rand.op_inputs(op, M, N, K, rand.generator(0, device="cuda"))
         print(f"{name} {M}x{N}x{K} {cfg.tag}: case kernel, then identity twin", flush=True)
         op(A, W, **inputs)
         twin(A, W)

@@ -1,7 +1,7 @@
 """compute-sanitizer (memcheck, racecheck, initcheck) over every kernel family, at tile-ragged shapes.
 
     python -m coda_ext prebuild benchmarks/sanitize.py -j 16    # the families' kernels, in parallel
-    python benchmarks/sanitize.py                               # H100: expected 1-3 minutes (racecheck)
+    python -m benchmarks.sanitize                               # H100: expected 1-3 minutes (racecheck)
         [--tools memcheck racecheck initcheck] [--families plain ...] [--sanitizer PATH] [--out-dir DIR]
 
 One process per tool runs every family (FAMILIES: plain GEMM, every node kind, reductions and their
@@ -42,14 +42,14 @@ import time
 import traceback
 from typing import Any, Callable
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+import coda_ext as ce
+from coda_ext import graphs, tuning
 
-import coda_ext as ce  # noqa: E402
-from coda_ext import tuning  # noqa: E402
+from benchmarks import common
+from benchmarks import numerics_table as nt
+from tests.helpers import checks, rand
 
-import numerics_table as nt  # noqa: E402
+HERE, ROOT = common.HERE, common.ROOT
 
 TOOLS = ("memcheck", "racecheck", "initcheck")
 PROBE_SOURCE = HERE / "initcheck_probe.cu"
@@ -73,34 +73,8 @@ class Family:
     shapes: tuple[tuple[int, int, int], ...]
 
 
-def _identity():
-    g = ce.Graph()
-    g.output(g.accumulator())
-    return g
-
-
-def _example():
-    """The README example: bias, SiLU, a residual tile, an aux store and a row reduction."""
-    g = ce.Graph()
-    acc = g.accumulator()
-    bias = g.row_vector("bias")
-    y = ce.silu(acc + bias) * g.tile("residual")
-    g.store("pre", acc + bias)
-    g.output(y)
-    g.row_reduce("sqsum", y * y, "sum")
-    return g
-
-
-def _swiglu_backward():
-    from coda_ext.ops import swiglu_backward
-
-    return swiglu_backward.graph()
-
-
 def _weight_grad_accumulate():
-    from coda_ext.ops import linear_grad
-
-    return linear_grad.graph(True)
+    return graphs.linear(True)
 
 
 def _kind(name: str, dtype: str = "bfloat16") -> Callable[[], Any]:
@@ -109,7 +83,7 @@ def _kind(name: str, dtype: str = "bfloat16") -> Callable[[], Any]:
 
 RAGGED = (333, 264, 72)   # M, N, K: none a multiple of any tile (N 2 x 128 + 8, K 64 + 8)
 FAMILIES: tuple[Family, ...] = (
-    Family("plain", "plain GEMM, D = acc (TMA store), ping-pong 128x128", _identity, "bfloat16", DEFAULT,
+    Family("plain", "plain GEMM, D = acc (TMA store), ping-pong 128x128", graphs.identity, "bfloat16", DEFAULT,
            (RAGGED, (333, 8, 72))),
     Family("unary", "exp log sqrt rsqrt square tanh sigmoid silu gelu(erf, tanh): D and 10 TMA stores",
            _kind("unary"), "bfloat16", DEFAULT, (RAGGED,)),
@@ -124,9 +98,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("cooperative", "the reductions graph, cooperative 128x256 in 2x1 clusters", _kind("reductions"),
            "bfloat16", tuning.LARGE, (RAGGED,)),
     Family("streamk", "README example (row vector, SiLU, tile load, store, row reduction), fp16, stream-K (K split)",
-           _example, "float16", tuning.STREAMK, ((333, 264, 520),)),
+           graphs.example, "float16", tuning.STREAMK, ((333, 264, 520),)),
     Family("major_kn", "swiglu_backward_linear: pair_tile z, store_pairs dz, store y, row reduction; W transposed (kn)",
-           _swiglu_backward, "bfloat16", dataclasses.replace(DEFAULT, major="kn"), (RAGGED,)),
+           graphs.swiglu_backward_linear, "bfloat16", dataclasses.replace(DEFAULT, major="kn"), (RAGGED,)),
     Family("major_mn", "weight_grad with accumulate (acc + tile); A and W transposed (mn); ping-pong 64x128",
            _weight_grad_accumulate, "bfloat16", dataclasses.replace(tuning.SKINNY, major="mn"), ((336, 264, 72),)),
 )
@@ -146,41 +120,6 @@ WRITERS = {"output": "tma_store", "store": "tma_store", "pair_store": "tma_store
            "col_reduce": "st_global (finalize)"}
 
 
-def operands(major: str, M: int, N: int, K: int, dtype, gen):
-    """A (M, K) and W (N, K) in the layout of `major` (views of transposed storage where it says so),
-    on the generator's device."""
-    import torch
-
-    def rand(*shape):
-        return (torch.randn(shape, generator=gen, device=gen.device) * K ** -0.25).to(dtype)
-
-    A = rand(K, M).t() if major[0] == "m" else rand(M, K)
-    W = rand(K, N).t() if major[1] == "n" else rand(N, K)
-    return A, W
-
-
-def random_inputs(op, M: int, N: int, gen) -> dict:
-    """Fresh random inputs for every input slot of a compiled op, on the generator's device."""
-    import torch
-
-    from coda_ext.graph.interpret import torch_dtype
-
-    inputs = {}
-    for s in op.slots:
-        if s.kind == "scalar":
-            if s.mode == "pointer":
-                inputs[s.name] = torch.rand(1, generator=gen, device=gen.device) + 0.5
-            else:
-                inputs[s.name] = 0.5 + torch.rand((), generator=gen, device=gen.device).item()
-        elif s.name in op.input_names:
-            shape, dt = op.input_shape(s.name, M, N), torch_dtype(s.dtype or str(op.dtype).replace("torch.", ""))
-            if dt in (torch.int32, torch.int64):
-                inputs[s.name] = torch.randint(0, max(N, 2), shape, generator=gen, device=gen.device, dtype=dt)
-            else:
-                inputs[s.name] = torch.randn(shape, generator=gen, device=gen.device).to(dt)
-    return inputs
-
-
 def _tensor_record(name: str, role: str, writer: str | None, t) -> dict:
     return {"name": name, "role": role, "writer": writer, "ptr": t.data_ptr(),
             "nbytes": t.untyped_storage().nbytes(), "shape": list(t.shape), "dtype": str(t.dtype)}
@@ -191,8 +130,6 @@ def run_child(tool: str, manifest_path: str, names: list[str]) -> int:
     its tensors (address, size, role, writer), launches, errors and (memcheck) the elements left unwritten
     (NaN where the interpreter's fp32 result is finite) and max_rel_diff, the largest difference from the
     interpreter over 1 + max |result| (information only: a comparison may flip, and outputs are 16-bit)."""
-    import math
-
     import torch
 
     keep: list = []    # every tensor stays alive, so no address is reused and each report maps to one tensor
@@ -208,16 +145,11 @@ def run_child(tool: str, manifest_path: str, names: list[str]) -> int:
                 writers[op.output_name] = WRITERS["output"]
             for i, (M, N, K) in enumerate(fam.shapes):
                 gen = torch.Generator(device="cuda").manual_seed(1000 * i + len(fam.name))
-                A, W = operands(fam.config.major, M, N, K, op.dtype, gen)
-                inputs = random_inputs(op, M, N, gen)
+                A, W, inputs = rand.op_inputs(op, M, N, K, gen)   # A, W in the family's layout
                 if tool == "initcheck":
                     got = op(A, W, **inputs)                       # fresh, never-written outputs
                 else:
-                    out = {}
-                    for name in op.output_names:
-                        shape, dt = op.output_spec(name, M, N)
-                        out[name] = torch.full(shape, math.nan, dtype=dt, device="cuda")
-                    got = op(A, W, out=out, **inputs)
+                    got = op(A, W, out=checks.nan_outputs(op, M, N), **inputs)
                 keep += [A, W, inputs, got]
                 tag = f"{M}x{N}x{K}"   # the addresses, before anything can fail
                 rec["tensors"] += [_tensor_record(f"{k}@{tag}", "output", writers.get(k), v) for k, v in got.items()]
@@ -608,7 +540,7 @@ def run_tool(sanitizer: str, tool: str, families: list[str], tmp: pathlib.Path, 
     manifest = tmp / f"{tool}.manifest.json"
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
     cmd = sanitizer_cmd(sanitizer, tool, str(log), port) + [
-        sys.executable, str(pathlib.Path(__file__).resolve()), "--child", tool, "--manifest", str(manifest),
+        sys.executable, "-m", "benchmarks.sanitize", "--child", tool, "--manifest", str(manifest),
         "--families", *families]
     try:
         res = _run(cmd, timeout, env)
@@ -668,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     parser.add_argument("--families", nargs="+", default=list(FAMILY_NAMES), choices=FAMILY_NAMES)
     parser.add_argument("--sanitizer", default=None, help="compute-sanitizer's path (default: found on PATH / CUDA)")
-    parser.add_argument("--out-dir", default=str(HERE / "results"))
+    parser.add_argument("--out-dir", default=str(common.RESULTS))
     parser.add_argument("--timeout", type=float, default=180, help="seconds per tool process")
     parser.add_argument("--budget", type=float, default=220,
                         help="seconds in all: reruns family by family (to attribute errors) only within it")
@@ -739,7 +671,7 @@ def main(argv: list[str] | None = None) -> int:
 
     summary: dict[str, Any] = {
         "gpu": gpu, "sanitizer": sanitizer, "sanitizer_version": version, "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": _commit(), "build_failed": build_failed,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": common.commit(), "build_failed": build_failed,
         "allocator": "PYTORCH_NO_CUDA_MEMORY_CACHING=1 (one cudaMalloc per tensor)",
         "families": [{"name": f.name, "covers": f.covers, "dtype": f.dtype, "config": f.config.tag,
                       "shapes": ["x".join(map(str, s)) for s in f.shapes],
@@ -837,16 +769,6 @@ def _result_lines(summary: dict) -> list[str]:
     if "initcheck" in summary["tools"]:
         lines.append(summary["tools"]["initcheck"]["verdict"]["line"])
     return lines
-
-
-def _commit() -> str | None:
-    if os.environ.get("CODA_COMMIT"):      # set where the tree is a copy without its git history
-        return os.environ["CODA_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Sweeps kernel configs (tile, cluster, schedule; swizzle at launch) of one graph across shapes,
 against the bare cuBLAS GEMM: the measurements behind the config heuristic (coda_ext/tuning.py).
 
-    python benchmarks/sweep_configs.py [--cases identity,design] [--shapes llama | M,N,K ...]
+    python -m benchmarks.sweep_configs [--cases identity,design] [--shapes llama | M,N,K ...]
         [--swizzles 1,4,8] [--rasters heuristic,along_m,along_n] [--only TAG,...] [--reps 20]
         [--out FILE.json] [--dry-run]
 
@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import coda_ext as ce
 
-import bench_graphs  # noqa: E402
-import graphs  # noqa: E402
-
-import coda_ext as ce  # noqa: E402
+from benchmarks import bench_graphs, common, graphs
+from tests.helpers import rand
 
 K = ce.KernelConfig
 #: Compiled variants (swizzle is a launch argument and varies without recompiling).
@@ -34,6 +29,8 @@ SWEEP = (
     K((256, 128, 64), (2, 1), "cooperative"), K((256, 128, 64), (1, 2), "cooperative"),
     K((128, 128, 64), (1, 1), "streamk"), K((128, 256, 64), (1, 1), "streamk"),
     K((64, 128, 64), (1, 1), "pingpong"), K((128, 128, 64), (1, 1), "cooperative"),
+    K((128, 192, 64), (1, 1), "pingpong"), K((128, 192, 64), (2, 1), "pingpong"),
+    K((128, 192, 64), (1, 2), "pingpong"),
 )
 SWEEP_CASES = ("identity", "design")
 
@@ -51,8 +48,6 @@ def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP, rasters=("he
     import torch
     import torch.nn.functional as F
 
-    from harness import summarize, time_interleaved
-
     graph = graphs.CASES[name][0]().build()
     # one kernel per compiled config; the swizzle variants load the same cached library
     configs = [dataclasses.replace(cfg, swizzle=s, raster=r) for cfg in sweep for s in swizzles for r in rasters]
@@ -60,11 +55,11 @@ def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP, rasters=("he
     first = next(iter(ops.values()))
     out = {}
     for M, N, Kd in shapes:
-        sets = [bench_graphs.make_inputs(first, M, N, Kd, seed) for seed in (0, 1)]
+        sets = [rand.op_inputs(first, M, N, Kd, rand.generator(seed, device="cuda")) for seed in (0, 1)]
         variants = {"cublas_gemm": lambda i: F.linear(sets[i][0], sets[i][1])}
         for tag, op in ops.items():
             variants[tag] = (lambda op: lambda i: op(sets[i][0], sets[i][1], **sets[i][2]))(op)
-        summary = summarize(time_interleaved(variants, reps), "cublas_gemm")
+        summary = common.summarize(common.time_interleaved(variants, reps), "cublas_gemm")
         for s in summary.values():
             s["tflops"] = 2.0 * M * N * Kd / (s["median_ms"] * 1e-3) / 1e12
         best = min((t for t in summary if t != "cublas_gemm"), key=lambda t: summary[t]["median_ratio_to_cublas"])
@@ -85,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rasters", default="heuristic", help="comma-separated: heuristic, along_m, along_n")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--only", default=None, help="comma-separated parts of config tags to keep, e.g. sk_,coop_128x256")
-    p.add_argument("--out", default=str(HERE / "results" / "sweep_h100.json"))
+    p.add_argument("--out", default=str(common.RESULTS / "sweep_h100.json"))
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
     shapes = bench_graphs.parse_shapes(args.shapes)
@@ -96,14 +91,10 @@ def main(argv: list[str] | None = None) -> int:
             print(names, ", ".join(dataclasses.replace(cfg, swizzle=s).tag for s in swizzles))
         print(f"shapes: {shapes}")
         return 0
-    from harness import gpu_info
-
-    env = gpu_info()
+    env = common.gpu_info()
     rasters = args.rasters.split(",")
     result = {name: sweep_case(name, shapes, swizzles, args.reps, selected(args.only), rasters) for name in names}
-    out = pathlib.Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"env": env, "reps": args.reps, "results": result}, indent=1))
+    out = common.write_json(args.out, {"env": env, "reps": args.reps, "results": result})
     print(f"wrote {out}")
     return 0
 

@@ -2,8 +2,8 @@
 read and written, and kernel time, of every benchmark graph's op at M = 128 and M = 16384.
 
     python -m coda_ext prebuild benchmarks/validate_io.py -j 16     # the kernels, ahead of time
-    python benchmarks/validate_io.py [--cases design,swiglu] [--shapes 16384,6144,4096 ...] [--ncu PATH]
-    python benchmarks/validate_io.py --merge PART.json ... --out FILE.json      # runs split by --cases/--shapes
+    python -m benchmarks.validate_io [--cases design,swiglu] [--shapes 16384,6144,4096 ...] [--ncu PATH]
+    python -m benchmarks.validate_io --merge PART.json ... --out FILE.json      # runs split by --cases/--shapes
 
 For each (graph, shape) the config is the one config="auto" picks (the model's "auto"); this script
 then runs itself in runner mode (--run) under
@@ -36,26 +36,24 @@ import subprocess
 import sys
 import tempfile
 
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+import coda_ext as ce
+from coda_ext import tuning
+from coda_ext.analysis import io_model
+from coda_ext.analysis.roofline import gpu_spec
 
-import graphs  # noqa: E402
-
-import coda_ext as ce  # noqa: E402
-from coda_ext import tuning  # noqa: E402
-from coda_ext.analysis import io_model  # noqa: E402
-from coda_ext.analysis.roofline import gpu_spec  # noqa: E402
+from benchmarks import common, graphs
+from tests.helpers import rand
 
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts__t_sector_op_read_hit_rate.pct"
 UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1e-9, "usecond": 1e-6,
          "msecond": 1e-3, "second": 1.0, "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "%": 1.0}
 DTYPE = "bfloat16"
-DEFAULT_OUT = HERE / "results" / "io_validation_h100.json"
+DEFAULT_OUT = common.RESULTS / "io_validation_h100.json"
 
 
 def default_shapes() -> list[tuple[int, int, int]]:
     """The Llama shapes of bench_graphs.py at M = 128 and M = 16384."""
-    import bench_graphs
+    from benchmarks import bench_graphs
 
     return [s for s in bench_graphs.SHAPES["llama"] if s[0] in (128, 16384)]
 
@@ -82,14 +80,12 @@ def build_items():
 def run_once(case: str, shape: tuple[int, int, int], tag: str) -> None:
     import torch
 
-    import bench_graphs
-
     cfg = tuning.config_by_tag(tag, tuning.CANDIDATES)
     if cfg is None:
         raise SystemExit(f"unknown config tag {tag!r}")
     op = ce.compile(graphs.CASES[case][0](), DTYPE, cfg)
     M, N, K = shape
-    A, W, inputs = bench_graphs.make_inputs(op, M, N, K, seed=0)
+    A, W, inputs = rand.op_inputs(op, M, N, K, rand.generator(0, device="cuda"))
     for _ in range(2):
         op(A, W, **inputs)
     torch.cuda.synchronize()
@@ -129,9 +125,9 @@ def measure(ncu: str, case: str, shape: tuple[int, int, int], tag: str, timeout:
         log = pathlib.Path(tmp) / "ncu.csv"
         cmd = [ncu, "--metrics", METRICS, "--profile-from-start", "off", "--cache-control", "all",
                "--clock-control", "none", "--csv", "--page", "details", "--print-units", "base", "--log-file", str(log),
-               sys.executable, str(pathlib.Path(__file__).resolve()), "--run", case,
+               sys.executable, "-m", "benchmarks.validate_io", "--run", case,
                "--shape", ",".join(map(str, shape)), "--config", tag]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=common.ROOT)
         text = log.read_text() if log.is_file() else ""
     try:
         kernels = parse_ncu_csv(text)
@@ -185,11 +181,7 @@ def result(gpu_model: dict, environment: dict, rows: list[dict]) -> dict:
 
 
 def write_result(path: str, gpu, rows: list[dict]) -> None:
-    from harness import gpu_info
-
-    out = pathlib.Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result(dataclasses.asdict(gpu), gpu_info(), rows), indent=1))
+    common.write_json(path, result(dataclasses.asdict(gpu), common.gpu_info(), rows))
 
 
 def merge(paths: list[str]) -> dict:
@@ -227,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.merge:
         merged = merge(args.merge)
-        pathlib.Path(args.out).write_text(json.dumps(merged, indent=1))
+        common.write_json(args.out, merged)
         summarize(merged["rows"], echo=True)
         print(f"wrote {args.out}: {len(merged['rows'])} rows from {len(args.merge)} parts")
         return 0

@@ -6,25 +6,25 @@
 # two); CODA_BUILD_OPS=OFF compiles none. Ops whose kernel is missing return
 # coda::StatusCode::kNotBuilt after validating their arguments.
 
-# op name -> coda::Op enumerator, dtype -> coda::DType enumerator
-set(CODA_ALL_OPS gemm gemm_bias_act gemm_residual gemm_swiglu gemm_row_sumsq
-    linear_residual_norm rms_linear linear_swiglu linear_swiglu_train
-    qkv_rope qkv_rope_qk_norm64 qkv_rope_qk_norm128 lm_head_cross_entropy)
-set(CODA_OP_ENUM_gemm kGemm)
-set(CODA_OP_ENUM_gemm_bias_act kGemmBiasAct)
-set(CODA_OP_ENUM_gemm_residual kGemmResidual)
-set(CODA_OP_ENUM_gemm_swiglu kGemmSwiglu)
-set(CODA_OP_ENUM_gemm_row_sumsq kGemmRowSumSq)
-# The Transformer-block ops: translation units written by `python -m coda_ext libgen
+# The ops and their coda::Op enumerators, from their one list (csrc/include/coda/op_list.h, rows
+# X(NAME, Enumerator, value, "name")): CODA_ALL_OPS = gemm;gemm_bias_act;..., CODA_OP_ENUM_<op>.
+# The Transformer-block ops' translation units are written by `python -m coda_ext libgen
 # csrc/kernels/ops` from the graphs of coda_ext.ops (committed; CMake never runs Python).
-set(CODA_OP_ENUM_linear_residual_norm kLinearResidualNorm)
-set(CODA_OP_ENUM_rms_linear kRmsLinear)
-set(CODA_OP_ENUM_linear_swiglu kLinearSwiglu)
-set(CODA_OP_ENUM_linear_swiglu_train kLinearSwigluTrain)
-set(CODA_OP_ENUM_qkv_rope kQkvRope)
-set(CODA_OP_ENUM_qkv_rope_qk_norm64 kQkvRopeQkNorm64)
-set(CODA_OP_ENUM_qkv_rope_qk_norm128 kQkvRopeQkNorm128)
-set(CODA_OP_ENUM_lm_head_cross_entropy kLmHeadCrossEntropy)
+set(coda_op_list "${CMAKE_CURRENT_LIST_DIR}/../csrc/include/coda/op_list.h")
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${coda_op_list}")
+set(coda_op_row "X\\(([A-Z0-9_]+), (k[A-Za-z0-9]+), ([0-9]+), \"([a-z0-9_]+)\"\\)")
+file(READ "${coda_op_list}" coda_op_text)
+string(REGEX MATCHALL "${coda_op_row}" coda_op_rows "${coda_op_text}")
+set(CODA_ALL_OPS "")
+foreach(row IN LISTS coda_op_rows)
+  if(row MATCHES "${coda_op_row}")
+    list(APPEND CODA_ALL_OPS "${CMAKE_MATCH_4}")
+    set(CODA_OP_ENUM_${CMAKE_MATCH_4} "${CMAKE_MATCH_2}")
+  endif()
+endforeach()
+if(NOT CODA_ALL_OPS)
+  message(FATAL_ERROR "coda: no ops found in ${coda_op_list}; its rows must read X(NAME, kEnumerator, value, \"name\")")
+endif()
 # Ops whose host code runs the small kernels of csrc/kernels/ops/finish.cu (a few seconds of
 # nvcc, compiled when any of their kernels is).
 set(CODA_FINISH_OPS linear_residual_norm linear_swiglu linear_swiglu_train

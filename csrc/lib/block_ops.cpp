@@ -12,12 +12,6 @@
 #include "kernels/ops/contract_generated.h"
 #include "kernels/ops/finish.h"
 
-#define CODA_CHECK(expr)               \
-  do {                                 \
-    ::coda::Status status_ = (expr);   \
-    if (!status_.ok()) return status_; \
-  } while (0)
-
 namespace coda {
 
 namespace gen = ops::gen;
@@ -318,5 +312,3 @@ Status lm_head_cross_entropy(const TensorRef& A, const TensorRef& B, const Tenso
 }
 
 }  // namespace coda
-
-#undef CODA_CHECK

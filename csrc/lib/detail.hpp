@@ -12,6 +12,13 @@
 #include "coda/abi.h"
 #include "coda/types.hpp"
 
+// Returns the Status of `expr` from the calling function if it failed (the ops' argument checks).
+#define CODA_CHECK(expr)               \
+  do {                                 \
+    ::coda::Status status_ = (expr);   \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
 namespace coda::detail {
 
 // Concatenates anything streamable into a string (messages).

@@ -1,7 +1,6 @@
 // csrc/lib/names.cpp — names of libcoda's enums (messages, kernel names) and its version.
 #include "coda/coda.hpp"
 #include "detail.hpp"
-#include "kernels/ops/contract_generated.h"
 
 namespace coda {
 
@@ -27,29 +26,19 @@ size_t dtype_size(DType dtype) {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kCanImplement: return "CUTLASS cannot implement the problem";
-    case StatusCode::kBadWorkspace: return "bad workspace";
-    case StatusCode::kInitializeFailed: return "kernel initialization failed";
-    case StatusCode::kLaunchFailed: return "kernel launch failed";
-    case StatusCode::kNotBuilt: return "kernel not built";
-    case StatusCode::kUnsupportedDevice: return "unsupported device";
-    case StatusCode::kCudaError: return "CUDA error";
+#define CODA_STATUS_NAME(constant, enumerator, value, name) \
+  case StatusCode::enumerator: return name;
+    CODA_STATUS_LIST(CODA_STATUS_NAME)
+#undef CODA_STATUS_NAME
   }
   return "unknown status";
 }
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::kGemm: return "gemm";
-    case Op::kGemmBiasAct: return "gemm_bias_act";
-    case Op::kGemmResidual: return "gemm_residual";
-    case Op::kGemmSwiglu: return "gemm_swiglu";
-    case Op::kGemmRowSumSq: return "gemm_row_sumsq";
-#define CODA_OP_NAME(op, ns) \
-  case Op::op: return ops::gen::ns::kName;
-      CODA_GENERATED_KERNELS(CODA_OP_NAME)
+#define CODA_OP_NAME(NAME, enumerator, value, name) \
+  case Op::enumerator: return name;
+    CODA_OP_LIST(CODA_OP_NAME)
 #undef CODA_OP_NAME
   }
   return "unknown";

@@ -5,13 +5,6 @@
 #include "kernels/ops/contract.h"
 #include "kernels/ops/contract_generated.h"
 
-// Returns the first failing check's Status.
-#define CODA_CHECK(expr)                 \
-  do {                                   \
-    ::coda::Status status_ = (expr);     \
-    if (!status_.ok()) return status_;   \
-  } while (0)
-
 namespace coda {
 
 static_assert(int(Activation::kIdentity) == ops::act::kIdentity && int(Activation::kRelu) == ops::act::kRelu &&
@@ -91,8 +84,6 @@ Status gemm_row_sumsq(const TensorRef& A, const TensorRef& B, const TensorRef& D
   L.slots[ops::slot::kRowSumSq] = pointer_slot(sumsq);
   return detail::launch(v, Op::kGemmRowSumSq, L, workspace, stream, options);
 }
-
-#undef CODA_CHECK
 
 size_t workspace_size(const Problem& p) {
   if (p.M < 1 || p.N < 1 || p.K < 1 || p.M >= (int64_t(1) << 31) || p.N >= (int64_t(1) << 31) ||

@@ -81,7 +81,7 @@ class KernelConfig:
         return tag
 
 
-#: The configuration used when the caller gives none: the fastest measured for the DESIGN.md graph
+#: The configuration used when the caller gives none: the fastest measured for the design graph
 #: (bias + SiLU + tile load + row reduction) at 8192x8192x4096 bf16 on an H100
 #: (benchmarks/results/design_h100.json): ping-pong overlaps one warp group's epilogue with the
 #: other's tensor-core work.

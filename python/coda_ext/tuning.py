@@ -29,7 +29,14 @@ WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
 WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
 SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <= 128: more CTAs stream W
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, WIDE, MEDIUM, WAVE_FILL, SKINNY)
+#: Ping-pong 128x192 (the wgmma N of 192 keeps both warp groups' accumulators in registers): M >= 4096,
+#: K <= 4096, N >= 6144 (benchmarks/results/sweep_192_h100.json). Swizzle 4 at N > 16384, else 8; pair
+#: graphs (SwiGLU) at N <= 16384 in clusters of two.
+TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=4)
+TALL_192_S8 = dataclasses.replace(TALL_192, swizzle=8)
+TALL_192_PAIRS = KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8)
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, WIDE, MEDIUM, WAVE_FILL, SKINNY,
+                                               TALL_192, TALL_192_S8, TALL_192_PAIRS)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
@@ -46,20 +53,27 @@ class Epilogue:
     plain: the output is the accumulator (at most a cast): nothing to overlap, the mainloop decides;
     tile_load: the epilogue reads an M x N tile (its loads compete with the operands for DRAM and L2);
     col_reduce: it reduces over M (per-tile partials of every column);
-    large_stages: the mainloop stages the epilogue's shared memory leaves the 128x256 configs."""
+    large_stages: the mainloop stages the epilogue's shared memory leaves the 128x256 configs;
+    pairs: it stores pairs of adjacent columns at half width (SwiGLU);
+    tall_192: a 128x192 tile fits it (its segments divide 192 and it leaves three mainloop stages)."""
 
     plain: bool = False
     tile_load: bool = False
     col_reduce: bool = False
     large_stages: int = 8
+    pairs: bool = False
+    tall_192: bool = True
 
     @classmethod
     def of(cls, lowered: Any) -> "Epilogue":
-        from .codegen.constraints import mainloop_stages
+        from .codegen.constraints import mainloop_stages, segment_size
 
         kinds = {n.kind for n in lowered.nodes}
+        segment = segment_size(lowered)
+        tall_192 = (segment is None or 192 % segment == 0) and mainloop_stages(lowered, "bfloat16", TALL_192) >= 3
         return cls(plain=kinds <= {"accumulator", "output", "cast"}, tile_load=bool(kinds & {"tile", "pair_tile"}),
-                   col_reduce="col_reduce" in kinds, large_stages=mainloop_stages(lowered, "bfloat16", LARGE))
+                   col_reduce="col_reduce" in kinds, large_stages=mainloop_stages(lowered, "bfloat16", LARGE),
+                   pairs=bool(kinds & {"pair_gate", "pair_gated_store"}), tall_192=tall_192)
 
 
 def _waves(tiles: int, sms: int) -> float:
@@ -93,18 +107,45 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
     - the 2x1-cluster cooperative 128x256 config uses swizzle 8 with 32 or more M tiles (0-1.5 %
       faster than 4 in that sweep and at M = 8192 and 16384 in graphs_h100.json); with fewer the
       swizzled grid runs idle tiles: at 1024x28672x4096 swizzle 8 took 2.05-2.24x cuBLAS, 4 took
-      1.01-1.11x (benchmarks/results/earlier/graphs_h100_a9e8b89.json);
+      1.01-1.11x (git history: 5c5a523:benchmarks/results/earlier/graphs_h100_a9e8b89.json);
     - else one wave or so: cooperative 128x256;
+    - M >= 4096, K <= 4096 and N >= 6144 with both operands K-major and no column reduction: ping-pong
+      128x192 before all of the above (TALL_192): 0.87-0.94x cuBLAS at 8192x128256x4096 (against
+      0.90-0.97x cooperative 128x256), 0.97-1.01x at 16384x28672x4096 (0.99-1.07x), 1.01-1.05x at
+      16384x6144x4096 (1.07-1.10x ping-pong 128x128) for the plain GEMM, bias+SiLU, residual, SwiGLU,
+      row-sum and design-graph epilogues (one run, benchmarks/results/sweep_192_h100.json); swizzle 8
+      at N <= 16384 (4 above), and pair graphs there in 2x1 clusters (SwiGLU y only at
+      16384x16384x2048: 1.031x against 1.151x in 1x1). At N <= 4096, K > 4096 or M = 1024 it loses
+      (1.12-2.1x: a 192 tile divides neither N nor the waves), so those keep the configs above;
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
       with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md)."""
+    if (-(-M // 128) >= 32 and K <= 4096 and N >= 6144 and major == "kk" and not epilogue.col_reduce
+            and epilogue.tall_192):
+        if N > 16384:
+            return TALL_192
+        return TALL_192_PAIRS if epilogue.pairs else TALL_192_S8
     choice = _by_shape(M, N, K, sms, epilogue, major)
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG
     if choice == LARGE and -(-M // 128) >= 32:
         return LARGE_TALL
     return choice
+
+
+def fits(config: KernelConfig, epilogue: Epilogue) -> bool:
+    """False for a 128x192 config the epilogue does not fit (config="tune" skips it)."""
+    return config.tile[:2] != (128, 192) or epilogue.tall_192
+
+
+def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tuple[KernelConfig, ...]:
+    """The configs heuristic() may return for this kind of epilogue and operand layout (what an "auto"
+    op may compile)."""
+    tall = ()
+    if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
+        tall = (TALL_192, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
+    return tuple(c for c in HEURISTIC_CONFIGS if c not in (TALL_192, TALL_192_S8, TALL_192_PAIRS)) + tall
 
 
 def for_every_m(config: KernelConfig) -> KernelConfig:

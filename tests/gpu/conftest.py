@@ -5,11 +5,8 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import pathlib
-import sys
 
 import pytest
-
-sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -23,10 +20,9 @@ def pytest_collection_modifyitems(config, items):
 def compiled_ops():
     """{(case, dtype): CompiledOp} for every case of cases.py and {(case, dtype, config tag): CompiledOp}
     for cases.config_cases(), built in parallel."""
-    import cases
-
     import coda_ext as ce
     from coda_ext.jit.binding import load_binding
+    from tests.gpu import cases
 
     keys = [(name, dtype) for name, (_, dtypes) in cases.CASES.items() for dtype in dtypes]
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:

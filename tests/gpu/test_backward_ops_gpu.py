@@ -1,6 +1,6 @@
 """The backward GEMM ops (coda_ext.ops: linear_dx, weight_grad, linear_residual, rms_norm_backward_linear,
 swiglu_backward_linear, qkv_rope_backward, the LM head + cross-entropy backward) on an SM90 GPU against
-their fp32 references, with the DESIGN.md rule: max error ≤ 2× the error of the same math done by
+their fp32 references, with the rule of docs/design.md: max error ≤ 2× the error of the same math done by
 PyTorch in the op's dtype, plus a small floor. Outputs come from a NaN-filled memory pool.
 
 Shapes: Llama-3-1B-like (d 2048, F 8192) and 8B (d 4096, F 14336) at token counts that are not
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import zlib
 
 import pytest
 import torch
@@ -20,7 +19,8 @@ import coda_ext as ce
 from coda_ext import ops
 from coda_ext.ops import linear_grad, lm_head_ce, norm_backward, swiglu_backward
 from coda_ext.runtime import auto_items
-from test_ops_gpu import assert_within_rule, max_err, nan_memory
+from tests.helpers import rand
+from tests.helpers.checks import assert_within_rule, max_err, nan_memory
 
 pytestmark = pytest.mark.gpu
 
@@ -90,16 +90,12 @@ def kernels():
     ce.prebuild(build_items(), jobs=os.cpu_count())
 
 
-def _rand(gen, dt, *shape, scale=1.0):
-    return (torch.randn(shape, generator=gen, device=DEVICE) * scale).to(dt)
-
-
 def _inputs(op, model, lead, dtype):
-    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(f"{op}/{model}/{lead}/{dtype}".encode()))
+    gen = rand.generator(op, model, lead, dtype, device=DEVICE)
     dt = getattr(torch, dtype)
     d, f = MODELS[model]
-    r = lambda *s, scale=1.0: _rand(gen, dt, *s, scale=scale)  # noqa: E731
-    rstd = torch.rand(lead, generator=gen, device=DEVICE) + 0.5
+    r = lambda *s, scale=1.0: rand.randn(gen, *s, dtype=dt, scale=scale)  # noqa: E731
+    rstd = rand.positive(gen, lead)
     if op == "linear_dx":
         return (r(*lead, d), r(d, f, scale=f ** -0.5))
     if op.startswith("weight_grad"):
@@ -109,7 +105,7 @@ def _inputs(op, model, lead, dtype):
         return (r(*lead, f), r(d, f, scale=f ** -0.5), r(*lead, d))
     if op.startswith("norm_backward"):
         n_out = 3 * d if op == "norm_backward" else 2 * f
-        zdz = torch.randn(lead, generator=gen, device=DEVICE) * 10
+        zdz = rand.randn(gen, lead, scale=10.0)
         dx_in = r(*lead, d) if op.endswith("acc") else None
         return (r(*lead, n_out), r(n_out, d, scale=n_out ** -0.5), r(*lead, d), rstd, r(d), zdz, dx_in)
     return (r(*lead, d), r(d, f, scale=f ** -0.5), r(*lead, 2 * f))   # swiglu_backward
@@ -195,14 +191,14 @@ def test_backward_ops_repeat_bit_identical():
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_backward_matches_autograd(dtype):
     """qkv_rope_backward on the GPU: dz is the autograd gradient of the fp64 RoPE reference."""
-    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    gen = rand.generator("rope_backward", dtype, device=DEVICE)
     nh, nkv, hd, M = 32, 8, 64, 333
     N = (nh + 2 * nkv) * hd
     dt = getattr(torch, dtype)
-    pos = torch.randint(0, 100_000, (M,), generator=gen, device=DEVICE)
+    pos = rand.indices(gen, M, high=100_000)
     freqs = ops.rope_frequencies(hd, nh, nkv, theta=500000.0, device=DEVICE)
-    z = torch.randn(M, N, generator=gen, device=DEVICE, dtype=torch.float64, requires_grad=True)
-    dqkv = torch.randn(M, N, generator=gen, device=DEVICE).to(dt)
+    z = rand.randn(gen, M, N, dtype=torch.float64).requires_grad_()
+    dqkv = rand.randn(gen, M, N, dtype=dt)
     heads = z.unflatten(-1, (nh + 2 * nkv, hd))
     t = pos.double()[:, None, None] * ops.default_inv_freq(hd, 500000.0).to(DEVICE)
     c, s = torch.cos(t), torch.sin(t)
@@ -224,12 +220,11 @@ def test_lm_head_cross_entropy_backward(shape, report, monkeypatch):
     chunks (a small chunk budget), ignored tokens, through torch.autograd."""
     monkeypatch.setattr(lm_head_ce, "CHUNK_BYTES", LM_CHUNK_BYTES)
     M, V, d = shape
-    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(repr(shape).encode()))
-    x = (torch.randn(M, d, generator=gen, device=DEVICE) * 2).bfloat16()
-    w = (torch.randn(V, d, generator=gen, device=DEVICE) * d ** -0.5).bfloat16()
-    rstd = torch.rand(M, generator=gen, device=DEVICE) + 0.5
-    target = torch.randint(0, V, (M,), generator=gen, device=DEVICE)
-    target[torch.rand(M, generator=gen, device=DEVICE) < 0.1] = -100
+    gen = rand.generator(shape, device=DEVICE)
+    x = rand.randn(gen, M, d, dtype=torch.bfloat16, scale=2.0)
+    w = rand.randn(gen, V, d, dtype=torch.bfloat16, scale=d ** -0.5)
+    rstd = rand.positive(gen, M)
+    target = rand.targets(gen, M, vocab=V)
 
     def grads(xx, ww, rr, fn):
         xx, ww, rr = (t.detach().requires_grad_() for t in (xx, ww, rr))

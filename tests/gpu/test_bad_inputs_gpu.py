@@ -1,4 +1,4 @@
-"""The bad-input matrix (tests/bad_inputs.py) against compiled ops on an SM90 GPU: every case raises
+"""The bad-input matrix (tests/helpers/bad_inputs.py) against compiled ops on an SM90 GPU: every case raises
 its TypeError/ValueError before any launch and leaves the device healthy; the controls run and
 match the interpreter; NaN and inf inputs propagate as in the interpreter and never crash.
 """
@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import math
 import os
-import pathlib
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
-import bad_inputs  # noqa: E402
-
-import coda_ext as ce  # noqa: E402
+import coda_ext as ce
+from tests.helpers import bad_inputs
 
 BF = torch.bfloat16
 COUNT = {"cases": 0}

@@ -1,4 +1,4 @@
-"""Random graphs (tests/fuzz_strategies.py, mode "gpu") compiled and run on an SM90 GPU against
+"""Random graphs (tests/helpers/fuzz_strategies.py, mode "gpu") compiled and run on an SM90 GPU against
 the independent fp64 reference, at M not a tile multiple, M = 1, N = 8 and a large N. Some configs
 read the operands transposed (KernelConfig.major "kn", "mk", "mn": A and W are transposed views, and
 an M-contiguous A needs M a multiple of 8); pair tiles are (M, 2N) inputs, pair stores (M, 2N) outputs.
@@ -6,7 +6,7 @@ an M-contiguous A needs M a multiple of 8); pair tiles are (M, 2N) inputs, pair 
 Every kernel is built before the first test, in parallel (one coda_ext.prebuild per graph, so one
 graph that fails to compile fails only its own test). Outputs are poisoned with NaN; each graph is
 launched twice at one shape and must give the same bits. The comparison (fz.check_device): elements
-whose value hangs on a decision fp32 rounding may flip are left out; the rest meet DESIGN.md's rule
+whose value hangs on a decision fp32 rounding may flip are left out; the rest meet docs/design.md's rule
 (error <= 2x PyTorch's error in the op's dtype + a floor), and outputs computed only by exact
 operations (selections, comparisons, casts of inputs) match bit for bit.
 """
@@ -15,16 +15,12 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
-import pathlib
-import sys
 
 import pytest
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
-import fuzz_strategies as fz  # noqa: E402
-
-import coda_ext as ce  # noqa: E402
+import coda_ext as ce
+from tests.helpers import fuzz_strategies as fz
 
 SEED = 20250513
 N_RANDOM = int(os.environ.get("CODA_FUZZ_GPU_GRAPHS", "120"))   # random graphs (fewer for a quick run)

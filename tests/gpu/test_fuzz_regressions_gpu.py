@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import coda_ext as ce
+from tests.helpers import rand
 
 
 def turns_graph():
@@ -37,10 +38,7 @@ def ops():
 
 
 def _operands(M: int, N: int, K: int = 64):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    A = (torch.randn(M, K, generator=gen, device="cuda") * K ** -0.25).to(torch.bfloat16)
-    W = (torch.randn(N, K, generator=gen, device="cuda") * K ** -0.25).to(torch.bfloat16)
-    return A, W
+    return rand.operands(torch.Generator(device="cuda").manual_seed(0), M, N, K, torch.bfloat16)
 
 
 def test_regression_turns_stays_in_half_a_turn(ops):

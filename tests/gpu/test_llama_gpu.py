@@ -1,7 +1,7 @@
 """coda_ext.models on an SM90 GPU, impl="fused", bf16: the layer's output and input gradient, the
 causal LM's loss, and the gradient of every parameter, against the fp32 reference model (the same
 weights, rounded to bf16 first, so the reference is the exact math of the bf16 inputs), with the
-DESIGN.md rule: max error ≤ 2× the error of the eager PyTorch Llama in bf16 (coda_ext.models.eager,
+The rule of docs/design.md: max error ≤ 2× the error of the eager PyTorch Llama in bf16 (coda_ext.models.eager,
 Hugging Face's conventions) plus a small floor. Fused calls run in a NaN-filled memory pool.
 
 Shapes: a Llama-3-1B-like layer (d 2048, 32/8 heads of 64, F 8192) at batch 2 × seq 512, and the
@@ -23,7 +23,8 @@ from coda_ext.models import (CodaLlamaDecoderLayer, CodaLlamaForCausalLM, EagerL
                              EagerLlamaForCausalLM, LlamaConfig, shift_labels, training_kernels)
 from coda_ext.models.config import qkv_to_hf
 from coda_ext.ops import split_gate_up
-from test_ops_gpu import assert_within_rule, max_err, nan_memory
+from tests.helpers import rand
+from tests.helpers.checks import assert_within_rule, max_err, nan_memory
 
 pytestmark = pytest.mark.gpu
 
@@ -94,9 +95,9 @@ def three(cls_coda, cls_eager, cfg, seed):
 
 def test_layer_1b_like(report):
     ref, fused, eager = three(CodaLlamaDecoderLayer, EagerLlamaDecoderLayer, LAYER, seed=0)
-    gen = torch.Generator(device=DEVICE).manual_seed(1)
-    x = torch.randn(*LAYER_BS, LAYER.hidden_size, generator=gen, device=DEVICE).to(torch.bfloat16)
-    dy = torch.randn(*LAYER_BS, LAYER.hidden_size, generator=gen, device=DEVICE).to(torch.bfloat16)
+    gen = rand.generator("layer-1b", device=DEVICE)
+    x = rand.randn(gen, *LAYER_BS, LAYER.hidden_size, dtype=torch.bfloat16)
+    dy = rand.randn(gen, *LAYER_BS, LAYER.hidden_size, dtype=torch.bfloat16)
     results = {}
     for name, model, dt in (("ref", ref, torch.float32), ("fused", fused, torch.bfloat16),
                             ("eager", eager, torch.bfloat16)):
@@ -110,8 +111,8 @@ def test_layer_1b_like(report):
 
 
 def _tokens(cfg, bs, seed):
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    ids = torch.randint(0, cfg.vocab_size, bs, generator=gen, device=DEVICE)
+    gen = rand.generator("tokens", seed, device=DEVICE)
+    ids = rand.indices(gen, bs, high=cfg.vocab_size)
     labels = ids.clone()
     labels[0, :7] = -100
     return ids, labels

@@ -1,7 +1,7 @@
 """Autograd of the ready ops (linear_residual_norm, rms_linear, linear_swiglu, linear_swiglu_train,
 qkv_rope) on an SM90 GPU: the gradients of every differentiable input through the registered backward
 formulas (element-wise torch math + the coda_ext::linear_dx / coda_ext::weight_grad GEMMs) against
-fp32 autograd of the op's reference, with the DESIGN.md rule: max error ≤ 2× the error of the same
+fp32 autograd of the op's reference, with the rule of docs/design.md: max error ≤ 2× the error of the same
 math done and differentiated by PyTorch in bf16, plus a small floor. Forward and backward allocate
 from a NaN-filled memory pool. Also: torch.library.opcheck with inputs that require grad (autograd
 registration, AOT autograd with dynamic shapes), torch.compile(fullgraph=True) of forward + backward,
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import zlib
 
 import pytest
 import torch
@@ -24,7 +23,9 @@ import coda_ext as ce
 from coda_ext import ops
 from coda_ext.ops import linear_grad, qkv, residual_norm, rms_scale, swiglu
 from coda_ext.runtime import auto_items
-from test_ops_gpu import ACT, EPS, THETA, _qkv_in_dtype, max_err, nan_memory
+from tests.helpers import rand
+from tests.helpers.checks import assert_within_rule, nan_memory
+from tests.helpers.references import ACTIVATIONS, EPS, THETA, qkv_in_dtype
 
 pytestmark = pytest.mark.gpu
 
@@ -83,10 +84,10 @@ class Case:
 
     def __init__(self, name: str, lead: tuple):
         self.name, self.lead = name, lead
-        gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(f"{name}/{lead}".encode()))
-        r = lambda *s, scale=1.0: (torch.randn(s, generator=gen, device=DEVICE) * scale).to(BF16)
+        gen = rand.generator(name, lead, device=DEVICE)
+        r = lambda *s, scale=1.0: rand.randn(gen, *s, dtype=BF16, scale=scale)  # noqa: E731
         _, variant, (n, k) = CASES[name]
-        rstd = torch.rand(lead, generator=gen, device=DEVICE) + 0.5
+        rstd = rand.positive(gen, lead)
         x, w = r(*lead, k), r(n, k, scale=k ** -0.5)
         op = name.split("-")[0]
         if op == "linear_residual_norm":
@@ -100,7 +101,7 @@ class Case:
             self.inputs = [x, w, rstd]
             self.fused = lambda *t: ops.rms_linear(*t, activation=act)
             self.ref = lambda *t: rms_scale.reference(*t, act)
-            self.in_dtype = lambda xx, ww, rr: ACT[act](F.linear(xx, ww) * rr.to(BF16)[..., None])
+            self.in_dtype = lambda xx, ww, rr: ACTIVATIONS[act](F.linear(xx, ww) * rr.to(BF16)[..., None])
             shapes = [(*lead, n)]
         elif op.startswith("linear_swiglu"):
             scaled, train = variant
@@ -113,15 +114,15 @@ class Case:
         else:
             scaled = variant[0]
             self.inputs = [x, w] + ([rstd] if scaled else [])
-            pos = torch.randint(0, 100_000, lead, generator=gen, device=DEVICE)
+            pos = rand.indices(gen, lead, high=100_000)
             freqs = ops.rope_frequencies(HD, NH, NKV, theta=THETA, device=DEVICE)
             self.fused = lambda xx, ww, rr=None: ops.qkv_rope(xx, ww, pos, freqs, NH, NKV, rstd=rr)
             self.ref = lambda xx, ww, rr=None: qkv.reference(xx, ww, pos, NH, NKV, theta=THETA, rstd=rr)
-            self.in_dtype = lambda xx, ww, rr=None: _qkv_in_dtype(F.linear(xx, ww), pos, freqs, NH, NKV, rstd=rr)
+            self.in_dtype = lambda xx, ww, rr=None: qkv_in_dtype(F.linear(xx, ww), pos, NH, NKV, THETA, rstd=rr)
             self.pos, self.freqs = pos, freqs
             shapes = [(*lead, n)]
         # cotangents: bf16 values (exact in fp32 too), one per output
-        self.cot = [torch.randn(s, generator=gen, device=DEVICE).to(BF16).float() for s in shapes]
+        self.cot = [rand.randn(gen, s, dtype=BF16).float() for s in shapes]
 
     @staticmethod
     def _residual_norm_bf16(x, w, res, nw):
@@ -153,11 +154,7 @@ def check(label: str, got, ref, base, inputs, report) -> None:
     for i, (g, r, b, t) in enumerate(zip(got, ref, base, inputs)):
         what = f"{label} grad[{i}]"
         assert g.shape == t.shape and g.dtype == t.dtype, f"{what}: {tuple(g.shape)} {g.dtype} for {t.dtype} input"
-        assert not torch.isnan(g).any(), f"{what}: NaN (unwritten elements?)"
-        err, err_torch = max_err(g, r), max_err(b, r)
-        floor = 1e-5 * (1.0 + r.abs().max().item())
-        report(f"{what}: max_err={err:.3e} torch_bf16_err={err_torch:.3e}")
-        assert err <= 2 * err_torch + floor, f"{what}: {err:.3e} > 2 x {err_torch:.3e} (PyTorch in bf16) + {floor:.1e}"
+        assert_within_rule(what, g, r, b, report, "torch_bf16_err", "PyTorch in bf16")
 
 
 def reference_grads(case: Case) -> tuple[list, list]:
@@ -231,11 +228,11 @@ def test_opcheck_with_gradients(name):
 @pytest.mark.parametrize("lead", LEADS, ids=lambda lead: "x".join(map(str, lead)))
 def test_qkv_rope_qk_norm_gradients(lead, report):
     """QK-norm (per-head RMSNorm of Q and K before RoPE): gradients of x, the weight, rstd and both norm
-    weights against the fp32 reference, within the DESIGN.md rule against PyTorch in bf16."""
+    weights against the fp32 reference, within the rule of docs/design.md against PyTorch in bf16."""
     case = Case("qkv_rope", lead)
-    gen = torch.Generator(device=DEVICE).manual_seed(7)
-    qw, kw = ((torch.randn(HD, generator=gen, device=DEVICE) * 0.5 + 1.0).to(BF16) for _ in range(2))
-    rstd = torch.rand(lead, generator=gen, device=DEVICE) + 0.5
+    gen = rand.generator("qk-norm", lead, device=DEVICE)
+    qw, kw = rand.positive(gen, HD, dtype=BF16), rand.positive(gen, HD, dtype=BF16)
+    rstd = rand.positive(gen, lead)
     x, w = case.inputs[:2]
     pos, freqs = case.pos, case.freqs
 
@@ -246,11 +243,11 @@ def test_qkv_rope_qk_norm_gradients(lead, report):
         return qkv.reference(xx, ww, pos, NH, NKV, theta=THETA, rstd=rr, q_norm_weight=q, k_norm_weight=k, eps=EPS)
 
     def in_bf16(xx, ww, q, k, rr):
-        return _qkv_in_dtype(F.linear(xx, ww), pos, freqs, NH, NKV, rstd=rr, q_norm_weight=q, k_norm_weight=k,
-                             eps=EPS)
+        return qkv_in_dtype(F.linear(xx, ww), pos, NH, NKV, THETA, rstd=rr, q_norm_weight=q, k_norm_weight=k,
+                            eps=EPS)
 
     inputs = [x, w, qw, kw, rstd]
-    cot = [torch.randn(*lead, w.shape[0], generator=gen, device=DEVICE).to(BF16).float()]
+    cot = [rand.randn(gen, *lead, w.shape[0], dtype=BF16).float()]
     grads(fused, inputs, cot)
     with nan_memory():
         got = grads(fused, inputs, cot)

@@ -1,39 +1,33 @@
 """The ready ops (coda_ext.ops) on an SM90 GPU: values against their fp32 references, opcheck,
 torch.compile(fullgraph=True), CUDA-graph capture, and the LM head's memory at Llama 3's vocabulary.
 
-The cases and the kernels they use are in ops_cases.py (built in parallel before the tests).
-Tolerance (DESIGN.md): each output's max error against the fp32 reference is at most 2x the error
+The cases and the kernels they use are in ops_cases.py (built in parallel before the tests); the
+tolerance rule, NaN memory and the in-dtype QKV math are tests/helpers' (checks, references).
+Tolerance (docs/design.md): each output's max error against the fp32 reference is at most 2x the error
 of the same math done by PyTorch in the op's dtype (F.linear in that dtype, then the pointwise
 math in it) plus a small floor. The ops allocate their outputs, so every call runs in a fresh
 memory pool whose free memory is filled with NaN first: an unwritten element shows.
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import pathlib
-import sys
-import zlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import coda_ext as ce
-import ops_cases
 from coda_ext import ops
 from coda_ext.ops import lm_head_ce, qkv, residual_norm, rms_scale, swiglu
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from custom_op_calls import RecordCustomOps  # noqa: E402
+from tests.gpu import ops_cases
+from tests.helpers import rand
+from tests.helpers.checks import assert_within_rule, nan_memory
+from tests.helpers.custom_op_calls import RecordCustomOps
+from tests.helpers.references import ACTIVATIONS, EPS, THETA, qkv_in_dtype
 
 pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
-THETA = 500000.0
-EPS = 1e-6
-ACT = {None: lambda v: v, "silu": F.silu, "relu": torch.relu, "gelu": F.gelu,
-       "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,29 +36,16 @@ def kernels():
     ce.prebuild(ops_cases.build_items(), jobs=os.cpu_count())
 
 
-
-@contextlib.contextmanager
-def nan_memory(nbytes: int = 1 << 30):
-    """Allocations inside come from a fresh memory pool whose free memory is all NaN (0xFF bytes:
-    NaN in every float dtype): a large block and many small-pool blocks are taken and given back."""
-    pool = torch.cuda.MemPool()
-    with torch.cuda.use_mem_pool(pool):
-        large = torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda")
-        small = [torch.full((1 << 20,), 255, dtype=torch.uint8, device="cuda") for _ in range(64)]
-        del large, small
-        yield
-
-
 def make_inputs(case: ops_cases.Case, seed: int = 0):
     """(args, kwargs) of the case's public function: fresh random tensors on the GPU."""
-    gen = torch.Generator(device=DEVICE).manual_seed(zlib.crc32(f"{case.id}/{seed}".encode()))
+    gen = rand.generator(case.id, seed, device=DEVICE)
     dt, m, lead, N, K = getattr(torch, case.dtype), ops_cases.MODELS[case.model], case.lead, case.N, case.K
 
     def r(*shape, scale=1.0):
-        return (torch.randn(shape, generator=gen, device=DEVICE) * scale).to(dt)
+        return rand.randn(gen, *shape, dtype=dt, scale=scale)
 
     x, w = r(*lead, K), r(N, K, scale=K ** -0.5)
-    rstd = torch.rand(lead, generator=gen, device=DEVICE) + 0.5
+    rstd = rand.positive(gen, lead)
     v = case.variant
     if case.op == "linear_residual_norm":
         return (x, w, r(*lead, N), r(N)), {"eps": EPS}
@@ -74,14 +55,13 @@ def make_inputs(case: ops_cases.Case, seed: int = 0):
         return (x, w, rstd if v[0] else None), {}
     if case.op == "qkv_rope":
         scaled, qk_norm, hd = v
-        pos = torch.randint(0, 100_000, lead, generator=gen, device=DEVICE)
+        pos = rand.indices(gen, lead, high=100_000)
         freqs = ops.rope_frequencies(hd, m.n_heads, m.n_kv_heads, theta=THETA, device=DEVICE)
         kwargs = {"rstd": rstd if scaled else None, "eps": EPS}
         if qk_norm:
             kwargs.update(q_norm_weight=r(hd), k_norm_weight=r(hd))
         return (x, w, pos, freqs, m.n_heads, m.n_kv_heads), kwargs
-    target = torch.randint(0, N, lead, generator=gen, device=DEVICE)
-    target[torch.rand(lead, generator=gen, device=DEVICE) < 0.1] = -100
+    target = rand.targets(gen, lead, vocab=N)
     return (r(*lead, K, scale=2.0), w, target, rstd if v[0] else None), {"reduction": "none"}
 
 
@@ -115,55 +95,22 @@ def in_dtype(case, args, kwargs) -> tuple:
         out = acc + args[2]
         return out, out * args[3], torch.rsqrt(out.pow(2).mean(-1) + EPS)
     if case.op == "rms_linear":
-        return (ACT[kwargs["activation"]](acc * args[2].to(dt)[..., None]),)
+        return (ACTIVATIONS[kwargs["activation"]](acc * args[2].to(dt)[..., None]),)
     if case.op == "linear_swiglu":
         z = acc if args[2] is None else acc * args[2].to(dt)[..., None]
         y = F.silu(z[..., 0::2]) * z[..., 1::2]
         return (y, z) if case.variant[1] else (y,)
     if case.op == "qkv_rope":
-        return (_qkv_in_dtype(acc, *args[2:], **kwargs),)
+        _, _, pos, _, nh, nkv = args
+        return (qkv_in_dtype(acc, pos, nh, nkv, THETA, **kwargs),)
     target, rstd = args[2], args[3]
     logits = acc if rstd is None else acc * rstd.to(dt)[..., None]
     loss = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none").reshape(target.shape)
     return loss, torch.logsumexp(logits, -1)
 
 
-def _qkv_in_dtype(z, pos, freqs, nh, nkv, rstd=None, q_norm_weight=None, k_norm_weight=None, eps=EPS):
-    if rstd is not None:
-        z = z * rstd.to(z.dtype)[..., None]
-    hd = z.shape[-1] // (nh + 2 * nkv)
-    q, k, v = z.unflatten(-1, (nh + 2 * nkv, hd)).split([nh, nkv, nkv], dim=-2)
-    if q_norm_weight is not None:
-        q = q * torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps) * q_norm_weight
-        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + eps) * k_norm_weight
-    angle = pos.double()[..., None, None] * ops.default_inv_freq(hd, THETA).to(pos.device)
-    cos, sin = torch.cos(angle).to(z.dtype), torch.sin(angle).to(z.dtype)
-
-    def rotate(t):
-        a, b = t[..., 0::2], t[..., 1::2]
-        return torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
-
-    return torch.cat([rotate(q), rotate(k), v], dim=-2).flatten(-2)
-
-
-def max_err(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return (x.double() - ref.double()).abs().max().item()
-
-
 OUTPUTS = {"linear_residual_norm": ("out", "h", "rstd"), "rms_linear": ("out",), "linear_swiglu": ("y",),
            "linear_swiglu_train": ("y", "z"), "qkv_rope": ("qkv",), "lm_head_cross_entropy": ("loss", "lse")}
-
-
-def assert_within_rule(label: str, g: torch.Tensor, r: torch.Tensor, b: torch.Tensor, report, err_key: str,
-                       baseline: str) -> None:
-    """DESIGN.md's rule for one tensor: max error <= 2 x the baseline's (b) + 1e-5 * (1 + max |ref|),
-    no NaN left (poisoned outputs), reported as `label: max_err=... err_key=...`."""
-    assert g.shape == r.shape, f"{label}: shape {tuple(g.shape)} != {tuple(r.shape)}"
-    assert not torch.isnan(g).any(), f"{label}: NaN in the output (unwritten elements?)"
-    err, err_torch = max_err(g, r), max_err(b, r)
-    floor = 1e-5 * (1.0 + r.abs().max().item())
-    report(f"{label}: max_err={err:.3e} {err_key}={err_torch:.3e}")
-    assert err <= 2 * err_torch + floor, f"{label}: max error {err:.3e} > 2 x {err_torch:.3e} ({baseline}) + {floor:.1e}"
 
 
 def check(case, got: tuple, ref: tuple, base: tuple, report, note: str = "") -> None:

@@ -4,6 +4,7 @@ the Llama block view and its CLI. CPU only."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import math
 import pathlib
@@ -18,12 +19,13 @@ from coda_ext.analysis import block, costs, explain, io_model
 from coda_ext.analysis.__main__ import main as analysis_main
 from coda_ext.analysis.roofline import GPUS, Access, GemmWork, Kernel, gpu_spec
 from coda_ext.graph import ir
+from coda_ext.graph.kinds import KINDS
+
+from benchmarks import graphs as bench_graphs
+from benchmarks import validate_io
+from tests.gpu import cases as gpu_cases
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import graphs as bench_graphs  # noqa: E402  (also puts tests/gpu on the path)
-import cases as gpu_cases  # noqa: E402
 
 B = 2  # bytes of bf16
 
@@ -163,7 +165,7 @@ def test_gpu_table_and_config_choice():
     with pytest.raises(ValueError, match="unknown GPU"):
         gpu_spec("A100")
     m = io_model(bench_graphs.bias_silu(), "bfloat16", (16384, 28672, 4096), config="auto")
-    assert m.config == tuning.heuristic(16384, 28672, 4096, 132, tuning.Epilogue()) == tuning.WIDE
+    assert m.config == tuning.heuristic(16384, 28672, 4096, 132, tuning.Epilogue()) == tuning.TALL_192
     with pytest.raises(ValueError, match="config"):
         io_model(bench_graphs.bias_silu(), "bfloat16", (128, 128, 128), config="tune")
     with pytest.raises(ValueError, match="shape"):
@@ -219,12 +221,11 @@ def test_every_ir_kind_has_a_cost_and_unknown_kinds_raise(monkeypatch):
     assert set(ir.ARITY) | {"keep_first"} <= set(costs.KIND_COSTS)
     with pytest.raises(ce.UnsupportedError, match="KIND_COSTS"):
         costs.kind_cost("frobnicate")
-    # A kind the IR knows but the cost table does not: the model names it.
-    monkeypatch.setitem(ir.ARITY, "frobnicate", 1)
+    # A kind added to the registry (graph/kinds.py) is costed from its entry.
+    monkeypatch.setitem(KINDS, "frobnicate", dataclasses.replace(KINDS["neg"], name="frobnicate", flops=3.0))
     g = ir.GraphIR((ir.Node("accumulator"), ir.Node("frobnicate", (0,)),
                   ir.Node("output", (1,), ir.make_attrs(name="out"))))
-    with pytest.raises(ce.UnsupportedError, match="'frobnicate'"):
-        explain(g, "bfloat16", (128, 128, 128))
+    assert io_model(g, "bfloat16", (128, 128, 128)).variants["fused"].flops == 2 * 128 ** 3 + 128 * 128 * 3.0
 
 
 def test_lazy_exports_and_one_way_imports():
@@ -281,8 +282,6 @@ def test_block_cli_writes_json(tmp_path, capsys, monkeypatch):
 
 
 def test_validate_io_parses_ncu_csv_and_lists_its_kernels():
-    import validate_io
-
     head = '"ID","Process ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"'
     gemm, fin = '"0","7","device_kernel<A, B>(Params)","metrics"', '"1","7","finalize_partials_kernel","metrics"'
     rows = [f'{gemm},"dram__bytes_read.sum","byte","1,800"', f'{gemm},"gpu__time_duration.sum","usecond","2.5"',
@@ -303,8 +302,6 @@ def test_validate_io_parses_ncu_csv_and_lists_its_kernels():
 
 
 def test_validate_io_merges_parts(tmp_path, capsys):
-    import validate_io
-
     def row(case, M, read, time_s):
         model = {"read_bytes": 100.0, "write_bytes": 10.0, "time_s": 1e-3, "kernels": []}
         measured = {"read_bytes": read, "write_bytes": 10.0, "time_s": time_s, "kernels": []}
@@ -328,3 +325,99 @@ def test_validate_io_merges_parts(tmp_path, capsys):
     assert merged["read_bytes_ratio_range"] == [0.9, 1.1]
     assert merged["time_median_abs_deviation"] == pytest.approx(0.1)
     assert "3 rows from 2 parts" in capsys.readouterr().out
+
+
+# --- what the pictures and the summary line say ------------------------------------------------
+
+
+def _readme_graph():
+    from coda_ext.graphs import example
+
+    return example()
+
+
+def test_explain_counts_launches_in_words():
+    """Regression: explain said "2 launches instead of 2" where fused and compile-style both launch 2."""
+    from coda_ext.analysis.explain import launches
+
+    assert launches(2, 2) == "the same 2 launches" and launches(1, 1) == "the same 1 launch"
+    assert launches(1, 2) == "1 launch instead of 2" and launches(2, 6) == "2 launches instead of 6"
+    text = str(explain(_readme_graph(), "bfloat16", (16384, 6144, 4096), config=ce.DEFAULT_CONFIG))
+    lines = {line.split(":")[0].strip(): line for line in text.splitlines() if "fused vs" in line}
+    assert lines["fused vs compile"].endswith("the same 2 launches")   # GEMM + finalize / GEMM + one kernel
+    assert lines["fused vs unfused"].endswith("2 launches instead of 6")
+    assert "less HBM traffic" in lines["fused vs compile"] and "lower time bound" in lines["fused vs compile"]
+    from coda_ext.graphs import identity
+
+    plain = str(explain(identity(), "bfloat16", (128, 4096, 4096)))
+    assert "fused vs compile: 0.0 MB less HBM traffic (0%)" in plain and "the same 1 launch" in plain
+
+
+def _all_text(fig) -> str:
+    texts = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
+    return "\n".join(texts)
+
+
+def test_layer_chart_labels_modelled_and_measured():
+    """Regression: the layer chart put modelled bounds beside measured times without saying which is
+    which. Every time panel says modelled; measured times are their own labelled markers."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = [block.layer_model("8b")]
+    measured = {models[0].layer.name: {"fused": 15.37, "compile": 14.33}}
+    fig = block.figure(models, measured, "measured on an H100, non-attention part")
+    try:
+        titles = [ax.get_title() for ax in fig.axes]
+        assert all("modelled" in t for t in titles), titles
+        assert "not measured" in fig._suptitle.get_text()
+        text = _all_text(fig)
+        assert "15.4 ms measured" in text and "14.3 ms measured" in text
+        legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert legend == ["GEMM floor (modelled)", "measured on an H100, non-attention part"]
+        top = fig.axes[0].get_ylim()[1]
+        assert top > max(15.37, models[0].total_s("unfused") * 1e3)
+    finally:
+        plt.close(fig)
+
+
+def test_measured_times_from_a_training_benchmark_file():
+    from coda_ext.analysis.__main__ import measured_times
+
+    models = [block.layer_model("8b"), block.layer_model("1b", tokens=1024)]
+    data = {"env": {"gpu": "NVIDIA H100"},
+            "rows": [{"case": "layer-8b", "tokens": 8192,
+                      "variants": {"coda": {"non_attention_ms": 15.4}, "liger": {"non_attention_ms": 15.1},
+                                   "eager": {"non_attention_ms": 19.2}}},
+                     {"case": "layer-1b", "tokens": 32768, "variants": {"coda": {"non_attention_ms": 17.7}}}]}
+    got, label = measured_times(data, models)
+    assert got == {models[0].layer.name: {"fused": 15.4, "unfused": 19.2}}   # 1b: other token count
+    assert label == "measured on NVIDIA H100, non-attention part"
+
+
+def test_diagram_png_title_fits():
+    """Regression: the PNG diagram's title ran past the image's right edge."""
+    pytest.importorskip("matplotlib")
+    import importlib
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = importlib.import_module("coda_ext.analysis.diagram")   # the module (the package exports the function)
+
+    model = io_model(_readme_graph(), "bfloat16", (16384, 6144, 4096), "auto")
+    boxes, edges = d._build(model)
+    title = d._title(model)
+    assert "modelled time >=" in title
+    routes, width, height = d._layout(boxes, edges, d._png_title_width(title))
+    fig, heading = d._png_figure(title, boxes, routes, width, height)
+    try:
+        extent = heading.get_window_extent(fig.canvas.get_renderer())
+        assert extent.x0 >= 0 and extent.x1 <= fig.bbox.x1 and extent.y1 <= fig.bbox.y1, (extent, fig.bbox)
+    finally:
+        plt.close(fig)

@@ -2,14 +2,10 @@
 from __future__ import annotations
 
 import json
-import pathlib
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import bench_graphs  # noqa: E402
+from benchmarks import bench_graphs, common
 
 
 def test_dry_run_lists_every_case_shape_and_variant(capsys):
@@ -65,8 +61,6 @@ def test_torch_compile_baseline_compiles_every_shape():
 
 
 def _compile_every_shape(torch):
-    import harness
-
     compiled_graphs = []
 
     def counting_backend(gm, example_inputs):
@@ -78,7 +72,7 @@ def _compile_every_shape(torch):
 
     shapes = [(m, 8, 16) for m in range(3, 9)]
     for M, N, K in shapes:
-        fn = harness.compile_for_one_shape(reference, backend=counting_backend)
+        fn = common.compile_for_one_shape(reference, backend=counting_backend)
         a, b = torch.randn(M, K), torch.randn(N, K)
         for _ in range(2):
             torch.testing.assert_close(fn(a, b), reference(a, b))
@@ -124,10 +118,9 @@ def test_merge_refuses_parts_that_do_not_belong_together(tmp_path, monkeypatch, 
 def test_training_benchmark_plans_its_kernels_and_reports_goals():
     """bench_llama_training: every kernel the coda variants launch emits (no nvcc), and the goal lines
     read a results row (no GPU)."""
-    import bench_llama_training as blt
-    import norm_backward_configs
-
     import coda_ext as ce
+    from benchmarks import bench_llama_training as blt
+    from benchmarks import norm_backward_configs
 
     items = blt.build_items() + norm_backward_configs.build_items()
     assert len(items) >= 10
@@ -179,7 +172,7 @@ def test_speed_of_light_is_the_model_bound_over_the_measured_time(tmp_path, caps
 
 
 def test_bench_elementwise_cli_refuses_unknown_shapes(capsys):
-    import bench_elementwise
+    from benchmarks import bench_elementwise
 
     with pytest.raises(SystemExit):
         bench_elementwise.main(["--shapes", "3B"])
@@ -188,7 +181,7 @@ def test_bench_elementwise_cli_refuses_unknown_shapes(capsys):
 
 
 def test_compile_time_reads_nvcc_phase_csv(tmp_path):
-    import compile_time
+    from benchmarks import compile_time
 
     path = tmp_path / "t.csv"
     path.write_text("source file name , phase name , phase input files , phase output file , arch , tool, metric , unit\n"
@@ -199,8 +192,7 @@ def test_compile_time_reads_nvcc_phase_csv(tmp_path):
 
 
 def test_compile_time_baseline_tree_replaces_only_the_project_include_dirs(tmp_path):
-    import compile_time
-
+    from benchmarks import compile_time
     from coda_ext.jit import nvcc
     from coda_ext.jit.paths import csrc_dir
 

@@ -4,12 +4,15 @@ so no compiler runs here."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import multiprocessing
 import os
 import pathlib
+import re
 import shutil
 import stat
+import sys
 import threading
 import time
 import warnings
@@ -580,8 +583,9 @@ def test_complete_entry_loads_from_a_cache_that_cannot_be_written(isolated):
 
 def test_compile_failure_names_the_graph_and_the_log(isolated):
     """ce.compile with a failing nvcc: CompileError with the graph digest, dtype, config and both paths."""
-    g = ce.Graph()
-    g.output(ce.silu(g.accumulator() + g.row_vector("bias")))
+    from coda_ext.graphs import bias_silu
+
+    g = bias_silu()
     with pytest.raises(ce.CompileError) as info:
         ce.compile(g, "float16")
     e = info.value
@@ -612,13 +616,12 @@ def test_cached_says_no_for_a_corrupt_entry(tmp_path, monkeypatch):
     """Regression: cached() looked only for the file, so prebuild counted a broken entry as a hit."""
     import json
 
+    from coda_ext.graphs import identity
     from coda_ext.jit import cached, kernel_source
     from coda_ext.jit.cache import cache_key, entry_dir
 
     monkeypatch.setenv("CODA_EXT_CACHE_DIR", str(tmp_path / "cache"))
-    g = ce.Graph()
-    g.output(g.accumulator())
-    ks = kernel_source(g, "bfloat16")
+    ks = kernel_source(identity(), "bfloat16")
     entry = entry_dir(cache_key(ks.source))
     entry.mkdir(parents=True)
     (entry / nvcc.LIBRARY).write_bytes(b"not a library")
@@ -639,3 +642,119 @@ def test_an_nvcc_that_cannot_run_is_a_compile_error(tmp_path, monkeypatch):
             paths.nvcc_version()
     finally:
         paths.nvcc_version.cache_clear()
+
+
+# --- what a user sees: nvcc progress, prebuild's count and estimate, parallel jobs -----------------
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _slow_nvcc(tmp_path, monkeypatch, seconds: float = 0.6) -> pathlib.Path:
+    calls = tmp_path / "slow_calls.txt"
+    body = SUCCEEDING_BODY.replace("sleep 0.3", f"sleep {seconds}")
+    monkeypatch.setenv("CODA_EXT_NVCC", str(_write_fake_nvcc(tmp_path / "nvcc_slow", calls, body)))
+    return calls
+
+
+def test_nvcc_progress_lines_without_a_terminal(tmp_path, monkeypatch, capsys):
+    """Regression: nvcc ran for minutes with no sign of life. Not on a terminal, a line with the
+    elapsed time comes every LOG_EVERY_S seconds, and the build ends with its time."""
+    _slow_nvcc(tmp_path, monkeypatch)
+    monkeypatch.setattr(nvcc, "LOG_EVERY_S", 0.1)
+    nvcc.build(_source(6.0), "slow-kernel")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "coda_ext: compiling slow-kernel with nvcc …"
+    ticks = [line for line in err if re.fullmatch(r"coda_ext: compiling slow-kernel … \d+ s \(nvcc\)", line)]
+    assert len(ticks) >= 2, err
+    assert re.fullmatch(r"coda_ext: compiled slow-kernel in \d+ s", err[-1]), err
+    assert "\r" not in "".join(err)
+
+
+def test_nvcc_progress_updates_one_line_on_a_terminal(tmp_path, monkeypatch):
+    _slow_nvcc(tmp_path, monkeypatch)
+    monkeypatch.setattr(nvcc, "TTY_EVERY_S", 0.1)
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    nvcc.build(_source(7.0), "tty-kernel")
+    out = terminal.getvalue()
+    updates = out.count("\r\x1b[Kcoda_ext: compiling tty-kernel … ")
+    assert updates >= 2, out
+    # the status line is cleared before the final line, which ends the output
+    assert re.search(r"\r\x1b\[Kcoda_ext: compiled tty-kernel in \d+ s\n$", out), out
+
+
+def test_nvcc_progress_status_of_parallel_builds():
+    progress = nvcc.Progress()
+    progress._running = {1: ("a", 100.0), 2: ("b", 90.0)}
+    assert progress.status(130.0) == "coda_ext: compiling 2 kernels … 40 s (nvcc, longest)"
+    progress._running = {1: ("a", 100.0)}
+    assert progress.status(130.0) == "coda_ext: compiling a … 30 s (nvcc)"
+
+
+def test_quiet_build_shows_no_progress(tmp_path, monkeypatch, capsys):
+    _slow_nvcc(tmp_path, monkeypatch, 0.3)
+    monkeypatch.setattr(nvcc, "LOG_EVERY_S", 0.05)
+    nvcc.build(_source(8.0), "quiet-kernel", quiet=True)
+    assert capsys.readouterr().err == ""
+
+
+def _items_file(tmp_path) -> pathlib.Path:
+    items = tmp_path / "items.py"
+    items.write_text(
+        "import coda_ext as ce\n"
+        "def build_items():\n"
+        "    g = ce.Graph(); g.output(g.accumulator())\n"
+        "    h = ce.Graph(); h.output(ce.silu(h.accumulator()))\n"
+        "    return [(g, 'bfloat16', None), (h, 'bfloat16', None), (g, 'bfloat16', 'auto')]\n")
+    return items
+
+
+def test_prebuild_dry_run_lists_counts_and_builds_nothing(tmp_path, monkeypatch, capsys, isolated):
+    """Regression: `prebuild --ops` started hours of nvcc without saying how many kernels or how long."""
+    import importlib
+
+    cli = importlib.import_module("coda_ext.tools.prebuild")
+    monkeypatch.setattr(cli, "default_jobs", lambda: 2)
+    assert cli.main([str(_items_file(tmp_path)), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    listed = captured.out.splitlines()
+    n = len(listed)
+    assert n >= 3 and all(line.startswith("build ") for line in listed)
+    assert f"coda_ext: {n} kernels, 0 already in the cache, {n} to build with -j 2: about " in captured.err
+    assert _compile_calls(isolated) == []   # nothing compiled
+    seconds, _ = cli.estimate(n, 2, [], cpus=2)
+    assert f"about {cli._duration(seconds)} (about 60 s per kernel, a typical figure" in captured.err
+
+
+def test_prebuild_estimate_uses_measured_times_and_parallel_jobs():
+    from coda_ext.tools.prebuild import TYPICAL_KERNEL_S, _duration, estimate
+
+    assert estimate(300, 2, [], cpus=2)[0] == 150 * TYPICAL_KERNEL_S
+    seconds, how = estimate(10, 4, [30.0, 40.0, 50.0], cpus=16)
+    assert seconds == 3 * 40.0 and "median of 3 builds" in how
+    assert estimate(10, 16, [40.0], cpus=2)[0] == 5 * 40.0   # no more at once than there are CPUs
+    assert _duration(9000) == "2 h 30 min" and _duration(45) == "45 s" and _duration(600) == "10 min"
+
+
+def test_prebuild_estimate_reads_this_caches_build_times(tmp_path, monkeypatch):
+    _slow_nvcc(tmp_path, monkeypatch, 0.1)
+    nvcc.build(_source(9.0), "timed", quiet=True)
+    (seconds,) = nvcc.measured_seconds()
+    assert 0 < seconds < 30
+
+
+def test_default_jobs_capped_by_memory(monkeypatch):
+    """Regression: -j defaulted to every core with ~4 GB per nvcc; now at most one per 4 GB available."""
+    from coda_ext import jit
+
+    assert jit.available_memory() > 0   # read from this machine
+    monkeypatch.setattr(jit.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(jit, "available_memory", lambda: 9 * 2**30)
+    assert jit.default_jobs() == 2
+    monkeypatch.setattr(jit, "available_memory", lambda: 2 * 2**30)
+    assert jit.default_jobs() == 1
+    monkeypatch.setattr(jit, "available_memory", lambda: None)
+    assert jit.default_jobs() == 16

@@ -18,17 +18,20 @@ def _check(t, name="res", dtype=BF16, shape=(37, 72), device=None):
 # --- check_operands ------------------------------------------------------------------------------
 
 
-def test_operands_on_cpu_are_rejected():
+def test_operands_on_cpu_are_rejected_last():
+    """check_operands takes CPU operands (their mistakes are named as themselves); require_gpu, the last
+    check, refuses them."""
     A, W = torch.randn(37, 64, dtype=BF16), torch.randn(72, 64, dtype=BF16)
+    assert checks.check_operands(A, W, BF16) == (37, 72, 64)
     with pytest.raises(ValueError, match=r"A is on cpu; coda_ext kernels run on a CUDA device: .*\.cuda\(\)"):
-        checks.check_operands(A, W, BF16)
+        checks.require_gpu(A)
 
 
 def test_operands_type_and_rank():
     W = torch.randn(72, 64, dtype=BF16)
-    with pytest.raises(TypeError, match=r"A must be a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"A and W must be torch.Tensors, got list and Tensor"):
         checks.check_operands([[1.0]], W, BF16)
-    with pytest.raises(TypeError, match=r"W must be a torch.Tensor, got ndarray"):
+    with pytest.raises(TypeError, match=r"A and W must be torch.Tensors, got Tensor and ndarray"):
         checks.check_operands(W, W.float().numpy(), BF16)
     with pytest.raises(ValueError, match=r"A must be 2-D, got shape \(2, 37, 64\)"):
         checks.check_operands(torch.randn(2, 37, 64, dtype=BF16), W, BF16)
@@ -216,8 +219,10 @@ def test_default_config():
     assert ce.DEFAULT_CONFIG.tag == "ping_128x128x64_c1x1_s4"
     # swizzle is a launch argument: it does not enter the emitted source
     import dataclasses
-    g = ce.Graph()
-    g.output(g.accumulator())
+
+    from coda_ext.graphs import identity
+
+    g = identity()
     other = dataclasses.replace(ce.DEFAULT_CONFIG, swizzle=1)
     assert ce.emit_source(g, "bfloat16") == ce.emit_source(g, "bfloat16", other)
 

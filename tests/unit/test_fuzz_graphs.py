@@ -1,4 +1,4 @@
-"""Property-based tests on random epilogue graphs (tests/fuzz_strategies.py builds them from the
+"""Property-based tests on random epilogue graphs (tests/helpers/fuzz_strategies.py builds them from the
 public builder, one table row per builder call):
 
 - the interpreter matches an independent fp64 reference on every graph;
@@ -14,20 +14,16 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import pathlib
 import re
-import sys
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
-import fuzz_strategies as fz  # noqa: E402
-
-import coda_ext as ce  # noqa: E402
-from coda_ext.config import MAJORS  # noqa: E402
+import coda_ext as ce
+from coda_ext.config import MAJORS
+from tests.helpers import fuzz_strategies as fz
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None, print_blob=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -324,7 +320,7 @@ def expected_features() -> set[str]:
 
 
 def test_tables_cover_every_ir_kind():
-    """A node kind added to the IR needs a row in tests/fuzz_strategies.py: every kind a graph may
+    """A node kind added to the IR needs a row in tests/helpers/fuzz_strategies.py: every kind a graph may
     hold before lowering (ir.ARITY, less the kinds lowering passes introduce) is a row's kind, or one
     a row's builder call adds besides it (pair_tile's unpacks, store_pairs' pack)."""
     from coda_ext.graph import ir

@@ -2,12 +2,8 @@
 from __future__ import annotations
 
 import json
-import pathlib
-import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import goals  # noqa: E402
+from benchmarks import goals
 
 TRAIN, SMALL = "16384x16384x2048", "128x6144x4096"
 

@@ -13,15 +13,11 @@ import os
 import pathlib
 import re
 
-import sys
-
 import pytest
 
 import coda_ext as ce
 from coda_ext.jit.paths import csrc_dir
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "gpu"))
-from cases import example, identity, swiglu_pairs as swiglu  # noqa: E402  (one home for shared graphs)
+from coda_ext.graphs import example, identity, swiglu
 
 GOLDEN_DIR = pathlib.Path(__file__).resolve().parent.parent / "golden"
 UPDATE = os.environ.get("CODA_UPDATE_GOLDEN") == "1"
@@ -128,12 +124,10 @@ def test_project_kernel_headers_are_torch_free():
 def test_stream_k_kernels_are_built_without_pdl_hooks():
     """Regression: CUTLASS 4.2's stream-K scheduler does not compile with its programmatic-
     dependent-launch hooks, which every other schedule enables (epilogue_gemm.cuh)."""
-    import coda_ext as ce
     from coda_ext import tuning
     from coda_ext.jit import emit_source
 
-    g = ce.Graph()
-    g.output(g.accumulator())
+    g = identity()
     for config in tuning.CANDIDATES:
         src = emit_source(g, "bfloat16", config)
         prelude = src[:src.index('#include "kernels/epilogue_gemm.cuh"')]

@@ -6,6 +6,7 @@ its state_dict()/save_pretrained() load in plain transformers.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -196,3 +197,26 @@ def test_refusals():
     dropout = hf_model(attention_dropout=0.1)
     with pytest.raises(ValueError, match="attention_dropout"):
         apply_coda_to_llama(dropout)
+
+
+def test_patch_warns_nothing_deprecated():
+    """Regression (the patch's layer takes the cache as transformers 5 passes it, `past_key_values`):
+    applying the patch, a training step and cached decoding emit no FutureWarning or
+    DeprecationWarning, and the cached step gives the full forward's last logits."""
+    ref = hf_model()
+    ids, labels = batch(6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        warnings.simplefilter("error", DeprecationWarning)
+        patched = apply_coda_to_llama(copy.deepcopy(ref), impl="reference")
+        patched.train()
+        loss = patched(ids, labels=labels, use_cache=False).loss
+        loss.backward()
+        patched.eval()
+        with torch.no_grad():
+            full = patched(ids).logits
+            prefix = patched(ids[:, :-1], use_cache=True)
+            step = patched(ids[:, -1:], past_key_values=prefix.past_key_values, use_cache=True).logits
+    ref.train()
+    close(loss, ref(ids, labels=labels, use_cache=False).loss, "loss")
+    close(step[:, -1], full[:, -1], "cached last-token logits")

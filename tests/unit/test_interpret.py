@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import coda_ext as ce
+from tests.helpers import rand
 
 K = 24
 SHAPES = [(37, 72), (1, 72)]
@@ -19,8 +20,8 @@ CDTYPES = [torch.float64, torch.float32]
 
 def _operands(seed: int, M: int, N: int, cd: torch.dtype):
     gen = torch.Generator().manual_seed(seed)
-    A = torch.randn(M, K, generator=gen, dtype=torch.float64)
-    W = torch.randn(N, K, generator=gen, dtype=torch.float64) / K ** 0.5
+    A = rand.randn(gen, M, K, dtype=torch.float64)
+    W = rand.randn(gen, N, K, dtype=torch.float64, scale=K ** -0.5)
     return A, W, (A.to(cd) @ W.to(cd).t()), gen
 
 
@@ -365,9 +366,10 @@ def test_extra_input():
 def test_bad_operand_shapes():
     g = ce.Graph()
     g.output(g.accumulator())
-    with pytest.raises(ValueError, match=r"A must be \(M, K\) and W \(N, K\), got \(5, 4\) and \(8, 3\)"):
+    with pytest.raises(ValueError, match=r"A is \(M, K\) = \(5, 4\) but W is \(8, 3\): W must be \(N, K\) with "
+                                         r"the same K"):
         ce.interpret(g, torch.ones(5, 4), torch.ones(8, 3))
-    with pytest.raises(ValueError, match=r"A must be \(M, K\)"):
+    with pytest.raises(ValueError, match=r"A must be 2-D, got shape \(5,\)"):
         ce.interpret(g, torch.ones(5), torch.ones(8, 5))
 
 

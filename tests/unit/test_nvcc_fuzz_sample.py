@@ -2,7 +2,7 @@
 units (three, so that each epilogue's TMA buffers -- tiles, pair tiles, stores -- leave the default
 config's mainloop its stages), built in parallel, that together use every node kind the builder
 offers (packed pairs included: pair tiles and pair stores of both 16-bit dtypes) and every dtype,
-reduction op and cast the emitted C++ tells apart (tests/fuzz_strategies.py: coverage_cases). The
+reduction op and cast the emitted C++ tells apart (tests/helpers/fuzz_strategies.py: coverage_cases). The
 second and third units read their operands transposed (KernelConfig.major "mn" and "kn"), so the
 other mainloop layouts compile too. About five minutes of nvcc on two cores; a warm cache makes it
 instant.
@@ -14,15 +14,12 @@ import dataclasses
 import os
 import pathlib
 import shutil
-import sys
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
-import fuzz_strategies as fz  # noqa: E402
-
-import coda_ext as ce  # noqa: E402
-from coda_ext.jit import cache, nvcc, paths  # noqa: E402
+import coda_ext as ce
+from coda_ext.jit import cache, paths
+from tests.helpers import fuzz_strategies as fz
 
 
 def _missing() -> str | None:

@@ -1,6 +1,6 @@
 """The ready ops (coda_ext.ops) on the CPU, without a kernel.
 
-Every kernel call of an op (TunedOp.run) is replaced by the reference interpreter running the
+Every kernel launch of an op (TunedOp.launch) is replaced by the reference interpreter running the
 op's graph in fp64, so the public functions run end to end here: argument checks, how the custom
 op feeds the graph's inputs and finishes its outputs (rstd, the cross-entropy), the leading batch
 dimensions. Against that: the ops' fp32 references, their fakes (FakeTensorMode, opcheck), the
@@ -9,10 +9,8 @@ torch.compile(fullgraph=True) tracing every op without a graph break.
 """
 from __future__ import annotations
 
-import pathlib
-import sys
+import functools
 import types
-import zlib
 
 import pytest
 import torch
@@ -23,11 +21,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import coda_ext as ce
 from coda_ext import ops
 from coda_ext.graph.interpret import Outputs
-from coda_ext.ops import common, lm_head_ce, qkv, residual_norm, rms_scale, swiglu
+from coda_ext.ops import lm_head_ce, qkv, residual_norm, rms_scale, swiglu
 from coda_ext.runtime import TunedOp
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from custom_op_calls import RecordCustomOps  # noqa: E402
+from tests.helpers import rand
+from tests.helpers.custom_op_calls import RecordCustomOps
 
 BF16, FP16 = torch.bfloat16, torch.float16
 K = 64                            # x's last dimension
@@ -44,34 +41,36 @@ def _lead_id(lead: tuple) -> str:
 
 
 def _interpreted(exact: bool):
-    def run(self, A, W, inputs, out):
+    def launch(self, A, W, inputs, out, M, N):
         """The kernel's outputs from the interpreter (fp64 math): unrounded if exact, else in the
-        dtypes the kernel writes (what the fakes promise)."""
+        dtypes the kernel writes (what the fakes promise). The arguments' checks ran before."""
         assert not out
         got = ce.interpret(self.graph, A, W, compute_dtype=torch.float64, **inputs)
-        M, N = A.shape[0], W.shape[0]
         return Outputs({k: v if exact else v.to(self.output_spec(k, M, N)[1]) for k, v in got.items()})
 
-    return run
+    return launch
 
 
 @pytest.fixture(autouse=True)
 def interpreted_kernels(monkeypatch):
-    monkeypatch.setattr(TunedOp, "run", _interpreted(exact=False))
+    monkeypatch.setattr(TunedOp, "launch", _interpreted(exact=False))
 
 
 @pytest.fixture
 def exact(monkeypatch):
     """The ops' results unrounded (fp64), to compare with the fp32 references tightly."""
-    monkeypatch.setattr(TunedOp, "run", _interpreted(exact=True))
+    monkeypatch.setattr(TunedOp, "launch", _interpreted(exact=True))
 
 
 @pytest.fixture
 def no_kernel(monkeypatch):
+    """No kernel is built or launched (the graph ops themselves, which a fake checks the arguments with, are
+    made: kernel sources only)."""
     def refuse(*args):
         raise AssertionError(f"a kernel was asked for: {args}")
 
-    monkeypatch.setattr(common, "graph_op", refuse)
+    monkeypatch.setattr(TunedOp, "launch", refuse)
+    monkeypatch.setattr(TunedOp, "op_for", refuse)
 
 
 def _close(got: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
@@ -81,16 +80,9 @@ def _close(got: torch.Tensor, ref: torch.Tensor, what: str = "") -> None:
                                msg=lambda m: f"{what}: {m}")
 
 
-def _gen(*key) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def _randn(gen, *shape, dtype=BF16, scale=1.0):
-    return (torch.randn(shape, generator=gen) * scale).to(dtype)
-
-
-def _rstd(gen, lead):
-    return torch.rand(lead, generator=gen) + 0.5
+_gen = rand.generator
+_randn = functools.partial(rand.randn, dtype=BF16)   # this file's inputs are bf16 unless they say otherwise
+_rstd = rand.positive
 
 
 # --- each op's graph (interpreted) against its fp32 reference --------------------------------------
@@ -130,7 +122,7 @@ def test_linear_swiglu_matches_reference(exact, lead, scaled):
 
 def _positions(gen, lead):
     """Token positions up to 1e5 (the largest one in every call)."""
-    pos = torch.randint(0, 100_000, lead, generator=gen)
+    pos = rand.indices(gen, lead, high=100_000)
     pos.view(-1)[-1] = 100_000
     return pos
 

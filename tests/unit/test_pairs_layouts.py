@@ -17,6 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import coda_ext as ce
+from coda_ext.runtime.tuned import TunedOp
 from coda_ext import ops, tuning
 from coda_ext.jit import nvcc
 from coda_ext.config import DEFAULT_CONFIG, MAJORS
@@ -330,7 +331,7 @@ def test_interpreter_checks_the_pair_tile_shape():
     g, acc, even, odd = _pair_graph()
     g.output(acc + even)
     A, W = torch.ones(3, 8, dtype=BF16), torch.ones(4, 8, dtype=BF16)
-    with pytest.raises(ValueError, match=r"input 'z' \(pair_tile\) must have shape \(3, 8\), got \(3, 4\)"):
+    with pytest.raises(ValueError, match=r"z must have shape \(3, 8\), got \(3, 4\)"):
         ce.interpret(g, A, W, z=torch.ones(3, 4, dtype=BF16))
 
 
@@ -416,7 +417,9 @@ def test_tuned_op_carries_its_major():
     assert {c.major for c in op.candidates} == {"kn"}
     assert op.config_for(4096, 4096, 4096).major == "kn" and plain.config_for(4096, 4096, 4096).major == "kk"
     items = op.prebuild_items()
-    assert [c.tag for _, _, c in items] == [dataclasses.replace(c, major="kn").tag for c in tuning.HEURISTIC_CONFIGS]
+    assert [c.tag for _, _, c in items] == [dataclasses.replace(c, major="kn").tag
+                                            for c in tuning.heuristic_configs(op.epilogue, "kn")]
+    assert not any(c.tile[:2] == (128, 192) for _, _, c in items)   # the 128x192 tiles: K-major only
     tuned = ce.compile(g, "bfloat16", "tune", major="mn")
     assert {c.major for _, _, c in tuned.prebuild_items()} == {"mn"}
 
@@ -431,8 +434,9 @@ def test_prebuild_ops_items_carry_each_modules_major():
         want = collections.Counter()
         for build, args, major in m.BUILDS:
             digest = build(*args).build().digest()
+            epilogue = TunedOp(build(*args), "bfloat16", tune=False, major=major).epilogue
             for dtype in ("bfloat16", "float16"):
-                for c in tuning.HEURISTIC_CONFIGS:
+                for c in tuning.heuristic_configs(epilogue, major):
                     want[(digest, dtype, dataclasses.replace(c, major=major).tag)] += 1
         got = collections.Counter((g.build().digest(), dtype, c.tag) for g, dtype, c in items)
         assert got == want, m.NAME
@@ -440,8 +444,9 @@ def test_prebuild_ops_items_carry_each_modules_major():
         majors_seen |= {c.major for _, _, c in items}
     assert {"kk", "kn", "mn"} <= majors_seen
     everything = cli.ready_op_items([], ["bfloat16"])
-    assert len(everything) == sum(len(m.BUILDS) for m in ops.MODULES + ops.BACKWARD_MODULES) * \
-        len(tuning.HEURISTIC_CONFIGS)
+    assert len(everything) == sum(len(tuning.heuristic_configs(TunedOp(b(*a), "bfloat16", tune=False, major=mj).epilogue,
+                                                               mj))
+                                  for m in ops.MODULES + ops.BACKWARD_MODULES for b, a, mj in m.BUILDS)
 
 
 # --- runtime checks of transposed operands ---------------------------------------------------------------

@@ -10,7 +10,7 @@ import types
 import pytest
 
 import coda_ext as ce
-from coda_ext import tuning
+from coda_ext import graphs, tuning
 from coda_ext.runtime import TunedOp
 
 
@@ -20,9 +20,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _graph():
-    g = ce.Graph()
-    g.output(ce.silu(g.accumulator()))
-    return g
+    return graphs.silu_acc()
 
 
 def test_m_buckets():
@@ -54,13 +52,14 @@ COLRED = tuning.Epilogue(col_reduce=True)
 
 @pytest.mark.parametrize("M,N,K,plain,pointwise,tile,colred", [
     # the issue's shapes: many tiles
-    (16384, 28672, 4096, "LARGE_TALL", "WIDE", "LARGE_TALL", "LARGE_TALL"),
-    (8192, 128256, 4096, "LARGE_TALL", "WIDE", "LARGE_TALL", "LARGE_TALL"),
+    (16384, 28672, 4096, "TALL_192", "TALL_192", "TALL_192", "LARGE_TALL"),
+    (8192, 128256, 4096, "TALL_192", "TALL_192", "TALL_192", "LARGE_TALL"),
     (16384, 4096, 14336, "LARGE_TALL", "LARGE_TALL", "LARGE_TALL", "LARGE_TALL"),
     (16384, 2048, 8192, "LARGE_TALL", "LARGE_TALL", "LARGE_TALL", "LARGE_TALL"),
-    (16384, 6144, 4096, "LARGE_TALL", "PINGPONG", "PINGPONG", "LARGE_TALL"),
-    (16384, 16384, 2048, "LARGE_TALL", "PINGPONG", "PINGPONG", "LARGE_TALL"),
-    (8192, 8192, 4096, "LARGE_TALL", "PINGPONG", "PINGPONG", "LARGE_TALL"),
+    (16384, 6144, 4096, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
+    (16384, 16384, 2048, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
+    (8192, 8192, 4096, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
+    # the rules below the 128x192 one (a graph whose epilogue a 128x192 tile does not fit)
     # a wave or so, and M <= 128
     (1024, 28672, 4096, "LARGE", "LARGE", "LARGE", "LARGE"),
     (1024, 4096, 14336, "MEDIUM", "MEDIUM", "MEDIUM", "MEDIUM"),
@@ -73,7 +72,56 @@ def test_heuristic(M, N, K, plain, pointwise, tile, colred):
     for epilogue, expected in ((PLAIN, plain), (POINTWISE, pointwise), (TILE, tile), (COLRED, colred)):
         got = tuning.heuristic(M, N, K, epilogue=epilogue)
         assert got == getattr(tuning, expected), (epilogue, got.tag)
-        assert got in tuning.HEURISTIC_CONFIGS
+        assert got in tuning.heuristic_configs(epilogue)
+
+
+@pytest.mark.parametrize("M,N,K,plain,pointwise,tile", [
+    (16384, 28672, 4096, "LARGE_TALL", "WIDE", "LARGE_TALL"),
+    (8192, 128256, 4096, "LARGE_TALL", "WIDE", "LARGE_TALL"),
+    (16384, 6144, 4096, "LARGE_TALL", "PINGPONG", "PINGPONG"),
+    (16384, 16384, 2048, "LARGE_TALL", "PINGPONG", "PINGPONG"),
+])
+def test_heuristic_without_the_192_tile(M, N, K, plain, pointwise, tile):
+    """Where a 128x192 tile does not fit the epilogue (a 128-column segment, too little shared memory)."""
+    for epilogue, expected in ((PLAIN, plain), (POINTWISE, pointwise), (TILE, tile)):
+        epilogue = dataclasses.replace(epilogue, tall_192=False)
+        got = tuning.heuristic(M, N, K, epilogue=epilogue)
+        assert got == getattr(tuning, expected), (epilogue, got.tag)
+        assert got in tuning.heuristic_configs(epilogue)
+        assert all(c.tile[:2] != (128, 192) for c in tuning.heuristic_configs(epilogue))
+
+
+def test_the_192_tile_rule():
+    """Ping-pong 128x192 at M >= 4096, K <= 4096, N >= 6144, K-major operands, no column reduction:
+    swizzle 4 above N = 16384, else 8; pair graphs at N <= 16384 in 2x1 clusters."""
+    pairs = tuning.Epilogue(pairs=True)
+    assert tuning.heuristic(16384, 28672, 4096, epilogue=pairs) == tuning.TALL_192
+    assert tuning.heuristic(16384, 16384, 2048, epilogue=pairs) == tuning.TALL_192_PAIRS
+    assert tuning.heuristic(16384, 16384, 2048, epilogue=POINTWISE).swizzle == 8
+    assert tuning.heuristic(4096, 6144, 4096, epilogue=POINTWISE) == tuning.TALL_192_S8
+    # outside the measured region the other rules decide
+    assert tuning.heuristic(2048, 28672, 4096, epilogue=POINTWISE).tile[:2] != (128, 192)
+    assert tuning.heuristic(16384, 4096, 4096, epilogue=POINTWISE).tile[:2] != (128, 192)
+    assert tuning.heuristic(16384, 6144, 8192, epilogue=POINTWISE).tile[:2] != (128, 192)
+    assert tuning.heuristic(16384, 6144, 4096, epilogue=POINTWISE, major="kn") == tuning.PINGPONG
+    assert tuning.TALL_192_PAIRS in tuning.heuristic_configs(pairs)
+    assert tuning.TALL_192_S8 not in tuning.heuristic_configs(pairs)
+    assert not any(c.tile[:2] == (128, 192) for c in tuning.heuristic_configs(POINTWISE, "kn"))
+
+
+def test_a_graph_with_128_column_segments_never_takes_the_192_tile():
+    """segment_reduce(size=128) (QK-norm) needs TILE_N a multiple of 128: auto and tune skip 128x192."""
+    from coda_ext.jit import kernel_source
+
+    g = ce.Graph()
+    acc = g.accumulator()
+    g.output(acc * ce.rsqrt(ce.segment_reduce(acc * acc, 128, "sum")))
+    e = tuning.Epilogue.of(kernel_source(g, "bfloat16").lowered)
+    assert not e.tall_192
+    op = TunedOp(g, "bfloat16", tune=True)
+    assert all(c.tile[:2] != (128, 192) for c in op.candidates)
+    assert all(c.tile[:2] != (128, 192) for _, _, c in op.prebuild_items())
+    assert op.config_for(16384, 6144, 4096).tile[:2] != (128, 192)
 
 
 def test_epilogue_kind_of_a_graph():
@@ -84,7 +132,7 @@ def test_epilogue_kind_of_a_graph():
         build(g, g.accumulator())
         e = tuning.Epilogue.of(kernel_source(g, "bfloat16").lowered)
         assert e.large_stages >= 3      # light epilogues leave the 128x256 mainloop its stages
-        return dataclasses.replace(e, large_stages=tuning.Epilogue().large_stages)
+        return dataclasses.replace(e, large_stages=tuning.Epilogue().large_stages, tall_192=True)
 
     assert kind(lambda g, acc: g.output(acc)) == PLAIN
     assert kind(lambda g, acc: g.output(ce.cast(acc, "float32"))) == PLAIN
@@ -102,15 +150,16 @@ def test_auto_uses_the_graph_epilogue():
     flags = lambda e: (e.plain, e.tile_load, e.col_reduce)  # noqa: E731
     assert flags(op.epilogue) == flags(COLRED) and op.config_for(16384, 6144, 4096) == tuning.LARGE_TALL
     pointwise = TunedOp(_graph(), "bfloat16", tune=False)
-    assert flags(pointwise.epilogue) == flags(POINTWISE) and pointwise.config_for(16384, 6144, 4096) == tuning.PINGPONG
-    assert pointwise.config_for(16384, 28672, 4096) == tuning.WIDE
+    assert flags(pointwise.epilogue) == flags(POINTWISE) and pointwise.config_for(16384, 6144, 4096) == \
+        tuning.TALL_192_S8
+    assert pointwise.config_for(16384, 28672, 4096) == tuning.TALL_192
 
 
 def test_prebuild_expands_auto_and_tune():
     from coda_ext.runtime import expand_items
 
     g = _graph()
-    assert [c for _, _, c in expand_items([(g, "bfloat16", "auto")])] == list(tuning.HEURISTIC_CONFIGS)
+    assert [c for _, _, c in expand_items([(g, "bfloat16", "auto")])] == list(tuning.heuristic_configs())
     assert [c for _, _, c in expand_items([(g, "bfloat16", "tune"), (g, "float16", None)])] == \
         list(tuning.CANDIDATES) + [None]
 
@@ -175,13 +224,12 @@ def test_heavy_epilogue_never_starves_the_large_mainloop():
     two stages: the heuristic takes ping-pong 128x128 where it would take cooperative 128x256 (measured
     1.65x vs 1.13-1.19x cuBLAS, docs/measured.md); light epilogues keep their choice."""
     from coda_ext.jit import kernel_source
-    from coda_ext.ops import norm_backward, residual_norm
 
-    heavy = tuning.Epilogue.of(kernel_source(norm_backward.graph(True), "bfloat16").lowered)
+    heavy = tuning.Epilogue.of(kernel_source(graphs.rms_norm_backward_linear(True), "bfloat16").lowered)
     assert heavy.col_reduce and heavy.tile_load and heavy.large_stages < 3
     assert tuning.heuristic(32768, 2048, 16384, 132, heavy) == tuning.PINGPONG
     assert tuning.heuristic(32768, 2048, 16384, 132, dataclasses.replace(heavy, large_stages=4)) == tuning.LARGE_TALL
-    light = tuning.Epilogue.of(kernel_source(residual_norm.graph(), "bfloat16").lowered)
+    light = tuning.Epilogue.of(kernel_source(graphs.linear_residual_norm(), "bfloat16").lowered)
     assert light.large_stages >= 3
 
 
@@ -223,8 +271,9 @@ def test_swizzle_8_only_with_enough_m_tiles():
     ran 2.05-2.24x cuBLAS (swizzle 4: 1.01-1.11x); it is kept for 32 or more M tiles."""
     assert tuning.heuristic(1024, 28672, 4096, epilogue=PLAIN) == tuning.LARGE
     assert tuning.heuristic(1024, 28672, 4096, epilogue=PLAIN).swizzle == 4
-    assert tuning.heuristic(4096, 28672, 4096, epilogue=PLAIN) == tuning.LARGE_TALL
-    assert tuning.heuristic(16384, 6144, 4096, epilogue=PLAIN).swizzle == 8
+    assert tuning.heuristic(4096, 28672, 8192, epilogue=PLAIN) == tuning.LARGE_TALL
+    assert tuning.heuristic(16384, 6144, 2048, epilogue=dataclasses.replace(PLAIN, tall_192=False)) == \
+        tuning.LARGE_TALL
 
 
 def test_fixed_kernels_launch_with_a_swizzle_that_suits_every_m():
@@ -240,9 +289,10 @@ def test_fixed_kernels_launch_with_a_swizzle_that_suits_every_m():
 def test_plain_gemms_with_transposed_operands_keep_ping_pong():
     """The cooperative choice for plain GEMMs was measured with K-major operands only; the backward
     GEMMs (an M- or N-major operand) keep the ping-pong config they were measured in."""
-    assert tuning.heuristic(16384, 6144, 4096, epilogue=PLAIN) == tuning.LARGE_TALL
+    assert tuning.heuristic(16384, 6144, 4096, epilogue=PLAIN) == tuning.TALL_192_S8
+    assert tuning.heuristic(16384, 6144, 4096, epilogue=dataclasses.replace(PLAIN, tall_192=False)) == \
+        tuning.LARGE_TALL
     for major in ("mk", "kn", "mn"):
         assert tuning.heuristic(16384, 6144, 4096, epilogue=PLAIN, major=major) == tuning.PINGPONG
-    g = ce.Graph()
-    g.output(g.accumulator())
+    g = graphs.identity()
     assert TunedOp(g, "bfloat16", tune=False, major="mk").config_for(16384, 6144, 4096).tile == (128, 128, 64)

@@ -41,15 +41,31 @@ typedef struct CodaLaunch {
   int32_t raster_order;         /* 0: heuristic, 1: along M, 2: along N */
 } CodaLaunch;
 
-/* Status codes returned by coda_run. */
-enum {
-  CODA_OK = 0,
-  CODA_ERROR_INVALID_ARGUMENT = 1,
-  CODA_ERROR_CAN_IMPLEMENT = 2,
-  CODA_ERROR_WORKSPACE = 3,
-  CODA_ERROR_INITIALIZE = 4,
-  CODA_ERROR_LAUNCH = 5
-};
+/* Status codes, listed once: X(C constant, coda::StatusCode enumerator, value, name). coda_run
+ * returns the first six; libcoda's calls (coda/coda.h, coda/types.hpp) also the others. This list
+ * makes the C constants below, coda::StatusCode and coda::status_code_name. */
+#define CODA_STATUS_LIST(X)                                                                          \
+  X(CODA_OK, kOk, 0, "ok")                                                                           \
+  /* a null pointer, bad shape, stride, alignment, dtype or enum value */                            \
+  X(CODA_ERROR_INVALID_ARGUMENT, kInvalidArgument, 1, "invalid argument")                            \
+  /* CUTLASS refused the problem (should not happen after validation) */                             \
+  X(CODA_ERROR_CAN_IMPLEMENT, kCanImplement, 2, "CUTLASS cannot implement the problem")              \
+  /* workspace missing, smaller than the kernel needs, or misaligned */                              \
+  X(CODA_ERROR_WORKSPACE, kBadWorkspace, 3, "bad workspace")                                         \
+  /* CUTLASS could not set up the launch (e.g. the shared memory attribute) */                       \
+  X(CODA_ERROR_INITIALIZE, kInitializeFailed, 4, "kernel initialization failed")                     \
+  /* the kernel launch returned a CUDA error */                                                      \
+  X(CODA_ERROR_LAUNCH, kLaunchFailed, 5, "kernel launch failed")                                     \
+  /* this op/dtype is not compiled into this libcoda (see CODA_KERNELS) */                           \
+  X(CODA_ERROR_NOT_BUILT, kNotBuilt, 16, "kernel not built")                                         \
+  /* no CUDA device, or the current device is not SM90 (H100/H200) */                                \
+  X(CODA_ERROR_UNSUPPORTED_DEVICE, kUnsupportedDevice, 17, "unsupported device")                     \
+  /* a CUDA runtime query failed */                                                                  \
+  X(CODA_ERROR_CUDA, kCudaError, 18, "CUDA error")
+
+#define CODA_STATUS_CONSTANT(constant, enumerator, value, name) constant = value,
+enum { CODA_STATUS_LIST(CODA_STATUS_CONSTANT) };
+#undef CODA_STATUS_CONSTANT
 
 /* Bytes of device workspace one launch of this kernel needs at this problem size. */
 typedef size_t (*CodaWorkspaceSizeFn)(int64_t M, int64_t N, int64_t K);

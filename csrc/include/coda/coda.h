@@ -12,17 +12,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coda/abi.h" /* CODA_OK, CODA_ERROR_INVALID_ARGUMENT, ..., CODA_ERROR_LAUNCH */
+#include "coda/abi.h" /* the status codes: CODA_OK, CODA_ERROR_INVALID_ARGUMENT, ..., CODA_ERROR_CUDA */
 #include "coda/export.h"
+#include "coda/op_list.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Status codes beyond the kernel ABI's (coda/abi.h defines 0..5). */
-#define CODA_ERROR_NOT_BUILT 16          /* this op/dtype is not compiled into this libcoda */
-#define CODA_ERROR_UNSUPPORTED_DEVICE 17 /* no CUDA device, or it is not SM90 */
-#define CODA_ERROR_CUDA 18               /* a CUDA runtime query failed */
 
 /* Element types (values of coda_tensor.dtype). */
 #define CODA_DTYPE_BF16 0
@@ -30,20 +26,11 @@ extern "C" {
 #define CODA_DTYPE_FP32 2
 #define CODA_DTYPE_INT32 3
 
-/* Ops (for the workspace query). */
-#define CODA_OP_GEMM 0
-#define CODA_OP_GEMM_BIAS_ACT 1
-#define CODA_OP_GEMM_RESIDUAL 2
-#define CODA_OP_GEMM_SWIGLU 3
-#define CODA_OP_GEMM_ROW_SUMSQ 4
-#define CODA_OP_LINEAR_RESIDUAL_NORM 5
-#define CODA_OP_RMS_LINEAR 6
-#define CODA_OP_LINEAR_SWIGLU 7        /* without Z */
-#define CODA_OP_LINEAR_SWIGLU_TRAIN 8  /* with Z */
-#define CODA_OP_QKV_ROPE 9             /* without QK-norm */
-#define CODA_OP_QKV_ROPE_QK_NORM64 10
-#define CODA_OP_QKV_ROPE_QK_NORM128 11
-#define CODA_OP_LM_HEAD_CROSS_ENTROPY 12
+/* Ops (for the workspace query): CODA_OP_GEMM = 0, CODA_OP_GEMM_BIAS_ACT, ..., one per row of
+ * coda/op_list.h. */
+#define CODA_OP_CONSTANT(NAME, enumerator, value, name) CODA_OP_##NAME = value,
+enum { CODA_OP_LIST(CODA_OP_CONSTANT) };
+#undef CODA_OP_CONSTANT
 
 /* Activations of coda_gemm_bias_act. */
 #define CODA_ACT_IDENTITY 0

@@ -11,7 +11,9 @@
 #include <string>
 #include <utility>
 
+#include "coda/abi.h"      // CODA_STATUS_LIST
 #include "coda/export.h"
+#include "coda/op_list.h"  // CODA_OP_LIST
 
 namespace coda {
 
@@ -35,17 +37,13 @@ CODA_API size_t dtype_size(DType dtype);       // bytes per element; 0 for an un
 // ---------------------------------------------------------------------------------------------
 // Status
 // ---------------------------------------------------------------------------------------------
-// Values below 16 are the kernel ABI's codes (coda/abi.h: CODA_OK ... CODA_ERROR_LAUNCH).
+// One enumerator per row of coda/abi.h's CODA_STATUS_LIST, with its value and what it means
+// (kOk = CODA_OK = 0, kInvalidArgument = CODA_ERROR_INVALID_ARGUMENT, ...; the kernel ABI's codes
+// are below 16).
 enum class StatusCode : int32_t {
-  kOk = 0,
-  kInvalidArgument = 1,     // a null pointer, bad shape, stride, alignment, dtype or enum value
-  kCanImplement = 2,        // CUTLASS refused the problem (should not happen after validation)
-  kBadWorkspace = 3,        // workspace missing, smaller than workspace_size(...), or misaligned
-  kInitializeFailed = 4,    // CUTLASS could not set up the launch (e.g. shared memory attribute)
-  kLaunchFailed = 5,        // the kernel launch returned a CUDA error
-  kNotBuilt = 16,           // this op/dtype was not compiled into this libcoda (see CODA_KERNELS)
-  kUnsupportedDevice = 17,  // no CUDA device, or the current device is not SM90 (H100/H200)
-  kCudaError = 18,          // a CUDA runtime query failed
+#define CODA_STATUS_ENUMERATOR(constant, enumerator, value, name) enumerator = value,
+  CODA_STATUS_LIST(CODA_STATUS_ENUMERATOR)
+#undef CODA_STATUS_ENUMERATOR
 };
 
 CODA_API const char* status_code_name(StatusCode code);  // e.g. "invalid argument"
@@ -116,26 +114,17 @@ struct Workspace {
 // ---------------------------------------------------------------------------------------------
 // Ops, problems, options
 // ---------------------------------------------------------------------------------------------
-// The kernels of libcoda: with a dtype, an enumerator names one compiled kernel (CODA_KERNELS
-// calls it "<op_name>_<dtype>"). The ops of a Transformer block (kLinearResidualNorm and after)
-// are built from the graphs of coda_ext.ops; an op with variants (linear_swiglu with or without
-// Z, qkv_rope with or without QK-norm) has a kernel for each, and the op function picks it.
+// The kernels of libcoda: one enumerator per row of coda/op_list.h, with its value and what it
+// computes (kGemm = CODA_OP_GEMM = 0, kGemmBiasAct, ...). With a dtype, an enumerator names one
+// compiled kernel (CODA_KERNELS calls it "<op_name>_<dtype>").
 enum class Op : int32_t {
-  kGemm = 0,                 // D = A · Bᵀ
-  kGemmBiasAct = 1,          // D = act(A · Bᵀ + bias)
-  kGemmResidual = 2,         // D = A · Bᵀ + residual
-  kGemmSwiglu = 3,           // Z = A · Bᵀ;  Y[:, i] = silu(Z[:, 2i]) · Z[:, 2i+1]
-  kGemmRowSumSq = 4,         // D = A · Bᵀ;  sumsq[m] = Σ_n (A · Bᵀ)[m, n]²  (fp32)
-  kLinearResidualNorm = 5,   // linear_residual_norm: D = A · Bᵀ + residual, H = D ⊙ norm_weight, rstd
-  kRmsLinear = 6,            // rms_linear: D = act(rstd ⊙row A · Bᵀ)
-  kLinearSwiglu = 7,         // linear_swiglu without Z: only Y
-  kLinearSwigluTrain = 8,    // linear_swiglu with Z
-  kQkvRope = 9,              // qkv_rope without QK-norm (head_dim 64 or 128)
-  kQkvRopeQkNorm64 = 10,     // qkv_rope with QK-norm, head_dim 64
-  kQkvRopeQkNorm128 = 11,    // qkv_rope with QK-norm, head_dim 128
-  kLmHeadCrossEntropy = 12,  // lm_head_cross_entropy
+#define CODA_OP_ENUMERATOR(NAME, enumerator, value, name) enumerator = value,
+  CODA_OP_LIST(CODA_OP_ENUMERATOR)
+#undef CODA_OP_ENUMERATOR
 };
-inline constexpr int kNumOps = 13;
+#define CODA_OP_COUNT(NAME, enumerator, value, name) +1
+inline constexpr int kNumOps = 0 CODA_OP_LIST(CODA_OP_COUNT);  // the values are 0 .. kNumOps - 1
+#undef CODA_OP_COUNT
 CODA_API const char* op_name(Op op);  // "gemm", "gemm_bias_act", ..., "qkv_rope_qk_norm64"; "unknown" otherwise
 
 // Activations of gemm_bias_act, chosen at run time (one kernel serves all of them).

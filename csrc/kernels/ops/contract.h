@@ -5,8 +5,10 @@
 
 namespace coda::ops {
 
-// The mainloop of every libcoda kernel: the coda_ext JIT's default KernelConfig
-// (python/coda_ext/config.py): 128 x 256 x 64 tiles, 1 x 1 cluster, cooperative.
+// The mainloop of libcoda's gemm_* kernels (fusions.cuh, coda::kernel_config()): 128 x 256 x 64
+// tiles, 1 x 1 cluster, cooperative, persistent. This is not the coda_ext JIT's DEFAULT_CONFIG
+// (python/coda_ext/config.py: ping-pong 128 x 128 x 64, swizzle 4); the block ops' kernels each
+// have their own config, in contract_generated.h.
 inline constexpr int kTileM = 128;
 inline constexpr int kTileN = 256;
 inline constexpr int kTileK = 64;

@@ -1,15 +1,15 @@
 """The IO model of one Llama decoder layer, forward + backward, as CODA fuses it
-(shared/reference/coda-patterns.md), against torch.compile-style and eager unfused execution.
+(docs/patterns.md), against torch.compile-style and eager unfused execution.
 
 Each step of the layer is one GEMM with its epilogue (or one element-wise pass), described by its
-own small spec: an epilogue graph built with the public builder where the graph language says it
-(the IO model of explain() then gives all three variants), or kernels listed by hand where it
+own small spec: the epilogue graph the ready op runs, from coda_ext.graphs, where the graph language
+says it (the IO model of explain() then gives all three variants), or kernels listed by hand where it
 does not give the sequence to compare with (the dSwiGLU step: its eager sequence is the eleven
 kernels PyTorch runs, not one per graph node; the RoPE backward pass is not a GEMM). Weight-gradient GEMMs are plain GEMMs, the same in every variant.
 
 Attention (SDPA forward and backward) is the same kernel in every variant and is left out: the
 totals are the non-attention part of the layer, and "GEMM floor" is the bare-GEMM bound of its
-linears (forward, dX and dW) at each step's kernel config, as in shared/reference/anchors.md.
+linears (forward, dX and dW) at each step's kernel config, as in docs/design.md ("The bars").
 The unfused and compile-style variants run the same CODA algorithm without fusion (e.g. RMSNorm
 split into statistics in one GEMM's epilogue and scaling in the next); a textbook eager Llama
 layer launches more kernels. The rsqrt that turns Σx² into rstd is counted inside the finalize
@@ -18,12 +18,12 @@ layer launches more kernels. The rsqrt that turns Σx² into rstd is counted ins
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
-from .. import tuning
+from .. import graphs, tuning
 from ..config import KernelConfig
 from ..graph.builder import Graph, dtype_name
-from ..graph.math import rotate_pairs, swiglu_pairs, turns
 from .costs import DTYPE_BYTES
 from .model import VARIANTS, gemm_operands, io_model
 from .roofline import GPU, Access, Kernel, Variant, gpu_spec
@@ -48,62 +48,38 @@ class LayerShape:
         return (self.heads + 2 * self.kv_heads) * self.head_dim
 
 
-#: The layers of shared/reference/anchors.md ("A Llama layer forward + backward").
+#: The layers of the Llama-layer table in docs/design.md ("The bars").
 LAYERS = {
     "8b": LayerShape("Llama-3-8B layer", d=4096, F=14336, heads=32, kv_heads=8, head_dim=128, tokens=8192),
     "1b": LayerShape("Llama-1B-like layer", d=2048, F=8192, heads=32, kv_heads=8, head_dim=64, tokens=4 * 8192),
 }
 
 
-# --- the epilogue graphs of the layer's GEMMs (coda-patterns.md) ------------------------------
+# --- the epilogue graphs of the layer's GEMMs: the graphs the ready ops run --------------------
 
-def residual_norm() -> Graph:
-    """K1/K3: out = acc + residual (stored), h = out ⊙ γ (the next GEMM's input), Σ out² per row."""
-    g = Graph()
-    out = g.accumulator() + g.tile("residual")
-    g.output(out)
-    g.store("h", out * g.row_vector("norm_weight"))
-    g.row_reduce("sumsq", out, "sumsq")
-    return g
-
-
-def swiglu_train() -> Graph:
-    """K2: z = rstd ⊙row acc (saved for backward), y = silu(z[:, 2i]) · z[:, 2i+1] at half width."""
-    g = Graph()
-    z = g.accumulator() * g.col_vector("rstd", "float32")
-    g.output(z, name="z")
-    g.store("y", swiglu_pairs(z))
-    return g
-
-
-def qkv_rope() -> Graph:
-    """K4: z = rstd ⊙row acc, RoPE on adjacent pairs with angles from positions and frequencies."""
-    g = Graph()
-    z = g.accumulator() * g.col_vector("rstd", "float32")
-    t = turns(g.col_vector("positions", "float32"), g.row_vector("freq_hi", "float32"),
-              g.row_vector("freq_lo", "float32"))
-    g.output(rotate_pairs(z, t), name="qkv")
-    return g
-
-
-def norm_backward() -> Graph:
-    """dX GEMM with the RMSNorm backward (ZdZ identity): dx = dx_in + (acc ⊙ γ − x̂ ζ) r with x̂ = x r;
-    n = x̂ ⊙ γ recomputed for the dW GEMM; dγ partials Σ_rows acc ⊙ x̂."""
-    g = Graph()
-    acc = g.accumulator()
-    r = g.col_vector("rstd", "float32")
-    gamma = g.row_vector("gamma")
-    xhat = g.tile("x") * r
-    g.output(g.tile("dx_in") + (acc * gamma - xhat * g.col_vector("zeta", "float32")) * r, name="dx")
-    g.store("n", xhat * gamma)
-    g.col_reduce("dgamma", acc * xhat, "sum")
-    return g
-
-
-def plain() -> Graph:
-    g = Graph()
-    g.output(g.accumulator())
-    return g
+def graph_steps(L: LayerShape) -> list[tuple[str, str, Callable[[], Graph], tuple[int, int, int]]]:
+    """(name, phase, graph builder, (M, N, K)) of every GEMM step the IO model gives from its graph, in
+    execution order (the steps listed by hand are left out). Each builder is a coda_ext.graphs function
+    with the arguments coda_ext.models runs the op with: the forward's rstd-scaled QKV + RoPE (no QK-norm),
+    residual norm and SwiGLU train; the backward's norm backward (accumulating the residual gradient in
+    the gate/up dX GEMM only) and plain GEMMs (identity: linear_dx and weight_grad, read as stored)."""
+    T = L.tokens
+    qkv = functools.partial(graphs.qkv_rope, True, False, L.head_dim)
+    swiglu = functools.partial(graphs.linear_swiglu, True, True)
+    norm_bwd = functools.partial(graphs.rms_norm_backward_linear, True)
+    norm_bwd_qkv = functools.partial(graphs.rms_norm_backward_linear, False)
+    plain = graphs.identity
+    return [("fwd QKV + RoPE (K4)", "forward", qkv, (T, L.qkv, L.d)),
+            ("fwd O-proj + residual + norm stats (K1)", "forward", graphs.linear_residual_norm, (T, L.d, L.q)),
+            ("fwd gate/up + SwiGLU (K2)", "forward", swiglu, (T, 2 * L.F, L.d)),
+            ("fwd down + residual + norm stats (K3)", "forward", graphs.linear_residual_norm, (T, L.d, L.F)),
+            ("bwd down dW", "backward", plain, (L.d, L.F, T)),
+            ("bwd gate/up dX + RMSNorm bwd", "backward", norm_bwd, (T, L.d, 2 * L.F)),
+            ("bwd gate/up dW", "backward", plain, (2 * L.F, L.d, T)),
+            ("bwd O-proj dX", "backward", plain, (T, L.q, L.d)),
+            ("bwd O-proj dW", "backward", plain, (L.d, L.q, T)),
+            ("bwd QKV dX + RMSNorm bwd", "backward", norm_bwd_qkv, (T, L.d, L.qkv)),
+            ("bwd QKV dW", "backward", plain, (L.qkv, L.d, T))]
 
 
 # --- steps -----------------------------------------------------------------------------------
@@ -128,7 +104,7 @@ def _graph_step(name: str, phase: str, build: Callable[[], Graph], shape: tuple[
 
 def _floor(shape: tuple[int, int, int], dtype: str, config: KernelConfig, gpu: GPU) -> float:
     """The bound of the bare GEMM (A, W read; D written) at the step's config."""
-    return io_model(plain(), dtype, shape, config, gpu).variants["fused"].seconds(gpu)
+    return io_model(graphs.identity(), dtype, shape, config, gpu).variants["fused"].seconds(gpu)
 
 
 def _ew(name: str, reads: dict[str, int], writes: dict[str, int], flops: float = 0.0) -> Kernel:
@@ -193,22 +169,10 @@ def _rope_backward_step(L: LayerShape, dtype: str, gpu: GPU) -> Step:
 def layer_steps(L: LayerShape, dtype: Any = "bfloat16", gpu: "str | GPU" = "H100 SXM") -> list[Step]:
     """The steps of one layer's forward and backward, in execution order (attention left out)."""
     d, spec = dtype_name(dtype), gpu_spec(gpu)
-    T = L.tokens
-    fwd = [("fwd QKV + RoPE (K4)", qkv_rope, (T, L.qkv, L.d)),
-           ("fwd O-proj + residual + norm stats (K1)", residual_norm, (T, L.d, L.q)),
-           ("fwd gate/up + SwiGLU (K2)", swiglu_train, (T, 2 * L.F, L.d)),
-           ("fwd down + residual + norm stats (K3)", residual_norm, (T, L.d, L.F))]
-    steps = [_graph_step(n, "forward", b, s, d, spec) for n, b, s in fwd]
-    steps.append(_dswiglu_step(L, d, spec))
-    bwd = [("bwd down dW", plain, (L.d, L.F, T)),
-           ("bwd gate/up dX + RMSNorm bwd", norm_backward, (T, L.d, 2 * L.F)),
-           ("bwd gate/up dW", plain, (2 * L.F, L.d, T)),
-           ("bwd O-proj dX", plain, (T, L.q, L.d)),
-           ("bwd O-proj dW", plain, (L.d, L.q, T))]
-    steps += [_graph_step(n, "backward", b, s, d, spec) for n, b, s in bwd]
-    steps.append(_rope_backward_step(L, d, spec))
-    steps += [_graph_step("bwd QKV dX + RMSNorm bwd", "backward", norm_backward, (T, L.d, L.qkv), d, spec),
-              _graph_step("bwd QKV dW", "backward", plain, (L.qkv, L.d, T), d, spec)]
+    steps = [_graph_step(name, phase, build, shape, d, spec) for name, phase, build, shape in graph_steps(L)]
+    names = [s.name for s in steps]   # the hand-listed steps go in where they run (the later one first)
+    steps.insert(names.index("bwd QKV dX + RMSNorm bwd"), _rope_backward_step(L, d, spec))
+    steps.insert(names.index("bwd down dW"), _dswiglu_step(L, d, spec))
     return steps
 
 
@@ -274,9 +238,16 @@ def layer_model(layer: "str | LayerShape" = "8b", dtype: Any = "bfloat16", gpu: 
     return LayerModel(L, dtype_name(dtype), spec, tuple(layer_steps(L, dtype, spec)))
 
 
-def chart(models: list[LayerModel], path: str) -> None:
+#: bench_llama_training's variant names -> the model's
+MEASURED_VARIANTS = {"coda": "fused", "torch.compile": "compile", "eager": "unfused"}
+VARIANT_LABELS = {"fused": "coda_ext fused", "compile": "torch.compile-style", "unfused": "eager unfused"}
+
+
+def chart(models: list[LayerModel], path: str, measured: dict[str, dict[str, float]] | None = None,
+          measured_label: str = "measured") -> None:
     """A stacked bar chart (PNG, matplotlib): per layer, one bar per variant, stacked by step, of
-    the time lower bound and of the HBM traffic."""
+    the modelled time lower bound and HBM traffic. measured: {layer name: {variant: ms}}, measured
+    times of the same layer's non-attention part, drawn as labelled markers beside the bars."""
     try:
         import matplotlib
     except ImportError:
@@ -284,23 +255,45 @@ def chart(models: list[LayerModel], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(models), 2, figsize=(13, 4.2 * len(models)), squeeze=False)
+    fig = figure(models, measured, measured_label)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def figure(models: list[LayerModel], measured: dict[str, dict[str, float]] | None = None,
+           measured_label: str = "measured"):
+    """The matplotlib figure of chart()."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(models), 2, figsize=(13, 4.2 * len(models) + 0.6), squeeze=False)
+    fig.suptitle("IO model of a Llama layer, forward + backward, attention left out: the bars are modelled "
+                 "(time lower bound, HBM traffic), not measured" + ("; ◆ measured times" if measured else ""),
+                 fontsize=10)
     cmap = plt.get_cmap("tab20")
+    x = range(len(VARIANTS))
     for row, m in zip(axes, models):
         for ax, (what, unit, fn) in zip(row, (("time lower bound", "ms", lambda v, s: v.seconds(m.gpu) * 1e3),
                                               ("HBM traffic", "GB", lambda v, s: v.bytes / 1e9))):
             bottoms = [0.0] * len(VARIANTS)
             for k, s in enumerate(m.steps):
                 heights = [fn(s.variants[v], s) for v in VARIANTS]
-                ax.bar(range(len(VARIANTS)), heights, 0.6, bottom=bottoms, color=cmap(k % 20), label=s.name)
+                ax.bar(x, heights, 0.6, bottom=bottoms, color=cmap(k % 20), label=s.name)
                 bottoms = [b + h for b, h in zip(bottoms, heights)]
             if what.startswith("time"):
-                floor = ax.axhline(m.floor_s * 1e3, color="k", ls="--", lw=0.8, label="GEMM floor")
-                ax.legend(handles=[floor], fontsize=7, loc="upper left")
-            ax.set_xticks(range(len(VARIANTS)), ["coda_ext fused", "torch.compile-style", "eager unfused"])
+                handles = [ax.axhline(m.floor_s * 1e3, color="k", ls="--", lw=0.8, label="GEMM floor (modelled)")]
+                got = (measured or {}).get(m.layer.name, {})
+                at = [i for i, v in enumerate(VARIANTS) if v in got]
+                if at:
+                    ms = [got[VARIANTS[i]] for i in at]
+                    handles.append(ax.scatter(at, ms, marker="D", s=36, color="k", zorder=3, label=measured_label))
+                    for i, t in zip(at, ms):
+                        ax.annotate(f"{t:.1f} ms measured", (i, t), xytext=(8, 0), textcoords="offset points",
+                                    fontsize=7, va="center", bbox=dict(fc="white", ec="none", alpha=0.8, pad=1))
+                ax.set_ylim(0, 1.25 * max(bottoms + [t for t in got.values()]))   # room for the legend
+                ax.legend(handles=handles, fontsize=7, loc="upper left")
+            ax.set_xticks(list(x), [VARIANT_LABELS[v] for v in VARIANTS])
             ax.set_ylabel(unit)
-            ax.set_title(f"{m.layer.name}, {m.layer.tokens} tokens: {what} ({m.gpu.name})", fontsize=9)
+            ax.set_title(f"{m.layer.name}, {m.layer.tokens} tokens: modelled {what} ({m.gpu.name})", fontsize=9)
         row[1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

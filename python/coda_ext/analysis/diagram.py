@@ -148,7 +148,7 @@ def _layers(boxes: list[_Box], edges: list[_Edge]) -> dict[int, int]:
     return layer
 
 
-def _layout(boxes: list[_Box], edges: list[_Edge], title: str) -> tuple[list[_Route], float, float]:
+def _layout(boxes: list[_Box], edges: list[_Edge], title_width: float) -> tuple[list[_Route], float, float]:
     layer = _layers(boxes, edges)
     # Each edge crossing layers passes through one dummy slot per layer in between.
     slots: list[tuple[int, float]] = [(layer[i], BOX_W) for i in range(len(boxes))]   # (layer, width)
@@ -169,7 +169,7 @@ def _layout(boxes: list[_Box], edges: list[_Edge], title: str) -> tuple[list[_Ro
     for i, (d, _) in enumerate(slots):
         rows.setdefault(d, []).append(i)
     row_width = {d: sum(slots[i][1] for i in r) + GAP_X * (len(r) - 1) for d, r in rows.items()}
-    width = max(max(row_width.values()) + 2 * MARGIN, 8.0 * len(title) + 2 * MARGIN)
+    width = max(max(row_width.values()) + 2 * MARGIN, title_width + 2 * MARGIN)
     xs: dict[int, float] = {}
 
     def place(d: int) -> None:
@@ -213,7 +213,7 @@ def _title(model: Model) -> str:
     M, N, K = model.shape
     v = model.variants["fused"]
     return (f"{model.dtype} {M} x {N} x {K}, {model.config.tag}: {len(v.kernels)} kernel(s), "
-            f"{_size(v.bytes)} HBM traffic, >= {v.seconds(model.gpu) * 1e6:,.1f} us on {model.gpu.name}")
+            f"{_size(v.bytes)} HBM traffic, modelled time >= {v.seconds(model.gpu) * 1e6:,.1f} us on {model.gpu.name}")
 
 
 def _svg(title: str, boxes: list[_Box], routes: list[_Route], width: float, height: float) -> str:
@@ -245,23 +245,34 @@ def _svg(title: str, boxes: list[_Box], routes: list[_Route], width: float, heig
     return "\n".join(out + labels + ["</svg>"]) + "\n"
 
 
-def _png(title: str, boxes: list[_Box], routes: list[_Route], width: float, height: float,
-         path: pathlib.Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError(f"diagram: writing {path.name} needs matplotlib (pip install matplotlib); "
-                          "an .svg path needs nothing") from None
-    matplotlib.use("Agg")
+def _svg_title_width(title: str) -> float:
+    """The SVG title's width in pixels (13 px bold sans-serif: about 8 px a character)."""
+    return 8.0 * len(title)
+
+
+def _png_title_width(title: str) -> float:
+    """The PNG title's width in pixels, measured in matplotlib's font (TITLE_PT bold at PNG_DPI)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextPath
+
+    path = TextPath((0, 0), title, size=TITLE_PT * PNG_DPI / 72, prop=FontProperties(weight="bold"))
+    return 1.03 * path.get_extents().width   # a little room for the rasteriser's hinting
+
+
+TITLE_PT, PNG_DPI = 10, 100
+
+
+def _png_figure(title: str, boxes: list[_Box], routes: list[_Route], width: float, height: float):
+    """(the figure, its title's Text): one pixel of the layout is one data unit."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    fig = plt.figure(figsize=(width / 100, height / 100), dpi=100)
+    fig = plt.figure(figsize=(width / PNG_DPI, height / PNG_DPI), dpi=PNG_DPI)
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set_xlim(0, width)
     ax.set_ylim(height, 0)
     ax.axis("off")
-    ax.text(MARGIN, MARGIN + 6, title, fontsize=10, weight="bold")
+    heading = ax.text(MARGIN, MARGIN + 6, title, fontsize=TITLE_PT, weight="bold")
     for r in routes:
         color, ls = (HBM_EDGE, "-") if r.edge.hbm else (CHIP_EDGE, "--")
         xs, ys = zip(*r.points)
@@ -274,8 +285,7 @@ def _png(title: str, boxes: list[_Box], routes: list[_Route], width: float, heig
         ax.add_patch(FancyBboxPatch((b.x - BOX_W / 2, b.y - BOX_H / 2), BOX_W, BOX_H,
                                     boxstyle="round,pad=0,rounding_size=6", fc=FILL[b.style], ec="#444"))
         ax.text(b.x, b.y, "\n".join(s for s in b.label if s), ha="center", va="center", fontsize=8)
-    fig.savefig(path)
-    plt.close(fig)
+    return fig, heading
 
 
 def diagram(graph: Any, dtype: Any, shape: tuple[int, int, int], path: "str | pathlib.Path", config: Any = None,
@@ -288,9 +298,20 @@ def diagram(graph: Any, dtype: Any, shape: tuple[int, int, int], path: "str | pa
     model = io_model(graph, dtype, shape, config, gpu)
     boxes, edges = _build(model)
     title = _title(model)
-    routes, width, height = _layout(boxes, edges, title)
     if path.suffix.lower() == ".png":
-        _png(title, boxes, routes, width, height, path)
+        try:
+            import matplotlib
+        except ImportError:
+            raise ImportError(f"diagram: writing {path.name} needs matplotlib (pip install matplotlib); "
+                              "an .svg path needs nothing") from None
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        routes, width, height = _layout(boxes, edges, _png_title_width(title))
+        fig, _ = _png_figure(title, boxes, routes, width, height)
+        fig.savefig(path)
+        plt.close(fig)
     else:
+        routes, width, height = _layout(boxes, edges, _svg_title_width(title))
         path.write_text(_svg(title, boxes, routes, width, height))
     return path

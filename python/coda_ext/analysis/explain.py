@@ -27,6 +27,13 @@ def _mb(nbytes: float) -> str:
     return f"{mb:,.1f}" if mb >= 1 or mb == 0 else f"{mb:.3f}"
 
 
+def launches(fused: int, other: int) -> str:
+    """The launch counts of the fused kernel and another sequence, in words."""
+    if fused == other:
+        return f"the same {fused} launch{'es' if fused > 1 else ''}"
+    return f"{fused} launch{'es' if fused > 1 else ''} instead of {other}"
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(str(s) for s in shape)
 
@@ -77,9 +84,10 @@ class Explanation:
         fused_b, fused_t = v["fused"].bytes, v["fused"].seconds(gpu)
         for other in ("compile", "unfused"):
             ob, ot = v[other].bytes, v[other].seconds(gpu)
-            lines.append(f"  fused vs {other}: {_mb(ob - fused_b)} MB less HBM traffic ({1 - fused_b / ob:.0%}), "
-                         f"{(ot - fused_t) * 1e6:,.1f} us less time ({1 - fused_t / ot:.0%}), "
-                         f"{len(v['fused'].kernels)} launches instead of {len(v[other].kernels)}")
+            lines.append(f"  fused vs {other}: {_mb(abs(ob - fused_b))} MB {'less' if ob >= fused_b else 'more'} "
+                         f"HBM traffic ({abs(1 - fused_b / ob):.0%}), a {abs(ot - fused_t) * 1e6:,.1f} us "
+                         f"{'lower' if ot >= fused_t else 'higher'} time bound ({abs(1 - fused_t / ot):.0%}), "
+                         + launches(len(v["fused"].kernels), len(v[other].kernels)))
         lines += ["", "kernels"]
         for n in VARIANTS:
             for k in v[n].kernels:

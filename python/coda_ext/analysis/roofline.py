@@ -15,7 +15,7 @@ import math
 @dataclasses.dataclass(frozen=True)
 class GPU:
     """Ceilings of one GPU. 'Achievable' rates are what a large bf16 GEMM and a device-to-device copy
-    reach in practice (shared/reference/anchors.md), not the datasheet peaks."""
+    reach in practice (docs/design.md, "The bars"), not the datasheet peaks."""
 
     name: str
     peak_tflops: float       # dense bf16/fp16 tensor-core peak (datasheet)

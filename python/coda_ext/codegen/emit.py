@@ -4,7 +4,7 @@ The source only instantiates project templates (csrc/kernels, csrc/epilogues): o
 per visitor node, the fusion type (a tree of Sm90EVT or one Sm90TopologicalVisitor), a
 function building the fusion arguments bottom-up (one typed variable per subtree) from a
 CodaLaunch, and the reduction list. All text comes from kernel.cu.tmpl and the small
-tables below.
+tables below; the C++ name of each node kind comes from the registry (graph/kinds.py).
 """
 from __future__ import annotations
 
@@ -14,21 +14,15 @@ import string
 
 from ..config import KernelConfig
 from ..graph import ir
+from ..graph.kinds import KINDS
 from .oob import reduction_needs_bounds_check
 from .plan import Op, Plan, plan
 
 _TEMPLATE = string.Template((pathlib.Path(__file__).parent / "kernel.cu.tmpl").read_text())
 
 CPP_TYPES = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t", "float32": "float"}
-FUNCTORS = {
-    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min", "fma": "Fma",
-    "neg": "Neg", "abs": "Abs", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "rsqrt": "Rsqrt",
-    "square": "Square", "tanh": "Tanh", "sigmoid": "Sigmoid", "silu": "Silu", "relu": "Relu",
-    "gelu_tanh": "GeluTanh", "gelu_erf": "GeluErf", "keep_first": "KeepFirst",
-    "eq": "Eq", "ne": "Ne", "lt": "Lt", "le": "Le", "gt": "Gt", "ge": "Ge", "where": "Where",
-    "turns": "Turns", "cos_turns": "CosTurns", "sin_turns": "SinTurns", "pair_swap": "PairSwap",
-    "rotate_pairs": "RotatePairs",
-}
+#: The functor of every element-wise kind (emitted as Compute<Cfg, functor>).
+FUNCTORS = {k.name: k.cpp for k in KINDS.values() if "compute" in k.flags}
 #: Integer vectors reach the kernel as int32 (CUTLASS's broadcast partitioning takes 32-bit or
 #: narrower elements; the runtime narrows int64 vectors, whose values are exact in fp32 only
 #: below 2**24 anyway).
@@ -50,48 +44,36 @@ def float_literal(x: float) -> str:
 
 
 def node_alias(node: ir.Node, check_oob: bool = True) -> str:
-    """The wrapper type (nodes.hpp) implementing one IR node."""
+    """The wrapper type (nodes.hpp) implementing one IR node: its kind's C++ name (kinds.py) with the
+    template arguments its attributes give."""
     k = node.kind
+    kind = KINDS.get(k)
+    if kind is None or kind.cpp is None:
+        raise NotImplementedError(f"emit: no visitor for node kind {k!r}")
+    c = kind.cpp
+    if "compute" in kind.flags:
+        return f"Compute<Cfg, {c}>"
     no_check = "" if check_oob else ", /*CheckOOB=*/false"
     t = {**CPP_TYPES, **CPP_TYPES_INT}.get(node.attr("dtype") or "", "")
-    if k == "accumulator":
-        return "Accumulator"
-    if k == "col_index":
-        return "ColIndex"
+    if k in ("accumulator", "col_index"):
+        return c
     if k == "scalar":
-        return "Scalar<Cfg>"
-    if k == "row_vector":
-        return f"RowVector<Cfg, {t}>"
-    if k == "col_vector":
-        return f"ColVector<Cfg, {t}>"
-    if k == "tile":
-        return f"TileLoad<Cfg, {t}>"
-    if k == "pair_tile":   # (M, 2N) 16-bit pairs read as (M, N) 32-bit elements
-        return "TileLoad<Cfg, float>"
-    if k == "pair_store":
-        return "TileStore<Cfg, float>"
+        return f"{c}<Cfg>"
+    if k in ("row_vector", "col_vector", "tile", "store", "cast", "pack"):
+        return f"{c}<Cfg, {t}>"
+    if k in ("pair_tile", "pair_store"):   # (M, 2N) 16-bit pairs moved as (M, N) 32-bit elements
+        return f"{c}<Cfg, float>"
     if k == "unpack":
-        return f"Unpack<Cfg, {t}, {node.attr('half')}>"
-    if k == "pack":
-        return f"Pack<Cfg, {t}>"
-    if k == "store":
-        return f"TileStore<Cfg, {t}>"
-    if k == "cast":
-        return f"Cast<Cfg, {t}>"
-    if k in FUNCTORS:
-        return f"Compute<Cfg, {FUNCTORS[k]}>"
+        return f"{c}<Cfg, {t}, {node.attr('half')}>"
     if k == "segment_reduce":
-        return f"SegmentReduce<Cfg, {REDUCE_RULES[node.attr('op')]}, {node.attr('size')}>"
+        return f"{c}<Cfg, {REDUCE_RULES[node.attr('op')]}, {node.attr('size')}>"
     if k == "row_reduce" and node.attr("op") == "logsumexp":
         return f"RowLogSumExp<Cfg{no_check}>"
-    if k == "row_reduce":
-        return f"RowReduce<Cfg, {REDUCE_RULES[node.attr('op')]}{no_check}>"
-    if k == "col_reduce":
-        return f"ColReduce<Cfg, {REDUCE_RULES[node.attr('op')]}{no_check}>"
+    if k in ("row_reduce", "col_reduce"):
+        return f"{c}<Cfg, {REDUCE_RULES[node.attr('op')]}{no_check}>"
     if k == "pair_gated_store":
-        act = FUNCTORS[node.attr("act")]
-        return f"PairGatedStore<Cfg, {t}, scalar::{act}>"
-    raise NotImplementedError(f"emit: no visitor for node kind {k!r}")
+        return f"{c}<Cfg, {t}, scalar::{FUNCTORS[node.attr('act')]}>"
+    raise NotImplementedError(f"emit: no template arguments for node kind {k!r} (codegen/emit.py node_alias)")
 
 
 def node_arguments(alias: str, node: ir.Node, slot: dict[int, int], reduction: dict[int, int], index: int) -> str:

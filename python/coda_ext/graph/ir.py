@@ -11,63 +11,46 @@ import dataclasses
 import hashlib
 from typing import Any
 
-# --- node kinds -------------------------------------------------------------------------
+from .kinds import DTYPES, INT_DTYPES, KINDS, with_flag  # noqa: F401  (DTYPES, INT_DTYPES: ir's names)
+
+# --- node kinds: derived from the registry (kinds.py), in its order ----------------------------
 
 #: Leaves: the GEMM accumulator and the runtime inputs of the epilogue.
-LEAF_KINDS = ("accumulator", "scalar", "row_vector", "col_vector", "tile", "col_index", "pair_tile")
-#: Element-wise math, by arity.
-UNARY_KINDS = (
-    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "silu", "relu",
-    "gelu_tanh", "gelu_erf", "cast", "cos_turns", "sin_turns",
-    "pair_swap",  # full width: y[:, 2i] = x[:, 2i+1], y[:, 2i+1] = x[:, 2i] (RoPE's partner column)
-    "unpack",     # one element (attr half: 0 even, 1 odd column) of each pair of a pair_tile
-)
+LEAF_KINDS = tuple(k.name for k in KINDS.values() if k.arity == 0)
+_MATH = [k for k in KINDS.values() if not k.flags & {"sink", "pair", "segment", "packed", "lowered"}]
+#: Element-wise math, by arity (pair_swap and rotate_pairs are full width; unpack reads a pair_tile).
+UNARY_KINDS = tuple(k.name for k in _MATH if k.arity == 1)
 #: Comparisons give 1.0 where true and 0.0 where false.
-COMPARE_KINDS = ("eq", "ne", "lt", "le", "gt", "ge")
-#: rotate_pairs(x, t): each adjacent pair (x[2i], x[2i+1]) rotated by 2π·t[2i] (RoPE), full width.
-BINARY_KINDS = ("add", "sub", "mul", "div", "max", "min", "rotate_pairs") + COMPARE_KINDS
-TERNARY_KINDS = ("fma", "where", "turns")
+COMPARE_KINDS = with_flag("compare")
+BINARY_KINDS = tuple(k.name for k in _MATH if k.arity == 2)
+TERNARY_KINDS = tuple(k.name for k in _MATH if k.arity == 3)
 #: Packed pairs: a pair_tile input (M, 2N) is read as N pairs per row (a 32-bit container of two
 #: 16-bit elements keeps the tile N wide); unpack gives either element, pack(a, b) makes the
 #: pairs a pair_store writes as (M, 2N), columns interleaved (a, b). Packed values feed only
 #: unpack (pair_tile) or pair_store (pack).
-PACKED_KINDS = ("pair_tile", "pack")
-COMMUTATIVE_KINDS = ("add", "mul", "max", "min", "eq", "ne")
+PACKED_KINDS = with_flag("packed")
+COMMUTATIVE_KINDS = with_flag("commutative")
 #: Values that read a whole segment of their row (every column of it must be in the same
 #: epilogue subtile): segment_reduce(x; size, op) broadcasts each segment's reduction back.
-SEGMENT_KINDS = ("segment_reduce",)
+SEGMENT_KINDS = with_flag("segment")
 #: Project visitor nodes: pairwise ops on adjacent columns (2i, 2i+1) -> half width.
-PAIR_KINDS = ("pair_gate",)
+PAIR_KINDS = with_flag("pair", without="lowered")
 #: Sinks: the main output D, aux stores and reductions. They produce no value.
-SINK_KINDS = ("output", "store", "row_reduce", "col_reduce", "pair_store")
+SINK_KINDS = with_flag("sink", without="lowered")
 #: Kinds introduced by lowering passes (never built by users).
-LOWERED_KINDS = ("pair_gated_store", "keep_first")
-
-ARITY = {
-    **{k: 0 for k in LEAF_KINDS},
-    **{k: 1 for k in UNARY_KINDS},
-    **{k: 2 for k in BINARY_KINDS},
-    **{k: 3 for k in TERNARY_KINDS},
-    "pack": 2,
-    **{k: 1 for k in PAIR_KINDS},
-    **{k: 1 for k in SEGMENT_KINDS},
-    **{k: 1 for k in SINK_KINDS},
-    "pair_gated_store": 1,
-}
-
+LOWERED_KINDS = with_flag("lowered")
+#: Inputs of every kind of fixed arity (keep_first takes any number).
+ARITY = {k.name: k.arity for k in KINDS.values() if k.arity is not None}
 #: Inputs supplied by the caller at run time (they get launch slots).
-INPUT_KINDS = ("row_vector", "col_vector", "tile", "pair_tile")
+INPUT_KINDS = with_flag("input")
+_SINKS = frozenset(with_flag("sink"))
+
 #: Reduction ops a row/col reduction supports (logsumexp: row reductions only; a segment
 #: reduction takes sum, max or sumsq).
 REDUCE_OPS = ("sum", "max", "sumsq", "logsumexp")
 ROW_ONLY_REDUCE_OPS = ("logsumexp",)
 #: Gate activations of pair_gate.
 PAIR_ACTIVATIONS = ("silu", "sigmoid", "relu", "gelu_tanh", "gelu_erf")
-#: Element types a stored or loaded tensor may have (names as in torch).
-DTYPES = ("bfloat16", "float16", "float32")
-#: Integer element types a row or column vector may have (targets, positions); the epilogue
-#: converts them to fp32, exact below 2**24.
-INT_DTYPES = ("int32", "int64")
 #: Scalar modes: a value fixed at compile time, a runtime float, or a device pointer.
 SCALAR_MODES = ("constant", "value", "pointer")
 
@@ -111,7 +94,7 @@ class Node:
 
     @property
     def is_sink(self) -> bool:
-        return self.kind in SINK_KINDS or self.kind == "pair_gated_store"
+        return self.kind in _SINKS
 
     def describe(self, index: int | None = None) -> str:
         where = f"node {index} " if index is not None else ""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..errors import GraphError
 from . import ir
+from .kinds import DTYPE_RULES, KINDS
 
 MAX_SLOTS = 32        # CODA_MAX_SLOTS in csrc/include/coda/abi.h
 MAX_REDUCTIONS = 8    # kMaxReductions in csrc/kernels/epilogue_gemm.cuh
@@ -11,14 +12,14 @@ MAX_REDUCTIONS = 8    # kMaxReductions in csrc/kernels/epilogue_gemm.cuh
 def verify(graph: ir.GraphIR) -> ir.GraphIR:
     """Returns `graph` unchanged if it is a valid epilogue graph; raises GraphError otherwise."""
     nodes = graph.nodes
-    known = set(ir.ARITY) | {"keep_first"}
     names: dict[str, int] = {}
     for i, n in enumerate(nodes):
         where = n.describe(i)
-        if n.kind not in known:
+        kind = KINDS.get(n.kind)
+        if kind is None:
             raise GraphError(f"{where}: unknown node kind {n.kind!r}")
-        if n.kind != "keep_first" and len(n.inputs) != ir.ARITY[n.kind]:
-            raise GraphError(f"{where}: takes {ir.ARITY[n.kind]} inputs, got {len(n.inputs)}")
+        if kind.arity is not None and len(n.inputs) != kind.arity:
+            raise GraphError(f"{where}: takes {kind.arity} inputs, got {len(n.inputs)}")
         for j in n.inputs:
             if not isinstance(j, int) or j < 0 or j >= len(nodes):
                 raise GraphError(f"{where}: input {j!r} is not a node of this graph")
@@ -79,14 +80,9 @@ def _check_attrs(n: ir.Node, where: str) -> None:
             raise GraphError(f"{where}: a constant scalar needs a float value")
         if mode != "constant" and not n.name:
             raise GraphError(f"{where}: a runtime scalar needs a name")
-    if n.kind in ("row_vector", "col_vector") and n.attr("dtype") not in (None,) + ir.DTYPES + ir.INT_DTYPES:
-        raise GraphError(f"{where}: dtype {n.attr('dtype')!r} is not one of {ir.DTYPES + ir.INT_DTYPES}")
-    if n.kind in ("tile", "store") and n.attr("dtype") not in (None,) + ir.DTYPES:
-        raise GraphError(f"{where}: dtype {n.attr('dtype')!r} is not one of {ir.DTYPES}")
+    _check_dtype(n, where)
     if n.kind in ir.INPUT_KINDS + ir.SINK_KINDS and not n.name:
         raise GraphError(f"{where}: needs a name")
-    if n.kind == "cast" and n.attr("dtype") not in ir.DTYPES:
-        raise GraphError(f"{where}: cast needs a dtype in {ir.DTYPES}")
     if n.kind in ("row_reduce", "col_reduce") and n.attr("op") not in ir.REDUCE_OPS:
         raise GraphError(f"{where}: reduction op {n.attr('op')!r} is not supported; use one of {ir.REDUCE_OPS}")
     if n.kind == "col_reduce" and n.attr("op") in ir.ROW_ONLY_REDUCE_OPS:
@@ -95,12 +91,22 @@ def _check_attrs(n: ir.Node, where: str) -> None:
         if n.attr("op") not in ("sum", "max", "sumsq") or n.attr("size") not in (32, 64, 128):
             raise GraphError(f"{where}: needs op in ('sum', 'max', 'sumsq') and size 32, 64 or 128, got "
                              f"op={n.attr('op')!r}, size={n.attr('size')!r}")
-    if n.kind in ("pair_tile", "pack", "pair_store") and n.attr("dtype") not in (None, "bfloat16", "float16"):
-        raise GraphError(f"{where}: pairs are 16-bit elements; dtype must be bfloat16 or float16, got {n.attr('dtype')!r}")
     if n.kind == "unpack" and n.attr("half") not in (0, 1):
         raise GraphError(f"{where}: unpack takes half 0 (even column) or 1 (odd column), got {n.attr('half')!r}")
     if n.kind in ir.PAIR_KINDS and n.attr("act") not in ir.PAIR_ACTIVATIONS:
         raise GraphError(f"{where}: activation {n.attr('act')!r} is not one of {ir.PAIR_ACTIVATIONS}")
+
+
+def _check_dtype(n: ir.Node, where: str) -> None:
+    """The node's dtype attribute against its kind's dtype rule (kinds.DTYPE_RULES)."""
+    rule, dtype = KINDS[n.kind].dtype, n.attr("dtype")
+    allowed = DTYPE_RULES[rule]
+    if rule == "cast" and dtype not in allowed:
+        raise GraphError(f"{where}: cast needs a dtype in {allowed}")
+    if rule == "pair16" and dtype not in (None,) + allowed:
+        raise GraphError(f"{where}: pairs are 16-bit elements; dtype must be bfloat16 or float16, got {dtype!r}")
+    if rule in ("float", "float_or_int") and dtype not in (None,) + allowed:
+        raise GraphError(f"{where}: dtype {dtype!r} is not one of {allowed}")
 
 
 def _check_packed(graph: ir.GraphIR, consumers: list[list[int]]) -> None:

@@ -58,14 +58,43 @@ def cached(source: KernelSource) -> bool:
     return nvcc.check_entry(entry_dir(cache_key(source.source))) is None
 
 
+#: The memory one nvcc of a kernel translation unit may take (CUTLASS's templates): parallel
+#: builds are capped at the available memory / this.
+NVCC_MEMORY_BYTES = 4 << 30
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (MemAvailable of /proc/meminfo, else sysconf); None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def default_jobs() -> int:
+    """Parallel nvcc processes: the CPU count, capped at the available memory / NVCC_MEMORY_BYTES."""
+    cpus = os.cpu_count() or 1
+    memory = available_memory()
+    return max(1, cpus if memory is None else min(cpus, memory // NVCC_MEMORY_BYTES))
+
+
 def build_kernels(items: Iterable[tuple[Any, Any, KernelConfig | None]], jobs: int | None = None) -> list[str]:
     """Builds (graph, dtype, config) kernels in parallel, one nvcc per translation unit (concrete
-    configs; coda_ext.prebuild also expands "auto"/"tune"). Returns the library paths in order."""
+    configs; coda_ext.prebuild also expands "auto"/"tune"); jobs defaults to default_jobs().
+    Returns the library paths in order."""
     sources = [kernel_source(g, d, c) for g, d, c in items]
-    jobs = jobs or max(1, min(len(sources), os.cpu_count() or 1))
+    jobs = max(1, min(len(sources), jobs or default_jobs()))
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(nvcc.build, ks.source, ks.label) for ks in sources]
         return [f.result() for f in futures]
 
 
-__all__ = ["KernelSource", "build_kernels", "cached", "emit_source", "kernel_source"]
+__all__ = ["NVCC_MEMORY_BYTES", "KernelSource", "available_memory", "build_kernels", "cached", "default_jobs",
+           "emit_source", "kernel_source"]

@@ -3,6 +3,9 @@
 An entry's meta.json records the sha256 of its kernel.so; a process checks it once per entry
 before using the library and rebuilds a truncated or altered one (with a one-line warning).
 The library is moved into place last, so a kernel.so always has its meta.json.
+
+While nvcc runs (a minute or more per kernel), stderr shows the elapsed time: one status line
+that updates every TTY_EVERY_S seconds on a terminal, else a line every LOG_EVERY_S seconds.
 """
 from __future__ import annotations
 
@@ -12,16 +15,89 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 import warnings
 
 from ..errors import CompileError
 from .cache import NVCC_FLAGS, cache_key, entry_dir, key_fields, locked, writing
-from .paths import include_dirs, nvcc_path
+from .paths import cache_root, include_dirs, nvcc_path
 
 LIBRARY = "kernel.so"
 META = "meta.json"
 _VERIFIED: set[str] = set()   # entries whose checksum matched in this process
+
+
+TTY_EVERY_S = 1.0    # a terminal: the status line is rewritten this often
+LOG_EVERY_S = 30.0   # not a terminal (a log, CI): one line this often
+
+
+class Progress:
+    """The elapsed time of every nvcc running in this process, on stderr, from one ticker thread
+    (parallel builds share one status line)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running: dict[int, tuple[str, float]] = {}   # token -> (label, start)
+        self._next = 0
+        self._ticker: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._shown = False   # a status line is on the terminal (to clear before other output)
+
+    def start(self, label: str) -> int:
+        with self._lock:
+            self._clear()
+            print(f"coda_ext: compiling {label} with nvcc …", file=sys.stderr, flush=True)
+            self._next += 1
+            self._running[self._next] = (label, time.monotonic())
+            if self._ticker is None:
+                self._ticker = threading.Thread(target=self._tick, name="coda_ext nvcc progress", daemon=True)
+                self._ticker.start()
+            return self._next
+
+    def stop(self, token: int, line: str | None = None) -> None:
+        """Ends `token`'s timing; prints `line` (on a line of its own) if given."""
+        with self._lock:
+            self._running.pop(token, None)
+            self._clear()
+            if line is not None:
+                print(line, file=sys.stderr, flush=True)
+            if not self._running:
+                self._wake.set()
+
+    def status(self, now: float) -> str:
+        """The status line: the kernel's label and seconds, or the count and the longest time."""
+        spans = sorted(((now - start, label) for label, start in self._running.values()), reverse=True)
+        if len(spans) == 1:
+            return f"coda_ext: compiling {spans[0][1]} … {spans[0][0]:.0f} s (nvcc)"
+        return f"coda_ext: compiling {len(spans)} kernels … {spans[0][0]:.0f} s (nvcc, longest)"
+
+    def _clear(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\x1b[K")
+            self._shown = False
+
+    def _tick(self) -> None:
+        while True:
+            tty = sys.stderr.isatty()
+            self._wake.wait(TTY_EVERY_S if tty else LOG_EVERY_S)
+            with self._lock:
+                self._wake.clear()
+                if not self._running:
+                    self._clear()
+                    sys.stderr.flush()
+                    self._ticker = None
+                    return
+                line = self.status(time.monotonic())
+                if tty:
+                    sys.stderr.write("\r\x1b[K" + line)
+                    self._shown = True
+                else:
+                    sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+
+
+PROGRESS = Progress()
 
 
 def build_command(source_path: str, output_path: str) -> list[str]:
@@ -59,6 +135,21 @@ def check_entry(entry: pathlib.Path) -> str | None:
     return None
 
 
+def measured_seconds(limit: int = 200) -> list[float]:
+    """nvcc seconds of up to `limit` kernels built into this cache (from their meta.json)."""
+    with writing():
+        metas = sorted((cache_root() / "kernels").glob(f"*/{META}"))[:limit]
+    seconds = []
+    for path in metas:
+        try:
+            value = json.loads(path.read_text()).get("compile_seconds")
+        except (OSError, ValueError):
+            continue
+        if isinstance(value, (int, float)) and value > 0:
+            seconds.append(float(value))
+    return seconds
+
+
 def build(source: str, label: str, quiet: bool = False) -> str:
     """Returns the path of the compiled library of `source`, compiling it on a cache miss."""
     key = cache_key(source)
@@ -81,14 +172,17 @@ def build(source: str, label: str, quiet: bool = False) -> str:
             src.write_text(source)
         tmp = entry / f"{LIBRARY}.tmp{os.getpid()}"
         cmd = build_command(str(src), str(tmp))
-        if not quiet:
-            print(f"coda_ext: compiling {label} …", file=sys.stderr, flush=True)
-        start = time.monotonic()
+        token = None if quiet else PROGRESS.start(label)
+        start, proc = time.monotonic(), None
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         except OSError as e:
             raise CompileError(f"cannot run nvcc ({cmd[0]}) for {label}: {e}", str(src)) from e
-        seconds = time.monotonic() - start
+        finally:
+            seconds = time.monotonic() - start
+            if token is not None:
+                done = proc is not None and proc.returncode == 0
+                PROGRESS.stop(token, f"coda_ext: compiled {label} in {seconds:.0f} s" if done else None)
         with writing():
             log.write_text(" ".join(cmd) + "\n\n" + proc.stdout + proc.stderr)
         if proc.returncode != 0:
@@ -102,6 +196,4 @@ def build(source: str, label: str, quiet: bool = False) -> str:
             os.replace(entry / f"{META}.tmp{os.getpid()}", entry / META)
             os.replace(tmp, lib)
         _VERIFIED.add(str(entry))
-        if not quiet:
-            print(f"coda_ext: compiling {label} …, done in {seconds:.0f} s", file=sys.stderr, flush=True)
         return str(lib)

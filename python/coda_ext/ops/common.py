@@ -11,6 +11,7 @@ import functools
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ..graph.builder import dtype_name  # noqa: F401  (the ops name their dtype with it)
 
@@ -48,10 +49,10 @@ def check_gradient_linear(op: str, a: torch.Tensor, a_name: str, w: torch.Tensor
     if w.dim() != 2 or a.dim() < 1 or a.shape[-1] != w.shape[dim]:
         raise ValueError(f"{op}: {a_name} (..., {w.shape[dim] if w.dim() == 2 else 'N'}) must match {w_name} "
                          f"(N, K) as torch.nn.Linear stores it, got {tuple(a.shape)} and {tuple(w.shape)}")
-    if a.device != w.device:
-        raise ValueError(f"{op}: {a_name} is on {a.device} and {w_name} on {w.device}; put them on one device")
     if not w.is_contiguous():
         raise ValueError(f"{op}: {w_name} must be contiguous (it is read in its stored layout); call .contiguous()")
+    if a.device != w.device:
+        raise ValueError(f"{op}: {a_name} is on {a.device} and {w_name} on {w.device}; put them on one device")
 
 
 def check_rows(op: str, name: str, t: Any, lead: tuple[int, ...], width: int | None, dtype: torch.dtype | None,
@@ -81,6 +82,14 @@ def check_vector(op: str, name: str, t: Any, length: int, device: torch.device,
         raise ValueError(f"{op}: {name} is on {t.device} but x is on {device}; move it with .to(x.device)")
 
 
+def readable(t: torch.Tensor) -> bool:
+    """Whether t's values can be read now: not while traced (torch.compile, fake tensors), on the meta
+    device, or in CUDA-graph capture."""
+    if torch.compiler.is_compiling() or is_fake(t) or t.device.type == "meta":
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def rows(x: torch.Tensor) -> torch.Tensor:
     """x (..., K) as (M, K)."""
     return x.reshape(-1, x.shape[-1])
@@ -94,6 +103,29 @@ def graph_op(build: Callable[..., Any], dtype: str, config: str, *args: Any, maj
     from ..runtime.api import compile
 
     return compile(build(*args), dtype, config, major=major)
+
+
+def check_gemm(name: str, build: Callable[..., Any], args: tuple, A: torch.Tensor, W: torch.Tensor,
+               inputs: dict[str, Any], major: str = "kk", operands: tuple[str, str] = ("x", "weight")) -> Any:
+    """The graph op of build(*args) for A's dtype ("auto" configs), after every check of its run(A, W, inputs)
+    but the device's (GraphOp.check_call), each message naming the ready op `name` (operands: what it calls A
+    and W). A custom op's fake calls this and its real implementation run_gemm: tracing, FakeTensorMode and
+    meta tensors refuse what a launch refuses, with the same message, and a CPU call names the mistake
+    before saying the op needs a GPU."""
+    try:
+        op = graph_op(build, dtype_name(A.dtype), "auto", *args, major=major)
+        op.check_call(A, W, inputs, {}, operands)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{name}: {e}") from None
+    return op
+
+
+def run_gemm(name: str, build: Callable[..., Any], args: tuple, A: torch.Tensor, W: torch.Tensor,
+             inputs: dict[str, Any], major: str = "kk", operands: tuple[str, str] = ("x", "weight")) -> Any:
+    """check_gemm, then the launch (GraphOp.launch: on a device other than an SM90 GPU, the error that says
+    so). Returns the graph's outputs."""
+    op = check_gemm(name, build, args, A, W, inputs, major, operands)
+    return op.launch(A, W, inputs, {}, A.shape[0], W.shape[0])
 
 
 def compiled_rows(fn: Callable, backend: Any = "inductor") -> Callable:

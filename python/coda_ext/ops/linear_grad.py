@@ -13,22 +13,14 @@ from typing import Optional
 
 import torch
 
-import coda_ext as ce
-
+from .. import graphs
 from . import common
 
 NAME = "linear_grad"
 
 
-def graph(residual: bool, scaled: bool = False) -> ce.Graph:
-    """[scale ·] acc (+ a tile): linear_residual, linear_dx and weight_grad (scaled, with accumulate) in
-    one graph family."""
-    g = ce.Graph()
-    acc = g.accumulator()
-    if scaled:
-        acc = acc * g.scalar("scale")
-    g.output(acc + g.tile("residual") if residual else acc)
-    return g
+#: The epilogue graph family of the three GEMMs (coda_ext.graphs): graph(residual, scaled=False).
+graph = graphs.linear
 
 
 def reference_linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -53,42 +45,52 @@ def reference_weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optiona
 reference = reference_linear_residual
 
 
-def _run(A, B, tile, major, scale=None):
-    op = common.graph_op(graph, common.dtype_name(A.dtype), "auto", tile is not None, scale is not None, major=major)
+#: (op name, operand layout, what it calls the GEMM's A and W) of each GEMM of the family
+_GEMMS = {"linear_residual": ("kk", ("x", "weight")), "linear_dx": ("kn", ("dz", "weight.t()")),
+          "weight_grad": ("mn", ("dz.t()", "x.t()"))}
+
+
+def _gemm(name, A, B, tile, scale=None):
+    """GEMM `name` of the family, as common.run_gemm and check_gemm take it."""
+    major, operands = _GEMMS[name]
     inputs = {} if tile is None else {"residual": tile}
     if scale is not None:
-        inputs["scale"] = float(scale)
-    return op.run(A, B, inputs, {}).out
+        inputs["scale"] = scale
+    return dict(name=name, build=graph, args=(tile is not None, scale is not None), A=A, W=B, inputs=inputs,
+                major=major, operands=operands)
 
 
 @torch.library.custom_op("coda_ext::linear_residual", mutates_args=())
 def _op_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    return _run(x, weight, residual, "kk")
+    return common.run_gemm(**_gemm("linear_residual", x, weight, residual)).out
 
 
 @_op_residual.register_fake
 def _fake_residual(x, weight, residual):
+    common.check_gemm(**_gemm("linear_residual", x, weight, residual))
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
 @torch.library.custom_op("coda_ext::linear_dx", mutates_args=())
 def _op_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return _run(dz, weight.t(), None, "kn")
+    return common.run_gemm(**_gemm("linear_dx", dz, weight.t(), None)).out
 
 
 @_op_dx.register_fake
 def _fake_dx(dz, weight):
+    common.check_gemm(**_gemm("linear_dx", dz, weight.t(), None))
     return dz.new_empty(dz.shape[0], weight.shape[1])
 
 
 @torch.library.custom_op("coda_ext::weight_grad", mutates_args=())
 def _op_wgrad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor],
               scale: Optional[float] = None) -> torch.Tensor:
-    return _run(dz.t(), x.t(), accumulate, "mn", scale)
+    return common.run_gemm(**_gemm("weight_grad", dz.t(), x.t(), accumulate, scale)).out
 
 
 @_op_wgrad.register_fake
 def _fake_wgrad(dz, x, accumulate, scale=None):
+    common.check_gemm(**_gemm("weight_grad", dz.t(), x.t(), accumulate, scale))
     return dz.new_empty(dz.shape[1], x.shape[1])
 
 
@@ -124,8 +126,6 @@ def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Te
     if dz.dim() < 1 or x.dim() < 1 or dz.shape[:-1] != x.shape[:-1]:
         raise ValueError(f"{op}: dz (..., N) and x (..., K) must have the same leading dimensions (one row per "
                          f"token), got {tuple(dz.shape)} and {tuple(x.shape)}")
-    if x.device != dz.device:
-        raise ValueError(f"{op}: dz is on {dz.device} and x on {x.device}; put them on one device")
     N, K = dz.shape[-1], x.shape[-1]
     if accumulate is not None:
         if not isinstance(accumulate, torch.Tensor) or tuple(accumulate.shape) != (N, K) \
@@ -137,6 +137,8 @@ def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Te
                          "call .contiguous()")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"{op}: scale must be a Python number, got {type(scale).__name__}")
+    if x.device != dz.device:
+        raise ValueError(f"{op}: dz is on {dz.device} and x on {x.device}; put them on one device")
     return torch.ops.coda_ext.weight_grad(dz2, x2, accumulate, None if scale is None else float(scale))
 
 

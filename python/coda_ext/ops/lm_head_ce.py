@@ -20,8 +20,7 @@ from typing import Optional
 
 import torch
 
-import coda_ext as ce
-
+from .. import graphs
 from . import common, linear_grad
 
 NAME = "lm_head_cross_entropy"
@@ -30,32 +29,10 @@ REDUCTIONS = ("none", "sum", "mean")
 CHUNK_BYTES = 256 * 2**20
 
 
-def graph(scaled: bool) -> ce.Graph:
-    g = ce.Graph()
-    logits = g.accumulator()
-    if scaled:
-        logits = logits * g.col_vector("rstd", "float32")
-    g.row_reduce("lse", logits, "logsumexp")
-    picked = ce.where(ce.eq(g.col_index(), g.col_vector("target", "int32")), logits, 0.0)
-    g.row_reduce("target_logit", picked, "sum")
-    return g
-
-
-def backward_graph(scaled: bool) -> ce.Graph:
-    """dlogits of one vocabulary chunk (columns offset: target is chunk-relative), times rstd."""
-    g = ce.Graph()
-    acc = g.accumulator()
-    rstd = g.col_vector("rstd", "float32") if scaled else None
-    logits = acc * rstd if scaled else acc
-    hit = ce.eq(g.col_index(), g.col_vector("target", "int32"))
-    dlogits = ce.exp(logits - g.col_vector("lse", "float32")) * g.col_vector("coef", "float32") \
-        - ce.where(hit, g.col_vector("g_target", "float32"), 0.0)
-    if scaled:
-        g.output(dlogits * rstd, name="dacc")
-        g.row_reduce("drstd", acc * dlogits, "sum")
-    else:
-        g.output(dlogits, name="dacc")
-    return g
+#: The op's epilogue graphs (coda_ext.graphs): graph(scaled) the forward, backward_graph(scaled) the
+#: dlogits of one vocabulary chunk.
+graph = graphs.lm_head_cross_entropy
+backward_graph = graphs.lm_head_cross_entropy_backward
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor] = None,
@@ -86,16 +63,34 @@ def finish(lse: torch.Tensor, target_logit: torch.Tensor, target: torch.Tensor, 
 @torch.library.custom_op("coda_ext::lm_head_cross_entropy", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor],
         ignore_index: int, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
-    op = common.graph_op(graph, common.dtype_name(x.dtype), "auto", rstd is not None)
+    r = common.run_gemm(NAME, **_gemm(x, weight, target, rstd, reduction))
+    return finish(r.lse, r.target_logit, target, ignore_index, reduction), r.lse
+
+
+def _gemm(x, weight, target, rstd, reduction):
+    """The op's GEMM, as common.run_gemm and check_gemm take it, once its other arguments are checked."""
+    _check_head(weight, target, reduction)
     inputs = {"target": target.to(torch.int32)}
     if rstd is not None:
         inputs["rstd"] = rstd
-    r = op.run(x, weight, inputs, {})
-    return finish(r.lse, r.target_logit, target, ignore_index, reduction), r.lse
+    return dict(build=graph, args=(rstd is not None,), A=x, W=weight, inputs=inputs)
+
+
+def _check_head(weight, target, reduction):
+    """What the op asks beyond its GEMM's inputs: a reduction it knows, integer targets, a vocabulary whose
+    column indices are exact in fp32."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"{NAME}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if target.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{NAME}: target has dtype {target.dtype}; use integer class indices (torch.int64)")
+    if weight.shape[0] >= 2**24:
+        raise ValueError(f"{NAME}: a vocabulary of {weight.shape[0]} is not supported (column indices are exact in "
+                         "fp32 below 2**24)")
 
 
 @_op.register_fake
 def _fake(x, weight, target, rstd, ignore_index, reduction):
+    common.check_gemm(NAME, **_gemm(x, weight, target, rstd, reduction))
     M = x.shape[0]
     loss = x.new_empty(M, dtype=torch.float32) if reduction == "none" else x.new_empty((), dtype=torch.float32)
     return loss, x.new_empty(M, dtype=torch.float32)
@@ -108,15 +103,9 @@ def lm_head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     per-token log-sum-exp (fp32, for the backward pass). x (..., d), weight (V, d), target (...) int32/int64
     with ignore_index for tokens that do not count; reduction 'none' (per token), 'sum' or 'mean'."""
     common.check_linear(NAME, x, weight)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"{NAME}: reduction must be one of {REDUCTIONS}, got {reduction!r}")
     lead = tuple(x.shape[:-1])
     common.check_rows(NAME, "target", target, lead, None, None, x.device)
-    if target.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{NAME}: target has dtype {target.dtype}; use integer class indices (torch.int64)")
-    if weight.shape[0] >= 2**24:
-        raise ValueError(f"{NAME}: a vocabulary of {weight.shape[0]} is not supported (column indices are exact in "
-                         "fp32 below 2**24)")
+    _check_head(weight, target, reduction)
     if rstd is not None:
         common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, x.device)
         rstd = rstd.reshape(-1)

@@ -16,24 +16,14 @@ from typing import Optional
 
 import torch
 
-import coda_ext as ce
-
+from .. import graphs
 from . import common
 
 NAME = "rms_norm_backward_linear"
 
 
-def graph(accumulate: bool) -> ce.Graph:
-    g = ce.Graph()
-    acc = g.accumulator()
-    rstd = g.col_vector("rstd", "float32")
-    gamma = g.row_vector("norm_weight")
-    xhat = g.tile("x") * rstd
-    dx = (acc * gamma - xhat * (g.col_vector("zdz", "float32") * g.scalar("inv_d"))) * rstd
-    g.output(g.tile("dx_in") + dx if accumulate else dx, name="dx")
-    g.store("n", xhat * gamma)
-    g.col_reduce("dgamma", acc * xhat, "sum")
-    return g
+#: The op's epilogue graph (coda_ext.graphs): graph(accumulate).
+graph = graphs.rms_norm_backward_linear
 
 
 def reference(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
@@ -53,16 +43,22 @@ def reference(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: tor
 @torch.library.custom_op("coda_ext::rms_norm_backward_linear", mutates_args=())
 def _op(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, norm_weight: torch.Tensor,
         zdz: torch.Tensor, dx_in: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    op = common.graph_op(graph, common.dtype_name(dz.dtype), "auto", dx_in is not None, major="kn")
+    r = common.run_gemm(NAME, **_gemm(dz, weight, x, rstd, norm_weight, zdz, dx_in))
+    return r.dx, r.n, r.dgamma
+
+
+def _gemm(dz, weight, x, rstd, norm_weight, zdz, dx_in):
+    """The op's GEMM (weight read as stored: a transposed view), as common.run_gemm and check_gemm take it."""
     inputs = {"x": x, "rstd": rstd, "norm_weight": norm_weight, "zdz": zdz, "inv_d": 1.0 / weight.shape[1]}
     if dx_in is not None:
         inputs["dx_in"] = dx_in
-    r = op.run(dz, weight.t(), inputs, {})
-    return r.dx, r.n, r.dgamma
+    return dict(build=graph, args=(dx_in is not None,), A=dz, W=weight.t(), inputs=inputs, major="kn",
+                operands=("dz", "weight.t()"))
 
 
 @_op.register_fake
 def _fake(dz, weight, x, rstd, norm_weight, zdz, dx_in):
+    common.check_gemm(NAME, **_gemm(dz, weight, x, rstd, norm_weight, zdz, dx_in))
     M, d = dz.shape[0], weight.shape[1]
     return dz.new_empty(M, d), dz.new_empty(M, d), dz.new_empty(d, dtype=torch.float32)
 

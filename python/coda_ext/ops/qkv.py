@@ -30,9 +30,8 @@ from typing import Optional
 
 import torch
 
-import coda_ext as ce
-
-from . import common
+from .. import graphs
+from . import common, rope_backward
 from .rope_backward import qkv_rope_backward
 
 NAME = "qkv_rope"
@@ -62,18 +61,8 @@ def rope_frequencies(head_dim: int, n_heads: int, n_kv_heads: int, theta: float 
     return torch.stack([hi, lo]).to(device)
 
 
-def graph(scaled: bool, qk_norm: bool, head_dim: int) -> ce.Graph:
-    g = ce.Graph()
-    z = g.accumulator()
-    if scaled:
-        z = z * g.col_vector("rstd", "float32")
-    if qk_norm:  # norm_b = γ on Q/K columns (0 on V), norm_a = 1 on V columns (0 on Q/K)
-        inv_rms = ce.rsqrt(ce.segment_reduce(z, head_dim, "sumsq") * (1.0 / head_dim) + g.scalar("eps"))
-        z = z * ce.fma(g.row_vector("norm_b", "float32"), inv_rms, g.row_vector("norm_a", "float32"))
-    t = ce.turns(g.col_vector("positions", "float32"), g.row_vector("freq_hi", "float32"),
-                 g.row_vector("freq_lo", "float32"))
-    g.output(ce.rotate_pairs(z, t), name="qkv")
-    return g
+#: The op's epilogue graph (coda_ext.graphs): graph(scaled, qk_norm, head_dim).
+graph = graphs.qkv_rope
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, n_heads: int, n_kv_heads: int,
@@ -105,19 +94,53 @@ def reference(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, n_
 def _op(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
         rstd: Optional[torch.Tensor], norm_a: Optional[torch.Tensor], norm_b: Optional[torch.Tensor],
         n_heads: int, n_kv_heads: int, eps: float) -> torch.Tensor:
-    qk_norm = norm_a is not None
-    head_dim = weight.shape[0] // (n_heads + 2 * n_kv_heads)
-    op = common.graph_op(graph, common.dtype_name(x.dtype), "auto", rstd is not None, qk_norm, head_dim)
-    inputs = {"positions": positions, "freq_hi": freqs[0], "freq_lo": freqs[1]}
+    return common.run_gemm(NAME, **_gemm(x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads,
+                                         eps)).qkv
+
+
+def _gemm(x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads, eps):
+    """The op's GEMM, as common.run_gemm and check_gemm take it, once the head counts fit weight and freqs."""
+    head_dim = _head_dim(weight, n_heads, n_kv_heads)
+    _check_table(freqs, n_heads, n_kv_heads, head_dim)
+    freq_hi, freq_lo = freqs.unbind(0)
+    inputs = {"positions": positions, "freq_hi": freq_hi, "freq_lo": freq_lo}
     if rstd is not None:
         inputs["rstd"] = rstd
-    if qk_norm:
+    if norm_a is not None:
         inputs.update(norm_a=norm_a, norm_b=norm_b, eps=eps)
-    return op.run(x, weight, inputs, {}).qkv
+    return dict(build=graph, args=(rstd is not None, norm_a is not None, head_dim), A=x, W=weight, inputs=inputs)
+
+
+def _head_dim(weight: torch.Tensor, n_heads: int, n_kv_heads: int) -> int:
+    """The head_dim of a [W_q; W_k; W_v] weight of n_heads + 2·n_kv_heads heads: 64 or 128."""
+    n_cols = n_heads + 2 * n_kv_heads
+    if n_heads < 1 or n_kv_heads < 1 or weight.shape[0] % n_cols:
+        raise ValueError(f"{NAME}: weight has {weight.shape[0]} rows, not a multiple of n_heads + 2·n_kv_heads = "
+                         f"{n_cols} heads")
+    hd = int(weight.shape[0] // n_cols)
+    if hd not in (64, 128):
+        raise ValueError(f"{NAME}: head_dim {hd} is not supported; use 64 or 128")
+    return hd
+
+
+def _check_table(freqs: torch.Tensor, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
+    """freqs (2, N) fp32 laid out as rope_frequencies(head_dim, n_heads, n_kv_heads) lays it out: every Q and K
+    head with the first one's pair frequencies, 0 on V. Its values are read once per table and version (not
+    while traced, on meta tensors or in CUDA-graph capture: no values there): a table built for other head
+    counts or another head_dim has the right shape but rotates the wrong columns."""
+    N = (n_heads + 2 * n_kv_heads) * head_dim
+    if not isinstance(freqs, torch.Tensor) or tuple(freqs.shape) != (2, N) or freqs.dtype != torch.float32:
+        raise ValueError(f"{NAME}: freqs must be the (2, {N}) float32 table of "
+                         "coda_ext.ops.rope_frequencies(head_dim, n_heads, n_kv_heads, ...)")
+    if common.readable(freqs) and not rope_backward._one_head_table(freqs, n_heads + n_kv_heads, head_dim):
+        raise ValueError(f"{NAME}: freqs is not the table of rope_frequencies(head_dim={head_dim}, "
+                         f"n_heads={n_heads}, n_kv_heads={n_kv_heads}) (every Q and K head with the first head's "
+                         "pair frequencies, 0 on V): was it built for other head counts or another head_dim?")
 
 
 @_op.register_fake
 def _fake(x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads, eps):
+    common.check_gemm(NAME, **_gemm(x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads, eps))
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
@@ -180,20 +203,12 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, fre
     before RoPE and the rstd scaling of a fused RMSNorm. positions (...) integer or float (< 2**24);
     freqs from rope_frequencies(). Split the result with split_qkv."""
     common.check_linear(NAME, x, weight)
-    n_cols = n_heads + 2 * n_kv_heads
-    if n_heads < 1 or n_kv_heads < 1 or weight.shape[0] % n_cols:
-        raise ValueError(f"{NAME}: weight has {weight.shape[0]} rows, not a multiple of n_heads + 2·n_kv_heads = "
-                         f"{n_cols} heads")
-    hd = weight.shape[0] // n_cols
-    if hd not in (64, 128):
-        raise ValueError(f"{NAME}: head_dim {hd} is not supported; use 64 or 128")
+    hd = _head_dim(weight, n_heads, n_kv_heads)
     lead = tuple(x.shape[:-1])
     if not isinstance(positions, torch.Tensor):
         raise TypeError(f"{NAME}: positions must be a tensor of shape {lead}, got {type(positions).__name__}")
     common.check_rows(NAME, "positions", positions, lead, None, None, x.device)
-    if not isinstance(freqs, torch.Tensor) or tuple(freqs.shape) != (2, weight.shape[0]) or freqs.dtype != torch.float32:
-        raise ValueError(f"{NAME}: freqs must be the (2, {weight.shape[0]}) float32 table of "
-                         "coda_ext.ops.rope_frequencies(head_dim, n_heads, n_kv_heads, ...)")
+    _check_table(freqs, n_heads, n_kv_heads, hd)
     if freqs.device != x.device:
         raise ValueError(f"{NAME}: freqs is on {freqs.device} but x is on {x.device}; move it with .to(x.device)")
     if rstd is not None:
@@ -226,8 +241,11 @@ def qk_norm_vectors(q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, n_
 
 def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Views q (..., n_heads, hd), k and v (..., n_kv_heads, hd) of a qkv_rope result."""
-    hd = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
-    heads = qkv.unflatten(-1, (n_heads + 2 * n_kv_heads, hd))
+    n = n_heads + 2 * n_kv_heads
+    if n_heads < 1 or n_kv_heads < 1 or qkv.shape[-1] % n:
+        raise ValueError(f"split_qkv: the last dimension {qkv.shape[-1]} is not n_heads + 2·n_kv_heads = {n} heads")
+    hd = qkv.shape[-1] // n
+    heads = qkv.unflatten(-1, (n, hd))
     return heads.split([n_heads, n_kv_heads, n_kv_heads], dim=-2)
 
 

@@ -19,20 +19,14 @@ from __future__ import annotations
 
 import torch
 
-import coda_ext as ce
-
+from .. import graphs
 from . import common
 
 NAME = "linear_residual_norm"
 
 
-def graph() -> ce.Graph:
-    g = ce.Graph()
-    out = g.accumulator() + g.tile("residual")
-    g.output(out)
-    g.store("h", out * g.row_vector("norm_weight"))
-    g.row_reduce("sumsq", out, "sumsq")
-    return g
+#: The op's epilogue graph (coda_ext.graphs).
+graph = graphs.linear_residual_norm
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
@@ -47,14 +41,19 @@ def reference(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, nor
 @torch.library.custom_op("coda_ext::linear_residual_norm", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    op = common.graph_op(graph, common.dtype_name(x.dtype), "auto")
-    r = op.run(x, weight, {"residual": residual, "norm_weight": norm_weight}, {})
+    r = common.run_gemm(NAME, **_gemm(x, weight, residual, norm_weight))
     rstd = torch.rsqrt(r.sumsq / weight.shape[0] + eps)
     return r.out, r.h, rstd
 
 
+def _gemm(x, weight, residual, norm_weight):
+    """The op's GEMM, as common.run_gemm and check_gemm take it."""
+    return dict(build=graph, args=(), A=x, W=weight, inputs={"residual": residual, "norm_weight": norm_weight})
+
+
 @_op.register_fake
 def _fake(x, weight, residual, norm_weight, eps):
+    common.check_gemm(NAME, **_gemm(x, weight, residual, norm_weight))
     M, N = x.shape[0], weight.shape[0]
     return x.new_empty(M, N), x.new_empty(M, N), x.new_empty(M, dtype=torch.float32)
 

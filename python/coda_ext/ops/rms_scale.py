@@ -19,25 +19,19 @@ from typing import Optional
 
 import torch
 
-import coda_ext as ce
-
+from .. import graphs
 from . import common
 
 NAME = "rms_linear"
-ACTIVATIONS = {
-    None: lambda v: v, "silu": ce.silu, "relu": ce.relu,
-    "gelu": ce.gelu, "gelu_tanh": lambda v: ce.gelu(v, approximate="tanh"),
-}
+ACTIVATIONS = graphs.ACTIVATIONS
 _TORCH_ACT = {
     None: lambda v: v, "silu": torch.nn.functional.silu, "relu": torch.relu,
     "gelu": torch.nn.functional.gelu, "gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"),
 }
 
 
-def graph(activation: Optional[str]) -> ce.Graph:
-    g = ce.Graph()
-    g.output(ACTIVATIONS[activation](g.accumulator() * g.col_vector("rstd", "float32")))
-    return g
+#: The op's epilogue graph of an activation (coda_ext.graphs).
+graph = graphs.rms_linear
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, activation: Optional[str] = None):
@@ -47,12 +41,24 @@ def reference(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, activat
 
 @torch.library.custom_op("coda_ext::rms_linear", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, activation: str) -> torch.Tensor:
-    op = common.graph_op(graph, common.dtype_name(x.dtype), "auto", activation or None)
-    return op.run(x, weight, {"rstd": rstd}, {}).out
+    return common.run_gemm(NAME, **_gemm(x, weight, rstd, activation)).out
+
+
+def _gemm(x, weight, rstd, activation):
+    """The op's GEMM, as common.run_gemm and check_gemm take it."""
+    return dict(build=graph, args=(_activation(activation),), A=x, W=weight, inputs={"rstd": rstd})
+
+
+def _activation(activation: Optional[str]) -> Optional[str]:
+    """One of ACTIVATIONS (the custom op's "" is None)."""
+    if (activation or None) not in ACTIVATIONS:
+        raise ValueError(f"{NAME}: activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    return activation or None
 
 
 @_op.register_fake
 def _fake(x, weight, rstd, activation):
+    common.check_gemm(NAME, **_gemm(x, weight, rstd, activation))
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
@@ -102,8 +108,7 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 def rms_linear(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
                activation: Optional[str] = None) -> torch.Tensor:
     """act(rstd ⊙row (x @ weightᵀ)) in x's dtype. x (..., K), weight (N, K), rstd (...) fp32."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"{NAME}: activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    _activation(activation)
     common.check_linear(NAME, x, weight)
     lead = tuple(x.shape[:-1])
     common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, x.device)

@@ -21,22 +21,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-import coda_ext as ce
-
-from . import common
+from .. import graphs
+from . import common, layouts
 
 NAME = "linear_swiglu"
 
 
-def graph(scaled: bool, store_preact: bool) -> ce.Graph:
-    g = ce.Graph()
-    z = g.accumulator()
-    if scaled:
-        z = z * g.col_vector("rstd", "float32")
-    if store_preact:
-        g.output(z, name="z")
-    g.store("y", ce.swiglu_pairs(z))
-    return g
+#: The op's epilogue graph (coda_ext.graphs): graph(scaled, store_preact).
+graph = graphs.linear_swiglu
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor] = None):
@@ -47,9 +39,14 @@ def reference(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor
     return F.silu(z[..., 0::2]) * z[..., 1::2], z
 
 
+def _gemm(x, weight, rstd, store_preact):
+    """The op's GEMM, as common.run_gemm and check_gemm take it."""
+    return dict(build=graph, args=(rstd is not None, store_preact), A=x, W=weight,
+                inputs={} if rstd is None else {"rstd": rstd})
+
+
 def _run(x, weight, rstd, store_preact):
-    op = common.graph_op(graph, common.dtype_name(x.dtype), "auto", rstd is not None, store_preact)
-    return op.run(x, weight, {} if rstd is None else {"rstd": rstd}, {})
+    return common.run_gemm(NAME, **_gemm(x, weight, rstd, store_preact))
 
 
 @torch.library.custom_op("coda_ext::linear_swiglu", mutates_args=())
@@ -59,6 +56,7 @@ def _op(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor]) -> 
 
 @_op.register_fake
 def _fake(x, weight, rstd):
+    common.check_gemm(NAME, **_gemm(x, weight, rstd, False))
     return x.new_empty(x.shape[0], weight.shape[0] // 2)
 
 
@@ -70,6 +68,7 @@ def _op_train(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor
 
 @_op_train.register_fake
 def _fake_train(x, weight, rstd):
+    common.check_gemm(NAME, **_gemm(x, weight, rstd, True))
     M, N = x.shape[0], weight.shape[0]
     return x.new_empty(M, N // 2), x.new_empty(M, N)
 
@@ -129,6 +128,8 @@ _op_train.register_autograd(_backward_train, setup_context=_setup_context_train)
 
 
 def _check(x, weight, rstd):
+    """(lead, rstd as rows, the interleaved weight) of a checked call."""
+    weight = layouts.gate_up_weight(weight, NAME)
     common.check_linear(NAME, x, weight)
     if weight.shape[0] % 2:
         raise ValueError(f"{NAME}: weight has {weight.shape[0]} rows; gate/up rows come in interleaved pairs, so "
@@ -136,20 +137,24 @@ def _check(x, weight, rstd):
     lead = tuple(x.shape[:-1])
     if rstd is not None:
         common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, x.device)
-    return lead, None if rstd is None else rstd.reshape(-1)
+    return lead, None if rstd is None else rstd.reshape(-1), weight
 
 
-def linear_swiglu(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor] = None) -> torch.Tensor:
+def linear_swiglu(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                  rstd: Optional[torch.Tensor] = None) -> torch.Tensor:
     """y = silu(z[:, 0::2]) · z[:, 1::2] with z = [rstd ⊙row] x @ weightᵀ; only y (..., N/2) is written.
-    weight (N, K): rows interleaved gate, up (coda_ext.ops.interleave_gate_up)."""
-    lead, r = _check(x, weight, rstd)
+    weight: the pair (W_gate, W_up) of (F, K) weights as stored (interleaved once per weight version:
+    coda_ext.ops.layouts.gate_up_weight), or the (2F, K) weight with rows interleaved gate, up
+    (coda_ext.ops.interleave_gate_up; not torch.cat([W_gate, W_up]))."""
+    lead, r, weight = _check(x, weight, rstd)
     return torch.ops.coda_ext.linear_swiglu(common.rows(x), weight, r).reshape(*lead, weight.shape[0] // 2)
 
 
-def linear_swiglu_train(x: torch.Tensor, weight: torch.Tensor,
+def linear_swiglu_train(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
                         rstd: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, z): as linear_swiglu, and the pre-activation z (..., N) for the backward pass."""
-    lead, r = _check(x, weight, rstd)
+    """(y, z): as linear_swiglu, and the pre-activation z (..., 2F) for the backward pass (interleaved
+    gate, up columns, as swiglu_backward_linear reads it)."""
+    lead, r, weight = _check(x, weight, rstd)
     y, z = torch.ops.coda_ext.linear_swiglu_train(common.rows(x), weight, r)
     return y.reshape(*lead, weight.shape[0] // 2), z.reshape(*lead, weight.shape[0])
 

@@ -15,25 +15,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import coda_ext as ce
-
+from .. import graphs
 from . import common
 
 NAME = "swiglu_backward_linear"
 
 
-def graph() -> ce.Graph:
-    g = ce.Graph()
-    acc = g.accumulator()
-    gate, up = g.pair_tile("z")
-    sig = ce.sigmoid(gate)
-    silu = gate * sig
-    dg = acc * up * sig * (1.0 + gate * (1.0 - sig))
-    du = acc * silu
-    g.store_pairs("dz", dg, du)
-    g.store("y", silu * up)
-    g.row_reduce("zdz", gate * dg + up * du, "sum")
-    return g
+#: The op's epilogue graph (coda_ext.graphs).
+graph = graphs.swiglu_backward_linear
 
 
 def reference(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor):
@@ -49,13 +38,18 @@ def reference(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor):
 
 @torch.library.custom_op("coda_ext::swiglu_backward_linear", mutates_args=())
 def _op(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    op = common.graph_op(graph, common.dtype_name(dy.dtype), "auto", major="kn")
-    r = op.run(dy, weight.t(), {"z": z}, {})
+    r = common.run_gemm(NAME, **_gemm(dy, weight, z))
     return r.dz, r.y, r.zdz
+
+
+def _gemm(dy, weight, z):
+    """The op's GEMM (weight read as stored: a transposed view), as common.run_gemm and check_gemm take it."""
+    return dict(build=graph, args=(), A=dy, W=weight.t(), inputs={"z": z}, major="kn", operands=("dy", "weight.t()"))
 
 
 @_op.register_fake
 def _fake(dy, weight, z):
+    common.check_gemm(NAME, **_gemm(dy, weight, z))
     M, F_ = dy.shape[0], weight.shape[1]
     return dy.new_empty(M, 2 * F_), dy.new_empty(M, F_), dy.new_empty(M, dtype=torch.float32)
 

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 from ..graph import ir
-
-_HAS_DTYPE = ir.INPUT_KINDS + ("store", "pack", "pair_store")
+from ..graph.kinds import KINDS, OP_DEFAULT_RULES
 
 
 def resolve_dtypes(graph: ir.GraphIR, dtype: str) -> ir.GraphIR:
-    """Also gives each unpack the element dtype of the pair_tile it reads (the kernel needs it)."""
+    """Each kind's dtype rule (graph/kinds.py) says which nodes take the op's dtype; each unpack
+    takes the element dtype of the pair_tile it reads (the kernel needs it)."""
     nodes: list[ir.Node] = []
     for n in graph.nodes:
-        want = nodes[n.inputs[0]].attr("dtype") if n.kind == "unpack" else dtype
-        if (n.kind in _HAS_DTYPE or n.kind == "unpack") and n.attr("dtype") is None:
+        rule = KINDS[n.kind].dtype
+        want = nodes[n.inputs[0]].attr("dtype") if rule == "input" else dtype
+        if (rule in OP_DEFAULT_RULES or rule == "input") and n.attr("dtype") is None:
             attrs = dict(n.attrs)
             attrs["dtype"] = want
             n = ir.Node(n.kind, n.inputs, ir.make_attrs(**attrs))

@@ -1,14 +1,35 @@
-"""Call-time checks of a compiled op's arguments. Every failure names the argument and the
-fix, and happens before anything reaches a kernel: no CUDA fault from a bad input."""
+"""Call-time checks of a compiled op's arguments. Every failure names the argument and the fix, and
+happens before anything reaches a kernel: no CUDA fault from a bad input.
+
+Order: what the graph's signature asks (coda_ext.graph.signature: names, types, dtypes, shapes), then
+what the kernel needs of the memory (strides, 16-byte alignment), then that the tensors share one
+device, and last that the device is an SM90 GPU (require_gpu): a mistake is reported as itself on any
+device. Fake and meta tensors (torch.compile tracing, FakeTensorMode) go through the same checks
+but those of data pointers, which they do not have.
+"""
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ..errors import UnsupportedError
+from ..graph import signature
 
 _ALIGN = 16  # bytes: TMA base addresses and leading strides; vector loads of broadcasts
+
+
+def has_data(t: torch.Tensor) -> bool:
+    """False for meta and fake tensors: no data pointer to check."""
+    return t.device.type != "meta" and not is_fake(t)
+
+
+def require_gpu(A: torch.Tensor) -> None:
+    """The last check: the operands are on an SM90 GPU."""
+    if not A.is_cuda:
+        raise ValueError(f"A is on {A.device}; coda_ext kernels run on a CUDA device: move A and W with .cuda()")
+    require_sm90(A.device)
 
 
 def require_sm90(device: torch.device) -> None:
@@ -22,23 +43,21 @@ def require_sm90(device: torch.device) -> None:
                                "(H100/H200). Use coda_ext.interpret(...) instead")
 
 
+def check_device(name: str, t: torch.Tensor, device: torch.device | None) -> None:
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} is on {t.device} but the GEMM operands are on {device}; move it with "
+                         f".to({str(device)!r})")
+
+
 def check_tensor(name: str, t: Any, *, dtype: torch.dtype, device: torch.device | None,
                  shape: tuple[int, ...], row_align: int = _ALIGN) -> torch.Tensor:
-    """Type, device, dtype, shape, unit inner stride, 16-byte aligned base, rows `row_align`-byte aligned."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if device is not None and t.device != device:
-        raise ValueError(f"{name} is on {t.device} but the GEMM operands are on {device}; move it with .to({str(device)!r})")
-    if t.dtype != dtype:
-        raise TypeError(f"{name} has dtype {t.dtype}, expected {dtype}; convert it with .to({dtype})")
-    if t.dim() != len(shape):
-        raise ValueError(f"{name} must have {len(shape)} dimension(s) {shape}, got shape {tuple(t.shape)}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    """Type, dtype, shape (the signature's rules), unit inner stride, 16-byte aligned base, rows
+    `row_align`-byte aligned, and on `device` (None: any)."""
+    signature.check_input(name, t, dtype, shape)
     if t.numel() > 0 and t.stride(-1) != 1:
         raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}; "
                          "call .contiguous()")
-    if t.data_ptr() % _ALIGN:
+    if has_data(t) and t.data_ptr() % _ALIGN:
         raise ValueError(f"{name}'s data pointer is not {_ALIGN}-byte aligned; pass a fresh or .clone()d tensor")
     if t.dim() == 2:
         if t.stride(0) < t.shape[1]:
@@ -48,73 +67,58 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype, device: torch.device 
             raise ValueError(f"{name}'s rows are {t.stride(0) * t.element_size()} bytes apart; they must be a "
                              f"multiple of {row_align} bytes (pad the last dimension to a multiple of "
                              f"{max(1, row_align // t.element_size())})")
+    check_device(name, t, device)
     return t
 
 
-def check_operands(A: Any, W: Any, dtype: torch.dtype, has_d: bool = True, major: str = "kk") -> tuple[int, int, int]:
-    """A (M, K) and W (N, K) on one SM90 GPU, each contiguous along the dimension `major` names
-    (config.MAJORS: "k" for A or W, "m" for A, "n" for W). Returns (M, N, K). has_d: the kernel
-    writes D (its rows must be 16-byte aligned for the TMA store)."""
-    for name, t in (("A", A), ("W", W)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
-    if not A.is_cuda:
-        raise ValueError(f"A is on {A.device}; coda_ext kernels run on a CUDA device: move A and W with .cuda()")
-    M, K = A.shape
-    N = W.shape[0]
-    if W.shape[1] != K:
-        raise ValueError(f"A is (M, K) = {tuple(A.shape)} but W is {tuple(W.shape)}: W must be (N, K) with the "
-                         "same K, as torch.nn.Linear stores it")
+def check_operands(A: Any, W: Any, dtype: torch.dtype, has_d: bool = True, major: str = "kk",
+                   names: tuple[str, str] = ("A", "W")) -> tuple[int, int, int]:
+    """A (M, K) and W (N, K), each contiguous along the dimension `major` names (config.MAJORS: "k" for
+    A or W, "m" for A, "n" for W), W on A's device. Returns (M, N, K). has_d: the kernel writes D (its
+    rows must be 16-byte aligned for the TMA store). names: how the caller calls A and W. Not checked
+    here: that A's device is an SM90 GPU (require_gpu, last)."""
+    M, N, K = signature.check_operands(A, W, names)
     if M < 1 or N < 1 or K < 1:
         raise ValueError(f"empty problem: M={M}, N={N}, K={K}; every dimension must be at least 1")
     if max(M, N, K) >= 2**31:
         raise ValueError(f"M, N and K must be < 2**31, got {(M, N, K)}")
-    for name, t, rows, m in (("A", A, "M", major[0]), ("W", W, "N", major[1])):
+    for name, t, rows, m in ((names[0], A, "M", major[0]), (names[1], W, "N", major[1])):
         if m == "k":
             check_tensor(name, t, dtype=dtype, device=A.device, shape=tuple(t.shape))
         else:
             _check_transposed(name, t, dtype, A.device, rows)
     esize = A.element_size()
     if has_d and (N * esize) % _ALIGN:
-        raise ValueError(f"N = {N} (W.shape[0]) gives output rows of {N * esize} bytes; N must be a multiple of "
-                         f"{_ALIGN // esize} for the TMA store of D")
-    require_sm90(A.device)
+        raise ValueError(f"N = {N} ({names[1]}.shape[0]) gives output rows of {N * esize} bytes; N must be a "
+                         f"multiple of {_ALIGN // esize} for the TMA store of D")
     return M, N, K
 
 
 def _check_transposed(name: str, t: torch.Tensor, dtype: torch.dtype, device: torch.device, rows: str) -> None:
     """An operand read with its first dimension contiguous: a transposed view such as x.t()."""
     what = f"{name} ({rows}, K) = {tuple(t.shape)}"
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but A is on {device}; put the operands on one device")
-    if t.dtype != dtype:
-        raise TypeError(f"{name} has dtype {t.dtype}, expected {dtype}; convert it with .to({dtype})")
+    signature.check_dtype(name, t, dtype)
     per16 = _ALIGN // t.element_size()
     if t.stride(0) != 1 or t.stride(1) < t.shape[0]:
         raise ValueError(f"{what} must be contiguous along {rows} (a transposed view such as x.t(), strides (1, ld) "
                          f"with ld >= {t.shape[0]}), got strides {t.stride()}; this op reads {name} in that layout")
-    if t.shape[0] % per16 or t.stride(1) % per16 or t.data_ptr() % _ALIGN:
+    if t.shape[0] % per16 or t.stride(1) % per16 or (has_data(t) and t.data_ptr() % _ALIGN):
         raise ValueError(f"{what} is read along {rows}: {rows} and the stride of K must be multiples of {per16} "
                          f"elements and the data 16-byte aligned (got {rows} = {t.shape[0]}, strides {t.stride()}); "
                          "pad the contiguous dimension")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but A is on {device}; put the operands on one device")
 
 
 def check_scalar_value(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{name} is a runtime scalar and must be a Python int or float, got {type(v).__name__}")
+    signature.check_scalar(name, v, pointer=False)
     return float(v)
 
 
 def check_scalar_pointer(name: str, t: Any, device: torch.device) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} is a device-pointer scalar and must be a one-element torch.Tensor, "
-                        f"got {type(t).__name__}")
+    signature.check_scalar(name, t, pointer=True)
     if t.device != device:
         raise ValueError(f"{name} is on {t.device}; it must be on {device}")
-    if t.dtype != torch.float32 or t.numel() != 1:
-        raise TypeError(f"{name} must be a one-element float32 tensor, got {t.dtype} with {t.numel()} elements")
     return t
 
 

@@ -1,11 +1,12 @@
 """The call interface every graph op shares (CompiledOp, TunedOp): argument names, output
-shapes, leading batch dimensions, and the torch custom op the call goes through.
+shapes, leading batch dimensions, the checks of a call, and the torch custom op it goes through.
 
     out = op(A, W, bias=b, residual=r)     # A (..., K) as F.linear takes it; W (N, K)
 
 Without `out=`, a call is the custom op `coda_ext::run_graph` (torch_op.py): opaque to Dynamo,
 with a fake implementation, so `torch.compile(fullgraph=True)` and CUDA-graph capture work.
-With `out=` (preallocated outputs) it launches directly (eager only).
+With `out=` (preallocated outputs) it launches directly (eager only). Either way check_call
+validates every argument first; the fake runs it too, so tracing refuses what a launch would.
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from typing import Any
 
 import torch
 
-from ..graph import ir
+from ..graph import ir, signature
 from ..graph.interpret import Outputs, torch_dtype
+from . import checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +32,9 @@ class Slot:
 
 
 class GraphOp:
-    """Names, shapes and the public call of an op compiled from one lowered graph."""
+    """Names, shapes, checks and the public call of an op compiled from one lowered graph."""
+
+    major = "kk"  # the operand layout (coda_ext.config.MAJORS)
 
     def _init_interface(self, lowered: ir.GraphIR, dtype: str, key: str) -> None:
         from .torch_op import register
@@ -47,10 +51,15 @@ class GraphOp:
         main = (self.output_name,) if self.output_name else ()
         self.output_names = main + tuple(
             s.name for s in self.slots if s.kind not in ir.INPUT_KINDS and s.kind != "scalar")
-        self.pairs = any(lowered.find(k) for k in ("pair_gated_store", "pair_swap", "rotate_pairs"))
-        sizes = {lowered[i].attr("size") for i in lowered.find("segment_reduce")}
-        self.segment = sizes.pop() if sizes else None
+        self.pairs, self.segment = signature.columns(lowered)
         self.key = register(key, self)
+
+    def _slot(self, name: str) -> Slot | None:
+        return next((s for s in self.slots if s.name == name), None)
+
+    def _kind(self, name: str) -> str | None:
+        """The node kind of input or output `name` (the main output's is "output")."""
+        return "output" if name == self.output_name else getattr(self._slot(name), "kind", None)
 
     # --- shapes ---------------------------------------------------------------------------
 
@@ -58,7 +67,7 @@ class GraphOp:
         """(shape, dtype) of output `name` for an (M, N) problem (M may be symbolic)."""
         if name == self.output_name:
             return (M, N), self.dtype
-        s = next(s for s in self.slots if s.name == name)
+        s = self._slot(name)
         if s.kind == "store":
             return (M, N), torch_dtype(s.dtype)
         if s.kind == "pair_gated_store":
@@ -70,32 +79,59 @@ class GraphOp:
         return (N,), torch.float32  # col_reduce
 
     def input_shape(self, name: str, M: Any, N: Any) -> tuple[Any, ...] | None:
-        s = next(s for s in self.slots if s.name == name)
-        return {"tile": (M, N), "pair_tile": (M, 2 * N), "row_vector": (N,), "col_vector": (M,)}.get(s.kind)
+        return signature.input_shape(self._slot(name).kind, M, N)
 
-    # --- the call -------------------------------------------------------------------------
+    def _row_align(self, name: str) -> int:
+        """TMA-stored outputs need 16-byte rows; the half-width pair store writes single elements."""
+        s = self._slot(name)
+        return torch_dtype(s.dtype).itemsize if s is not None and s.kind == "pair_gated_store" else 16
+
+    # --- the checks -------------------------------------------------------------------------
 
     def check_names(self, inputs: dict[str, Any], out: dict[str, Any]) -> None:
-        missing = [n for n in self.input_names if n not in inputs]
-        extra = sorted(set(inputs) - set(self.input_names))
-        if missing:
-            raise TypeError(f"missing input(s) {missing}; this op takes {list(self.input_names)}")
-        if extra:
-            raise TypeError(f"unexpected input(s) {extra}; this op takes {list(self.input_names)}")
+        signature.check_names(inputs, self.input_names)
         unknown = sorted(set(out) - set(self.output_names))
         if unknown:
             raise TypeError(f"out= names unknown output(s) {unknown}; outputs are {list(self.output_names)}")
 
-    def __call__(self, A: torch.Tensor, W: torch.Tensor, *, out: dict[str, torch.Tensor] | None = None,
+    def check_call(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any],
+                   operands: tuple[str, str] = ("A", "W")) -> tuple[int, int, int]:
+        """Every check of run(A, W, inputs, out) but the last two (outputs overlapping, an SM90 GPU):
+        names, A and W, then each input and given output (type, dtype, shape, strides, alignment,
+        A's device). Fake and meta tensors get the same checks (no data pointers). operands: what the
+        caller calls A and W. Returns (M, N, K)."""
+        self.check_names(inputs, out)
+        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None, major=self.major,
+                                        names=operands)
+        signature.check_columns(N, self.pairs, self.segment)
+        device = A.device
+        for s in self.slots:
+            if s.kind == "scalar" and s.mode == "value":
+                checks.check_scalar_value(s.name, inputs[s.name])
+            elif s.kind == "scalar":
+                checks.check_scalar_pointer(s.name, inputs[s.name], device)
+            elif s.kind in ir.INPUT_KINDS:
+                checks.check_tensor(s.name, inputs[s.name], dtype=torch_dtype(s.dtype), device=device,
+                                    shape=self.input_shape(s.name, M, N))
+        for name, t in out.items():
+            shape, dtype = self.output_spec(name, M, N)
+            checks.check_tensor(f"out[{name!r}]", t, dtype=dtype, device=device, shape=shape,
+                                row_align=self._row_align(name))
+        return M, N, K
+
+    # --- the call -------------------------------------------------------------------------
+
+    def __call__(self, A: torch.Tensor, W: torch.Tensor, *args: Any, out: dict[str, torch.Tensor] | None = None,
                  **inputs: Any) -> Outputs:
+        signature.by_name(args, self.input_names)
         out = dict(out or {})
         self.check_names(inputs, out)
         if not isinstance(A, torch.Tensor) or not isinstance(W, torch.Tensor):
-            raise TypeError(f"A and W must be torch.Tensors, got {type(A).__name__} and {type(W).__name__}")
+            signature.check_operands(A, W)
         lead = tuple(A.shape[:-1]) if A.dim() >= 1 else ()
         if A.dim() > 2:  # (B, S, K) as F.linear takes it: rows are tokens
             A = A.reshape(-1, A.shape[-1])
-            inputs = {k: self._flatten(k, v, len(lead)) for k, v in inputs.items()}
+            inputs = {k: signature.flatten_input(self._kind(k), v) for k, v in inputs.items()}
             out = {k: self._flatten_out(k, v, len(lead)) for k, v in out.items()}
         if out:
             result = self.run(A, W, inputs, out)
@@ -103,16 +139,17 @@ class GraphOp:
             tensors, scalars = [], []
             for n in self.input_names:
                 v = inputs[n]
-                if self._takes_tensor(n) and not isinstance(v, torch.Tensor):
-                    what = "is a device-pointer scalar and must be a one-element torch.Tensor" \
-                        if next(s for s in self.slots if s.name == n).mode == "pointer" else "must be a torch.Tensor"
-                    raise TypeError(f"{n} {what}, got {type(v).__name__}")
+                s = self._slot(n)
+                if s.kind == "scalar":
+                    signature.check_scalar(n, v, pointer=s.mode == "pointer")
+                elif not isinstance(v, torch.Tensor):
+                    raise TypeError(f"{n} must be a torch.Tensor, got {type(v).__name__}")
                 tensors.append(v if isinstance(v, torch.Tensor) else None)
-                scalars.append(0.0 if isinstance(v, torch.Tensor) else _number(n, v))
+                scalars.append(0.0 if isinstance(v, torch.Tensor) else float(v))
             values = torch.ops.coda_ext.run_graph(self.key, A, W, tensors, scalars)
             result = Outputs(zip(self.output_names, values))
         if len(lead) > 1:
-            result = Outputs({k: self._unflatten(k, v, lead) for k, v in result.items()})
+            result = Outputs({k: signature.unflatten_output(self._kind(k), v, lead) for k, v in result.items()})
         return result
 
     def inputs_from_lists(self, tensors: list, scalars: list) -> dict[str, Any]:
@@ -120,45 +157,19 @@ class GraphOp:
         return {n: (t if t is not None else s) for n, t, s in zip(self.input_names, tensors, scalars)}
 
     def run(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor]) -> Outputs:
+        """Checks every argument (check_call), then launches. A is (M, K); `out` maps output names to given
+        tensors (the others are allocated)."""
+        M, N, _ = self.check_call(A, W, inputs, out)
+        return self.launch(A, W, inputs, out, M, N)
+
+    def launch(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor],
+               M: int, N: int) -> Outputs:
+        """run() after check_call: the checks of the launch itself (no output overlapping another tensor, an
+        SM90 GPU, last), then the kernel."""
         raise NotImplementedError
 
-    def _takes_tensor(self, name: str) -> bool:
-        """Tiles, vectors and device-pointer scalars are tensors; value scalars are numbers."""
-        s = next(s for s in self.slots if s.name == name)
-        return s.kind in ir.INPUT_KINDS or s.mode == "pointer"
-
-    # --- leading dimensions ---------------------------------------------------------------
-
-    def _row_input(self, name: str) -> bool:
-        s = next((s for s in self.slots if s.name == name), None)
-        return s is not None and s.kind in ("tile", "pair_tile", "col_vector")
-
-    def _flatten(self, name: str, v: Any, n_lead: int) -> Any:
-        if not (isinstance(v, torch.Tensor) and self._row_input(name) and v.dim() > 1):
-            return v
-        s = next(s for s in self.slots if s.name == name)
-        return v.reshape(-1, v.shape[-1]) if s.kind in ("tile", "pair_tile") else v.reshape(-1)
-
     def _flatten_out(self, name: str, v: Any, n_lead: int) -> Any:
-        if not isinstance(v, torch.Tensor):
+        """A given per-token output as the (M, X) or (M,) view the kernel writes."""
+        if not isinstance(v, torch.Tensor) or self._kind(name) not in signature.ROW_OUTPUTS + signature.VALUE_OUTPUTS:
             return v
-        per_row = name == self.output_name or any(
-            s.name == name and s.kind in ("store", "pair_gated_store", "pair_store", "row_reduce") for s in self.slots)
-        if not per_row:
-            return v
-        flat = v.view(-1, v.shape[-1]) if v.dim() > n_lead else v.view(-1)
-        return flat
-
-    def _unflatten(self, name: str, v: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
-        s = next((s for s in self.slots if s.name == name), None)
-        if name == self.output_name or (s is not None and s.kind in ("store", "pair_gated_store", "pair_store")):
-            return v.reshape(*lead, v.shape[-1])
-        if s is not None and s.kind == "row_reduce":
-            return v.reshape(lead)
-        return v
-
-
-def _number(name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise TypeError(f"{name} is a runtime scalar and must be a Python int or float, got {type(v).__name__}")
-    return float(v)
+        return v.view(-1, v.shape[-1]) if v.dim() > n_lead else v.view(-1)

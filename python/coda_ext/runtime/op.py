@@ -9,7 +9,7 @@ import torch
 from ..config import RASTER_ORDERS, KernelConfig
 from ..errors import LaunchError
 from ..graph import ir
-from ..graph.interpret import Outputs, torch_dtype
+from ..graph.interpret import Outputs
 from . import checks
 from .interface import GraphOp, Slot
 
@@ -37,6 +37,7 @@ class CompiledOp(GraphOp):
         self.config = config
         self.library_path = library
         self.source = source
+        self.major = config.major
         self._lib = ctypes.CDLL(library)
         self._run = ctypes.cast(self._lib.coda_run, ctypes.c_void_p).value
         self._workspace = ctypes.cast(self._lib.coda_workspace_size, ctypes.c_void_p).value
@@ -51,57 +52,40 @@ class CompiledOp(GraphOp):
 
         return load_binding().workspace_size(self._workspace, M, N, K)
 
-    def run(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor]) -> Outputs:
-        """Checks every argument, allocates the outputs not in `out`, launches. A is (M, K)."""
+    def launch(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor],
+               M: int, N: int) -> Outputs:
+        """After check_call: allocates the outputs not in `out`, checks that no output overlaps another
+        tensor and (last) that A is on an SM90 GPU, launches."""
         from ..jit.binding import load_binding
 
-        self.check_names(inputs, out)
-        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None,
-                                        major=self.config.major)
         device = A.device
-        if self.pairs and N % 2:
-            raise ValueError(f"this op pairs adjacent columns (2i, 2i+1), so N = {N} (W.shape[0]) must be even")
-        if self.segment and N % self.segment:
-            raise ValueError(f"this op reduces segments of {self.segment} columns, so N = {N} (W.shape[0]) must be "
-                             f"a multiple of {self.segment}")
-
         tensors: list[torch.Tensor | None] = []
         lds: list[int] = []
         values: list[float] = []
         checked_inputs: dict[str, torch.Tensor] = {"A": A, "W": W}
         outputs: dict[str, torch.Tensor] = {}
 
-        def output_tensor(name: str, row_align: int = 16) -> torch.Tensor:
+        def output_tensor(name: str) -> torch.Tensor:
             shape, dtype = self.output_spec(name, M, N)
-            if name in out:
-                t = checks.check_tensor(f"out[{name!r}]", out[name], dtype=dtype, device=device, shape=shape,
-                                        row_align=row_align)
-            else:
-                t = torch.empty(shape, dtype=dtype, device=device)
-            outputs[name] = t
+            outputs[name] = t = out[name] if name in out else torch.empty(shape, dtype=dtype, device=device)
             return t
 
         D = output_tensor(self.output_name) if self.output_name else None
         for s in self.slots:
             ld, value, t = 0, 0.0, None
-            if s.kind == "scalar":
-                if s.mode == "value":
-                    value = checks.check_scalar_value(s.name, inputs[s.name])
-                else:
-                    t = checks.check_scalar_pointer(s.name, inputs[s.name], device)
+            if s.kind == "scalar" and s.mode == "value":
+                value = float(inputs[s.name])
+            elif s.kind == "scalar":
+                t = inputs[s.name]
             elif s.kind in ir.INPUT_KINDS:
-                t = checks.check_tensor(s.name, inputs[s.name], dtype=torch_dtype(s.dtype), device=device,
-                                        shape=self.input_shape(s.name, M, N))
-                checked_inputs[s.name] = t
+                t = checked_inputs[s.name] = inputs[s.name]
                 if t.dtype == torch.int64:  # kernels read integer vectors as int32 (exact in fp32 below 2**24)
                     t = t.to(torch.int32)
                 if s.kind == "pair_tile":  # the kernel reads each 16-bit pair as one 32-bit element
                     t = t.view(torch.float32)
                 ld = t.stride(0) if s.kind in ("tile", "pair_tile") else 0
             else:
-                # TMA-stored tiles need 16-byte rows; the pair store writes single elements.
-                row_align = torch_dtype(s.dtype).itemsize if s.kind == "pair_gated_store" else 16
-                t = output_tensor(s.name, row_align)
+                t = output_tensor(s.name)
                 if s.kind == "pair_store":
                     t = t.view(torch.float32)
                 ld = t.stride(0) if t.dim() == 2 else 0
@@ -109,6 +93,7 @@ class CompiledOp(GraphOp):
             lds.append(ld)
             values.append(value)
         checks.check_no_overlap(outputs, checked_inputs)
+        checks.require_gpu(A)
 
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream(device).cuda_stream

@@ -3,8 +3,10 @@
 One generic op serves every compiled graph (as QuACK's gemm_epi does): its first argument is
 the key of a registered op (a string constant to Dynamo), the others are A, W and the graph's
 runtime inputs in slot order. The fake implementation gives every output's shape and dtype
-from the graph, so the op traces under torch.compile(fullgraph=True) without a graph break;
-the real one checks the inputs and launches (the kernel cache is touched only there).
+from the graph, so the op traces under torch.compile(fullgraph=True) without a graph break, after
+the same argument checks as the real one (GraphOp.check_call: a mistake is refused while tracing, and
+on meta tensors, with the message a launch gives); the real one checks and launches (the kernel
+cache is touched only there).
 """
 from __future__ import annotations
 
@@ -41,8 +43,7 @@ def run_graph(key: str, A: torch.Tensor, W: torch.Tensor, tensors: list[Optional
 @run_graph.register_fake
 def _run_graph_fake(key, A, W, tensors, scalars):
     op = lookup(key)
-    torch._check(A.dim() == 2 and W.dim() == 2, lambda: "coda_ext: A must be (M, K) and W (N, K)")
-    M, N = A.shape[0], W.shape[0]
+    M, N, _ = op.check_call(A, W, op.inputs_from_lists(tensors, scalars), {})  # what the real one would refuse
     outs = []
     for name in op.output_names:
         shape, dtype = op.output_spec(name, M, N)

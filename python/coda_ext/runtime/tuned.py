@@ -31,6 +31,7 @@ class TunedOp(GraphOp):
         first = self._first_source(graph, dtype)
         self.digest, self.dtype_name = first.graph.digest(), first.dtype
         self.epilogue = tuning.Epilogue.of(first.lowered)
+        self.candidates = tuple(c for c in self.candidates if tuning.fits(c, self.epilogue))
         self._ops: dict[str, Any] = {}
         self._chosen: dict[tuple, Any] = {}  # (M bucket, N, K, device) -> op, so a call reads no file
         layout = "" if major == "kk" else f"|{major}"
@@ -89,18 +90,21 @@ class TunedOp(GraphOp):
         tuning.remember(key, best.tag, timings)
         return best
 
-    def run(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any]) -> Outputs:
-        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None,
-                                        major=self.major)  # before any tuning
-        where = (tuning.m_bucket(M), N, K, A.device.index)
+    def launch(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any], M: int, N: int) -> Outputs:
+        """After check_call, and before any tuning: no given output overlapping another tensor, an SM90 GPU;
+        then the op of the config chosen for this shape launches."""
+        tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        checks.check_no_overlap(out, {"A": A, "W": W, **tensors})
+        checks.require_gpu(A)
+        where = (tuning.m_bucket(M), N, A.shape[1], A.device.index)
         op = self._chosen.get(where)
         if op is None:  # first call of this shape class in this process
             op = self._chosen[where] = self.op_for(self.choose(A, W, inputs, torch.cuda.get_device_name(A.device)))
-        return op.run(A, W, inputs, out)
+        return op.launch(A, W, inputs, out, M, N)
 
     def prebuild_items(self) -> list[tuple[Any, Any, KernelConfig]]:
         """What this op may compile: the heuristic's configs, or every candidate when tuning."""
-        configs = self.candidates if self.tune else tuning.HEURISTIC_CONFIGS
+        configs = self.candidates if self.tune else tuning.heuristic_configs(self.epilogue, self.major)
         return [(self.graph, self.dtype_name, self._laid_out(c)) for c in configs]
 
 

@@ -47,14 +47,18 @@ HEADER = "contract_generated.h"
 class LibKernel:
     """One libcoda kernel: a graph variant of a ready op."""
 
-    name: str                    # CODA_KERNELS stem: the kernel is <name>_<dtype>
-    enum: str                    # its coda::Op enumerator
+    name: str                    # its op in csrc/include/coda/op_list.h; the kernel is <name>_<dtype>
     module: str                  # the coda_ext.ops module whose graph(...) it compiles
     args: tuple[Any, ...]        # graph(*args)
     shape: tuple[int, int]       # (N, K) of the training shape its config is chosen for
     what: str                    # one line for the comments
     fusion: str | None = None    # a hand-written fusion of fusions.cuh instead of the emitted graph
     extra_slots: tuple[str, ...] = ()  # libcoda's own slots after the graph's (the fusion reads them)
+
+    @property
+    def enum(self) -> str:
+        """Its coda::Op enumerator: 'linear_residual_norm' -> 'kLinearResidualNorm' (op_list.h)."""
+        return _const(self.name)
 
     def graph(self) -> Any:
         from .. import ops
@@ -70,22 +74,22 @@ class LibKernel:
 #: (x · 1.0f is exact, so the result is the unscaled graph's). Without QK-norm the qkv graph does
 #: not depend on head_dim (one kernel serves 64 and 128).
 KERNELS: tuple[LibKernel, ...] = (
-    LibKernel("linear_residual_norm", "kLinearResidualNorm", "residual_norm", (), (4096, 14336),
+    LibKernel("linear_residual_norm", "residual_norm", (), (4096, 14336),
               "out = A·Bᵀ + residual, h = out ⊙ norm_weight, sumsq = Σ out² (Llama 3 8B down projection)"),
-    LibKernel("rms_linear", "kRmsLinear", "rms_scale", (None,), (14336, 4096),
+    LibKernel("rms_linear", "rms_scale", (None,), (14336, 4096),
               "act(rstd ⊙row A·Bᵀ), act chosen at run time (Llama 3 8B up projection)",
               fusion="RmsLinear", extra_slots=("activation",)),
-    LibKernel("linear_swiglu", "kLinearSwiglu", "swiglu", (True, False), (28672, 4096),
+    LibKernel("linear_swiglu", "swiglu", (True, False), (28672, 4096),
               "y = silu(z[:, 2i]) · z[:, 2i+1], z = rstd ⊙row A·Bᵀ, no z written (Llama 3 8B gate/up)"),
-    LibKernel("linear_swiglu_train", "kLinearSwigluTrain", "swiglu", (True, True), (28672, 4096),
+    LibKernel("linear_swiglu_train", "swiglu", (True, True), (28672, 4096),
               "z = rstd ⊙row A·Bᵀ written as D, and y = silu(z[:, 2i]) · z[:, 2i+1] (Llama 3 8B gate/up)"),
-    LibKernel("qkv_rope", "kQkvRope", "qkv", (True, False, 128), (6144, 4096),
+    LibKernel("qkv_rope", "qkv", (True, False, 128), (6144, 4096),
               "RoPE(rstd ⊙row A·Bᵀ) on Q and K, V passed through (Llama 3 8B QKV)"),
-    LibKernel("qkv_rope_qk_norm64", "kQkvRopeQkNorm64", "qkv", (True, True, 64), (3072, 2048),
+    LibKernel("qkv_rope_qk_norm64", "qkv", (True, True, 64), (3072, 2048),
               "per-head RMSNorm of Q and K (head_dim 64), then RoPE (Llama 3.2 1B-sized QKV)"),
-    LibKernel("qkv_rope_qk_norm128", "kQkvRopeQkNorm128", "qkv", (True, True, 128), (6144, 4096),
+    LibKernel("qkv_rope_qk_norm128", "qkv", (True, True, 128), (6144, 4096),
               "per-head RMSNorm of Q and K (head_dim 128), then RoPE (Llama 3 8B QKV)"),
-    LibKernel("lm_head_cross_entropy", "kLmHeadCrossEntropy", "lm_head_ce", (True,), (128256, 4096),
+    LibKernel("lm_head_cross_entropy", "lm_head_ce", (True,), (128256, 4096),
               "lse and the target logit of logits = rstd ⊙row A·Bᵀ, no logits written (Llama 3 LM head)"),
 )
 
@@ -95,7 +99,10 @@ def kernel_config(kernel: LibKernel) -> KernelConfig:
     """What the Python heuristic picks for the kernel's training shape (bf16 and fp16 alike)."""
     first = kernel_source(kernel.graph(), "bfloat16")
     N, K = kernel.shape
-    return tuning.for_every_m(tuning.heuristic(TRAINING_M, N, K, tuning.DEFAULT_SMS, tuning.Epilogue.of(first.lowered)))
+    # one config serves every M: not the 128x192 tiles, which pay only at M >= 4096 (1.06-1.13x cuBLAS
+    # at M = 1024 against 1.01-1.07x for the heuristic's other configs, sweep_192_h100.json)
+    epilogue = dataclasses.replace(tuning.Epilogue.of(first.lowered), tall_192=False)
+    return tuning.for_every_m(tuning.heuristic(TRAINING_M, N, K, tuning.DEFAULT_SMS, epilogue))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,145 @@
+"""What the benchmarks share: the environment record, interleaved timing with L2 flushes, ratios,
+peak memory, results files. Their inputs come from tests.helpers.rand (the tests' factories).
+
+Method (docs/design.md, "How speed is judged"): every variant runs in one process, interleaved, each call
+timed with CUDA events on inputs rotated between two sets; L2 is flushed before every timed call;
+figures are medians of per-round ratios to the bare cuBLAS GEMM of the same shape.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import time
+from typing import Any
+
+from coda_ext.jit import paths
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+
+
+def gpu_info() -> dict:
+    """The environment a result is recorded with: GPU, SMs, versions, commit, date, clocks."""
+    import torch
+
+    info = {
+        "gpu": torch.cuda.get_device_name(),
+        "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cutlass": paths.cutlass_version(),
+        "nvcc": paths.nvcc_version(),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    try:
+        q = "clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        info["nvidia_smi"] = {"query": q, "value": out}
+    except Exception as e:  # nvidia-smi missing: record why
+        info["nvidia_smi"] = f"unavailable: {e}"
+    return info
+
+
+def commit() -> str:
+    """The commit results are recorded against: $CODA_COMMIT (or $CODA_BENCH_COMMIT) where the tree was
+    copied to the machine without its git metadata (or with stale metadata), else `git rev-parse HEAD`."""
+    named = os.environ.get("CODA_COMMIT") or os.environ.get("CODA_BENCH_COMMIT")
+    if named:
+        return named
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE,
+                              timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def write_json(path: Any, doc: Any, **dumps: Any) -> pathlib.Path:
+    """Writes a results file (its folder made if missing), indented as every results file is."""
+    out = pathlib.Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, **dumps) + "\n")
+    return out
+
+
+#: GPU cycles of busy-waiting queued between the L2 flush and the start event (~1 ms), so the
+#: CPU has queued all kernels of the timed call before its start event fires: the events then
+#: time GPU work only, not Python, guard and launch overhead (which differs between variants and
+#: between host machines, and dominates at small shapes). 0.2 ms proved too short on a slow host
+#: for torch.compile and for ops that launch a finalize kernel after the GEMM.
+LEAD_CYCLES = 2_000_000
+
+
+def compile_for_one_shape(fn, max_autotune: bool = False, backend=None):
+    """torch.compile of `fn` for the calls of one shape: dynamo is reset first and shapes are
+    static. Dynamo counts recompilations per code object for the whole process, so one compiled
+    reference reused across shapes and graphs silently runs eagerly once the recompile limit
+    (8) is reached. `backend` replaces inductor (tests)."""
+    import torch
+
+    torch._dynamo.reset()
+    if backend is not None:
+        return torch.compile(fn, dynamic=False, backend=backend)
+    return torch.compile(fn, dynamic=False, mode="max-autotune" if max_autotune else None)
+
+
+def time_interleaved(variants: dict, reps: int, warmup: int = 5, flush_l2: bool = True) -> dict[str, list[float]]:
+    """{name: [ms per round]}: every round runs every variant once on rotated input sets, starting
+    at a different variant each round; L2 is flushed (256 MB written) before every timed call, so
+    no variant inherits another's cached operands (flush_l2=False: warm L2); a queued GPU wait
+    (LEAD_CYCLES) keeps host overhead out of the timed span."""
+    import torch
+
+    names = list(variants)
+    flush = torch.empty(256 * 2**20 if flush_l2 else 1, dtype=torch.int8, device="cuda")
+    times = {k: [] for k in names}
+    for r in range(warmup + reps):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            if flush_l2:
+                flush.zero_()
+            torch.cuda._sleep(LEAD_CYCLES)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            variants[name](r % 2)
+            end.record()
+            end.synchronize()
+            if r >= warmup:
+                times[name].append(start.elapsed_time(end))
+    return times
+
+
+def summarize(times: dict[str, list[float]], baseline: str) -> dict:
+    out = {}
+    for name, ts in times.items():
+        ratios = sorted(t / b for t, b in zip(ts, times[baseline]))
+        q = len(ratios) // 4
+        out[name] = {"median_ms": statistics.median(ts), "median_ratio_to_cublas": statistics.median(ratios),
+                     "ratio_iqr": [ratios[q], ratios[-q - 1]], "min_ms": min(ts)}
+    return out
+
+
+def peak_memory_gb(fn) -> tuple[float, float]:
+    """(peak, peak without what fn returns): GB allocated during fn(0) above what was allocated
+    before it (fn's result is a tensor or a tuple of tensors, e.g. the gradients a step returns)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn(0)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    returned = sum(t.numel() * t.element_size() for t in outs if isinstance(t, torch.Tensor))
+    del out, outs
+    return peak / 1e9, (peak - returned) / 1e9

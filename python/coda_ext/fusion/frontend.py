@@ -1,0 +1,211 @@
+"""The entry points: torch.compile(model, backend="coda") and fuse(model).
+
+Dynamo captures the model's graph; AOTAutograd traces its joint forward + backward graph and hands it
+to our partition_fn before splitting it: the passes, the partitioner and the lowering run on the
+joint graph, so a fusion decision sees both directions and the activations saved between them (an
+epilogue of a forward GEMM may compute, and save, what only the backward reads). AOTAutograd's
+default partition then splits the fused graph into forward and backward; the fused kernels are
+calls of coda_ext::fusion_kernel in either. An inference graph (nothing requires grad) is fused alone.
+
+What is not fused goes to the fallback compiler: "inductor" (torch.compile's default compiler; the
+fused kernels are extern calls to it) or "eager" (the FX graphs run op by op). "auto" takes Inductor
+when the inputs are on CUDA and eager elsewhere (on CPU the kernels run in the reference interpreter,
+for tests: Inductor would only add compile time there).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..errors import CodaError
+from . import fx_util, passes
+from .analyze import analyze
+from .cost import CostModel
+from .lowering import Lowered, lower
+from .partition import METHODS, partition
+from .report import FusionReport, GraphReport, graph_report
+
+FALLBACKS = ("auto", "inductor", "eager")
+REPORT_ENV = "CODA_FUSION_REPORT"
+
+
+@dataclasses.dataclass
+class Options:
+    """fallback: "auto", "inductor" or "eager" (see the module docstring).
+    target: "auto" ("cuda" for CUDA inputs, else "interpret"), "cuda" or "interpret": whose kernel
+        limits the partition respects (rules.py).
+    execute: "auto" (the compiled kernel on CUDA, the interpreter elsewhere) or "interpret".
+    method: "ilp" or "greedy"; time_limit: seconds for the ILP before the greedy fallback.
+    report: print each graph's report when it is compiled (also with CODA_FUSION_REPORT=1).
+    prebuild: build every kernel of a graph in parallel (coda_ext.prebuild) before it first runs."""
+
+    fallback: str = "auto"
+    target: str = "auto"
+    execute: str = "auto"
+    method: str = "ilp"
+    time_limit: float = 10.0
+    report: bool = False
+    prebuild: bool = True
+    cost: CostModel = dataclasses.field(default_factory=CostModel)
+
+    def __post_init__(self) -> None:
+        if self.fallback not in FALLBACKS:
+            raise ValueError(f"fallback must be one of {FALLBACKS}, got {self.fallback!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.target not in ("auto", "cuda", "interpret"):
+            raise ValueError(f"target must be 'auto', 'cuda' or 'interpret', got {self.target!r}")
+        if self.execute not in ("auto", "interpret"):
+            raise ValueError(f"execute must be 'auto' or 'interpret', got {self.execute!r}")
+
+
+def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str
+               ) -> tuple[fx.GraphModule, GraphReport, tuple[Lowered, ...]]:
+    """passes -> analysis -> partition -> lowering of one graph, and its report."""
+    if not all(fx_util.is_static(n) for n in gm.graph.nodes):
+        from .partition import Partition
+
+        an = analyze(fx_util.clone(gm), target)
+        empty = Partition((), {}, "none", "symbolic shapes: not fused", 0.0, 0.0)
+        rep = graph_report(name, an, empty, (), options.cost, predict=False)
+        rep.note = "the graph has symbolic shapes (a dynamic recompilation); it runs unfused"
+        return gm, rep, ()
+    g = passes.run(gm)
+    an = analyze(g, target)
+    part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit)
+    fused, lowered = lower(g, an, part, options.execute)
+    return fused, graph_report(name, an, part, lowered, options.cost), lowered
+
+
+def kernel_items(source: Any) -> list[tuple[Any, str, Any]]:
+    """(graph, dtype, KernelConfig) of every kernel config="auto" may launch for the fused epilogues of
+    `source` — a model returned by fuse(), a CodaBackend, or lowered epilogues — each distinct kernel
+    once: what coda_ext.prebuild builds in parallel (the backend does so itself on CUDA, before the
+    first step runs). 16-bit GEMMs only (fp32 ones run in the interpreter)."""
+    from ..runtime.tuned import TunedOp
+
+    if hasattr(source, "coda_backend"):
+        source = source.coda_backend
+    lowered = source.lowered if isinstance(source, CodaBackend) else source
+    items, seen = [], set()
+    for low in lowered:
+        if low.site is None or low.site.kernel_key in seen or low.site.dtype not in ("bfloat16", "float16"):
+            continue
+        seen.add(low.site.kernel_key)
+        items += TunedOp(low.site.graph, low.site.dtype, tune=False, major=low.site.major).prebuild_items()
+    return items
+
+
+def _eager(gm: fx.GraphModule, example_inputs: Any) -> Callable:
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    return make_boxed_func(gm.forward)
+
+
+def _inductor(gm: fx.GraphModule, example_inputs: Any) -> Callable:
+    """Inductor on a graph after fusion: its decompositions first (torch.compile applies them while
+    AOTAutograd traces; the fusion passes run on the undecomposed ops), then its inner compiler."""
+    import contextlib
+
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mode = detect_fake_mode(example_inputs)
+    with mode if mode is not None else contextlib.nullcontext():
+        decomposed = make_fx(gm, decomposition_table=select_decomp_table())(*example_inputs)
+    return compile_fx_inner(decomposed, example_inputs)
+
+
+class CodaBackend:
+    """A torch.compile backend: torch.compile(model, backend=CodaBackend(fallback="eager")). The registered
+    backend "coda" is CodaBackend() with the default options."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = Options(**options)
+        self.report = FusionReport()
+        self.lowered: list[Lowered] = []
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
+        from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._functorch.partitioners import default_partition
+
+        opts = self.options
+        if kwargs.get("options"):
+            opts = dataclasses.replace(opts, **kwargs["options"])
+        on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
+        target = opts.target if opts.target != "auto" else ("cuda" if on_cuda else "interpret")
+        fallback = opts.fallback if opts.fallback != "auto" else ("inductor" if on_cuda else "eager")
+        compile_fn = _inductor if fallback == "inductor" else _eager
+
+        def run(graph: fx.GraphModule, name: str) -> fx.GraphModule:
+            fused, rep, lowered = fuse_graph(graph, opts, target, f"{name} {len(self.report.graphs)}")
+            self.report.add(rep)
+            self.lowered += lowered
+            if opts.prebuild and target == "cuda" and opts.execute == "auto":
+                self._prebuild(lowered, rep)
+            if opts.report or os.environ.get(REPORT_ENV, "") not in ("", "0"):
+                print(rep)
+            return fused
+
+        def partition_fn(joint: fx.GraphModule, joint_inputs: Any, **kw: Any):
+            return default_partition(run(joint, "joint graph"), joint_inputs, **kw)
+
+        def inference(graph: fx.GraphModule, inputs: Any) -> Callable:
+            return compile_fn(run(graph, "inference graph"), inputs)
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_fn, bw_compiler=compile_fn,
+                                     partition_fn=partition_fn, inference_compiler=inference)
+
+    @staticmethod
+    def _prebuild(lowered: tuple[Lowered, ...], rep: GraphReport) -> None:
+        from ..runtime import prebuild
+
+        try:
+            items = kernel_items(lowered)
+            if items:
+                prebuild(items)
+        except CodaError as e:   # they build on first use instead (and say why there if they cannot)
+            rep.note = (rep.note + "; " if rep.note else "") + f"prebuild failed: {e}"
+
+
+def coda_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
+    """The backend registered as "coda": CodaBackend() with the default options."""
+    return CodaBackend()(gm, example_inputs, **kwargs)
+
+
+def fuse(model: Any, report: bool = False, **options: Any) -> Any:
+    """torch.compile(model, backend=CodaBackend(report=report, **options)), static shapes.
+
+    The model compiles on its first call; the compiled model's `coda_report` (a FusionReport, also
+    report_of(model)) then says what was fused, and with report=True each graph's report is printed
+    as it is compiled."""
+    backend = CodaBackend(report=report, **options)
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    compiled.coda_report = backend.report
+    compiled.coda_backend = backend
+    return compiled
+
+
+def report_of(compiled: Any) -> FusionReport:
+    """The FusionReport of a model returned by fuse()."""
+    try:
+        return compiled.coda_report
+    except AttributeError:
+        raise TypeError("report_of takes a model returned by coda_ext.fusion.fuse(model)") from None
+
+
+def register() -> None:
+    """Registers the "coda" backend with torch._dynamo (once; a torch_dynamo_backends entry point that
+    names coda_backend registers it itself)."""
+    from torch._dynamo.backends import registry
+
+    if "coda" in registry._COMPILER_FNS or registry._BACKENDS.get("coda") is not None:
+        return
+    registry.register_backend(coda_backend, name="coda")

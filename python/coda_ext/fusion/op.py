@@ -1,0 +1,142 @@
+"""The two torch custom ops the fusion compiler writes into FX graphs.
+
+coda_ext::fusion_gemm(a, w, major)    A @ Wᵀ with A (M, K) and W (N, K) read from the stored tensors a
+                                      and w in the operand layout `major` (coda_ext.config.MAJORS): the
+                                      form every GEMM takes once transposes are folded into layouts.
+coda_ext::fusion_kernel(spec, tensors) one fused GEMM + epilogue. `spec` is a self-contained JSON text
+                                      (the canonical coda_ext graph, the GEMM dtype and layout, the role
+                                      of each tensor and the shape and dtype of each result), so a graph
+                                      that holds the call needs nothing registered elsewhere; `tensors` are
+                                      [a, w, *inputs]. On CUDA it runs coda_ext.compile(graph, dtype,
+                                      config="auto", major=...); elsewhere (and with execute="interpret")
+                                      the reference interpreter of the same graph.
+
+Both have fake implementations (shapes and dtypes from their arguments or the spec), so they trace
+under AOTAutograd, Dynamo and Inductor (as extern kernels) like any ATen op.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any
+
+import torch
+
+from ..graph import interpret, ir
+from ..graph.canonical import as_ir
+
+SPEC_VERSION = 1
+#: Roles of a kernel's tensor inputs: an (M, N) tile, a length-N row vector, a length-M column
+#: vector, a one-element scalar.
+ROLES = ("tile", "row", "col", "scalar")
+EXECUTE = ("auto", "interpret")
+
+
+def operands(a: torch.Tensor, w: torch.Tensor, major: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (M, K) and W (N, K) as views of the stored a and w: major[0] 'k' takes a as stored, 'm' its
+    transpose; major[1] 'k' takes w as stored, 'n' its transpose."""
+    return (a if major[0] == "k" else a.t()), (w if major[1] == "k" else w.t())
+
+
+@torch.library.custom_op("coda_ext::fusion_gemm", mutates_args=())
+def fusion_gemm(a: torch.Tensor, w: torch.Tensor, major: str) -> torch.Tensor:
+    A, W = operands(a, w, major)
+    return A @ W.t()
+
+
+@fusion_gemm.register_fake
+def _fusion_gemm_fake(a: torch.Tensor, w: torch.Tensor, major: str) -> torch.Tensor:
+    A, W = operands(a, w, major)
+    return A.new_empty((A.shape[0], W.shape[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+    name: str                 # the graph output it comes from (several results may share one)
+    shape: tuple[int, ...]    # the FX node's shape
+    dtype: torch.dtype        # the FX node's dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """One fused kernel call: what the spec text of fusion_kernel holds."""
+
+    graph: ir.GraphIR
+    dtype: str
+    major: str
+    inputs: tuple[tuple[str, str], ...]     # (graph input name, role), in the order of the tensors after a, w
+    outputs: tuple[Output, ...]
+    execute: str = "auto"
+
+    def spec(self) -> str:
+        return json.dumps({
+            "v": SPEC_VERSION,
+            "graph": [[n.kind, list(n.inputs), [list(a) for a in n.attrs]] for n in self.graph.nodes],
+            "dtype": self.dtype, "major": self.major, "execute": self.execute,
+            "inputs": [list(i) for i in self.inputs],
+            "outputs": [[o.name, list(o.shape), str(o.dtype).replace("torch.", "")] for o in self.outputs],
+        }, separators=(",", ":"))
+
+    @property
+    def kernel_key(self) -> tuple[str, str, str]:
+        """Identical graphs at the same dtype and layout share one kernel."""
+        return self.graph.digest(), self.dtype, self.major
+
+
+@functools.cache
+def load_site(spec: str) -> Site:
+    d = json.loads(spec)
+    if d.get("v") != SPEC_VERSION:
+        raise ValueError(f"coda_ext::fusion_kernel: spec version {d.get('v')!r}, this coda_ext reads {SPEC_VERSION}")
+    nodes = tuple(ir.Node(k, tuple(i), tuple((a, v) for a, v in attrs)) for k, i, attrs in d["graph"])
+    return Site(as_ir(ir.GraphIR(nodes)), d["dtype"], d["major"], tuple(tuple(i) for i in d["inputs"]),
+                tuple(Output(n, tuple(s), getattr(torch, t)) for n, s, t in d["outputs"]), d["execute"])
+
+
+def _prepare(t: torch.Tensor, role: str, M: int, N: int) -> torch.Tensor:
+    """An input in the shape the graph takes it: (M, N), (N,), (M,) or a one-element fp32 tensor."""
+    if role == "scalar":
+        return t.reshape(1).to(torch.float32)
+    shape = {"tile": (M, N), "row": (N,), "col": (M,)}[role]
+    out = t.reshape(shape)
+    if role != "tile" and out.dtype == torch.bool:
+        out = out.to(torch.float32)
+    return out.contiguous()
+
+
+@functools.cache
+def _compiled(graph: ir.GraphIR, dtype: str, major: str) -> Any:
+    from ..runtime import compile as compile_graph
+
+    return compile_graph(graph, dtype, config="auto", major=major)
+
+
+def run_site(site: Site, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    A, W = operands(tensors[0], tensors[1], site.major)
+    M, N = A.shape[0], W.shape[0]
+    inputs = {name: _prepare(t, role, M, N) for (name, role), t in zip(site.inputs, tensors[2:])}
+    if site.execute == "interpret" or not A.is_cuda:
+        outs = interpret(site.graph, A, W, **inputs)
+    else:
+        outs = _compiled(site.graph, site.dtype, site.major)(A, W, **inputs)
+    results = []
+    taken = {x.untyped_storage().data_ptr() for x in tensors}   # a custom op's results alias nothing
+    for o in site.outputs:
+        t = outs[o.name].reshape(o.shape).to(o.dtype)
+        if t.untyped_storage().data_ptr() in taken:
+            t = t.clone()
+        taken.add(t.untyped_storage().data_ptr())
+        results.append(t)
+    return results
+
+
+@torch.library.custom_op("coda_ext::fusion_kernel", mutates_args=())
+def fusion_kernel(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return run_site(load_site(spec), tensors)
+
+
+@fusion_kernel.register_fake
+def _fusion_kernel_fake(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    site = load_site(spec)
+    return [tensors[0].new_empty(o.shape, dtype=o.dtype) for o in site.outputs]

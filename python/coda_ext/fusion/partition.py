@@ -1,0 +1,588 @@
+"""The partitioner: which memory-bound nodes join the epilogue of which GEMM.
+
+partition(pgraph, cost) is a pure function. Its integer linear program (scipy.optimize.milp, HiGHS):
+
+variables   x[v, g] = 1 when node v joins the epilogue of GEMM g (v a candidate of g, below);
+            e[u, v, g], w[u, g] in [0, 1]: the read of u by v, the write of u, kept on chip;
+            loads, stores: what the kernel reads and writes (its slots).
+objective   maximise the HBM bytes kept on chip (cost.gain): Σ bytes(u)·e[u, v, g] + Σ bytes(u)·w[u, g],
+            less cost.member_cost per node fused (prefer the smaller kernel on a tie).
+constraints each node in at most one epilogue; one GEMM anchors each epilogue (GEMMs are never members);
+            a member is connected to its epilogue (it reads the GEMM or a member, or a member reads it);
+            an operand an epilogue cannot load (a bool tile, say) must be a member; a reduction ends an
+            epilogue (no member reads a member reduction); a value that cannot be stored (bool) is read
+            only inside its epilogue, or reads nothing from it (then what reads it outside recomputes
+            it); at most MAX_SLOTS inputs + outputs and MAX_REDUCTIONS reductions per kernel; and the
+            fused kernels form an acyclic graph across forward and backward.
+
+Acyclicity. A candidate v of g is dropped up front when a node that cannot join g lies on a path from
+g to v (g's kernel would feed it and wait for it). The remaining cycles (through candidates left out,
+or between epilogues) are cut lazily: the program is solved, every cycle of the contracted graph
+(epilogues as nodes) gets a cut — not all of the memberships that close it, unless a node outside
+the epilogues on it joins one — and it is solved again, until the solution is acyclic.
+
+Candidates of g: element-wise math and reductions in g's frame (rows x columns) and in g's part of a
+joint graph (a forward GEMM never takes a node that depends on a tangent), reached from g through
+such math, plus the math producers of operands that cannot be loaded (comparisons feeding where).
+
+method="greedy" (or a program not solved within `time_limit` seconds) takes the GEMMs in order and adds
+each candidate whose addition keeps every rule, acyclicity included.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable
+
+import numpy as np
+
+from .cost import CostModel
+from .pgraph import PGraph
+from .rules import MAX_REDUCTIONS, MAX_SLOTS
+
+METHODS = ("ilp", "greedy")
+LOADED = ("tile", "row", "col", "scalar")
+#: Solves of the lazy cycle-cut loop before the greedy fallback takes over.
+MAX_SOLVES = 50
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    anchor: int
+    members: tuple[int, ...]   # in topological order
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    groups: tuple[Group, ...]                   # epilogues with at least one member
+    candidates: dict[int, tuple[int, ...]]      # every GEMM anchor -> its candidates
+    method: str                                 # "ilp", "greedy" or "none" (no candidates)
+    status: str
+    solve_s: float
+    objective: float
+
+    def group_of(self) -> dict[int, int]:
+        """member or anchor -> anchor."""
+        out = {}
+        for g in self.groups:
+            out[g.anchor] = g.anchor
+            out.update({m: g.anchor for m in g.members})
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    slots: int = MAX_SLOTS
+    reductions: int = MAX_REDUCTIONS
+
+
+# --- candidates ----------------------------------------------------------------------------------
+
+def descendants(pg: PGraph) -> list[int]:
+    """descendants(pg)[v]: the nodes reachable from v (v excluded), as a bit set."""
+    cons = pg.consumers()
+    desc = [0] * len(pg)
+    for v in range(len(pg) - 1, -1, -1):
+        bits = 0
+        for c in cons[v]:
+            bits |= (1 << c) | desc[c]
+        desc[v] = bits
+    return desc
+
+
+def _reads_inside(pg: PGraph, v: int, inside: set[int]) -> bool:
+    return any(u in inside for u in pg.sources(v))
+
+
+def _read_outside(pg: PGraph, v: int, members: set[int], cons: list[list[int]]) -> bool:
+    return pg[v].output or any(c not in members for c in cons[v])
+
+
+def candidates(pg: PGraph) -> dict[int, tuple[int, ...]]:
+    """Every GEMM anchor -> the nodes that may join its epilogue, in topological order."""
+    cons = pg.consumers()
+    desc = descendants(pg)
+    out: dict[int, tuple[int, ...]] = {}
+    for g in pg.anchors():
+
+        def fits(v: int, a=pg[g]) -> bool:
+            n = pg[v]
+            return n.op in ("math", "reduce") and n.frame == a.frame and n.backward == a.backward
+
+        cand: set[int] = set()
+        todo = [g]
+        while todo:                       # forward: math fed by the GEMM or by candidates
+            u = todo.pop()
+            for c in cons[u]:
+                if c not in cand and fits(c):
+                    cand.add(c)
+                    if pg[c].op == "math":
+                        todo.append(c)
+        todo = list(cand)
+        while todo:                       # backward: producers of operands that cannot be loaded
+            v = todo.pop()
+            for o in pg[v].operands:
+                if o.role is None and o.src is not None and o.src != g and o.src not in cand \
+                        and fits(o.src) and pg[o.src].op == "math":
+                    cand.add(o.src)
+                    todo.append(o.src)
+        changed = True
+        while changed:
+            changed = False
+            mask = sum(1 << v for v in cand)
+            # a node that cannot join, between g and a candidate: that candidate can never join
+            between = desc[g] & ~mask
+            blocked = 0
+            w = between
+            while w:
+                low = w & -w
+                blocked |= desc[low.bit_length() - 1]
+                w ^= low
+            for v in sorted(cand):
+                n = pg[v]
+                drop = (blocked >> v) & 1
+                for o in n.operands:      # operands it cannot load must be able to join
+                    if o.role is None and o.src is not None and o.src != g and \
+                            (o.src not in cand or pg[o.src].op == "reduce"):
+                        drop = True
+                if not n.storable and g in pg.sources(v) and _read_outside(pg, v, cand, cons):
+                    drop = True
+                if drop:
+                    cand.discard(v)
+                    changed = True
+        out[g] = tuple(sorted(cand))
+    return out
+
+
+# --- what a group keeps on chip, what it needs ---------------------------------------------------------
+
+def gain(pg: PGraph, cost: CostModel, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None) -> float:
+    """The objective of one epilogue: bytes kept on chip, less the member cost."""
+    cons = cons or pg.consumers()
+    members = set(members)
+    inside = members | {anchor}
+    total = 0.0
+    for v in members:
+        for u in pg.sources(v):
+            if u in inside and pg[u].op != "reduce":
+                total += cost.gain(pg[u].nbytes)
+    for u in inside:
+        n = pg[u]
+        if n.op != "reduce" and not n.output and cons[u] and all(c in members for c in cons[u]):
+            total += cost.gain(n.nbytes)
+    return total - cost.member_cost * len(members)
+
+
+def io(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None
+       ) -> tuple[list[tuple[int, str]], list[int], list[int]]:
+    """(loads as (node, role), stored values, reductions) of one epilogue. A value that cannot be stored
+    but is read outside is recomputed there, not stored."""
+    cons = cons or pg.consumers()
+    members = set(members)
+    inside = members | {anchor}
+    loads = list(dict.fromkeys((o.src, o.role) for v in sorted(members) for o in pg[v].operands
+                               if o.src is not None and o.src not in inside and o.role in LOADED))
+    stores = [u for u in sorted(inside) if pg[u].op != "reduce" and pg[u].storable
+              and _read_outside(pg, u, members, cons)]
+    reductions = [v for v in sorted(members) if pg[v].op == "reduce"]
+    return loads, stores, reductions
+
+
+def recomputed(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None) -> list[int]:
+    """Members that cannot be stored but are read outside: they run in the epilogue and outside it."""
+    cons = cons or pg.consumers()
+    members = set(members)
+    return [v for v in sorted(members) if not pg[v].storable and _read_outside(pg, v, members, cons)]
+
+
+def slots(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None) -> int:
+    loads, stores, reductions = io(pg, anchor, members, cons)
+    return len(loads) + len(stores) + len(reductions)
+
+
+def _units(pg: PGraph, groups: dict[int, Iterable[int]]) -> list[int]:
+    unit = list(range(len(pg)))
+    for g, members in groups.items():
+        for m in members:
+            unit[m] = g
+    return unit
+
+
+def cycles(pg: PGraph, groups: dict[int, Iterable[int]]) -> list[list[tuple[int, int, int]]]:
+    """One cycle per strongly connected part of the graph with every epilogue contracted to one node (its
+    kernel), each as [(unit, entered at, left from), ...]: empty when the kernels are acyclic."""
+    unit = _units(pg, groups)
+    succ: dict[int, dict[int, tuple[int, int]]] = {}
+    for v in range(len(pg)):
+        for u in pg.sources(v):
+            a, b = unit[u], unit[v]
+            if a != b:
+                succ.setdefault(a, {}).setdefault(b, (u, v))
+    out = []
+    for comp in _sccs(sorted(set(unit)), succ):
+        if len(comp) < 2:
+            continue
+        start = next((u for u in comp if u in groups), comp[0])
+        inside = set(comp)
+        parent: dict[int, int] = {}
+        queue, found = [start], None
+        while queue and found is None:
+            nxt = []
+            for a in queue:
+                for b in succ.get(a, {}):
+                    if b == start:
+                        found = a
+                        break
+                    if b in inside and b not in parent:
+                        parent[b] = a
+                        nxt.append(b)
+                if found is not None:
+                    break
+            queue = nxt
+        path = [found]
+        while path[-1] != start:
+            path.append(parent[path[-1]])
+        path.reverse()                                 # start -> ... -> found (-> start)
+        k = len(path)
+        out.append([(path[i], succ[path[i - 1]][path[i]][1], succ[path[i]][path[(i + 1) % k]][0])
+                    for i in range(k)])
+    return out
+
+
+def _sccs(nodes: list[int], succ: dict[int, dict[int, tuple[int, int]]]) -> list[list[int]]:
+    """Strongly connected components (Tarjan's, iterative)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    stack: list[int] = []
+    on: set[int] = set()
+    comps: list[list[int]] = []
+    counter = 0
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(succ.get(root, {})))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(succ.get(w, {}))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    comps.append(comp)
+    return comps
+
+
+def is_acyclic(pg: PGraph, groups: dict[int, Iterable[int]]) -> bool:
+    """Whether the graph with every epilogue contracted to one node (its kernel) has no cycle."""
+    return not cycles(pg, groups)
+
+
+def violations(pg: PGraph, groups: dict[int, Iterable[int]], limits: Limits = Limits()) -> list[str]:
+    """Every rule a set of epilogues breaks (empty: a valid partition)."""
+    cons = pg.consumers()
+    cands = candidates(pg)
+    out: list[str] = []
+    owner: dict[int, int] = {}
+    for g, members in groups.items():
+        members = set(members)
+        inside = members | {g}
+        if pg[g].op != "gemm":
+            out.append(f"{pg[g].name} anchors an epilogue but is not a GEMM the kernel takes")
+            continue
+        for v in sorted(members):
+            n = pg[v]
+            if v in owner:
+                out.append(f"{n.name} is in the epilogues of {pg[owner[v]].name} and {pg[g].name}")
+            owner[v] = g
+            if v not in cands.get(g, ()):
+                out.append(f"{n.name} cannot join the epilogue of {pg[g].name} (op, frame, pass or a path "
+                           "through a node that cannot join)")
+            srcs = [u for u in pg.sources(v) if u in inside]
+            if any(pg[u].op == "reduce" for u in srcs):
+                out.append(f"{n.name} reads a reduction of its own epilogue")
+            if not any(pg[u].op != "reduce" for u in srcs) and not any(c in members for c in cons[v]):
+                out.append(f"{n.name} is not connected to the epilogue of {pg[g].name}")
+            for o in n.operands:
+                if o.role is None and o.src is not None and o.src not in inside:
+                    out.append(f"{n.name} reads {pg[o.src].name}, which an epilogue cannot load, from outside")
+            if not n.storable and _read_outside(pg, v, members, cons) and srcs:
+                out.append(f"{n.name} cannot be stored, is read outside and reads its epilogue")
+        if slots(pg, g, members, cons) > limits.slots:
+            out.append(f"the epilogue of {pg[g].name} needs {slots(pg, g, members, cons)} slots (> {limits.slots})")
+        nred = sum(pg[v].op == "reduce" for v in members)
+        if nred > limits.reductions:
+            out.append(f"the epilogue of {pg[g].name} has {nred} reductions (> {limits.reductions})")
+    if not is_acyclic(pg, groups):
+        out.append("the fused kernels form a cycle")
+    return out
+
+
+# --- the ILP ---------------------------------------------------------------------------------------
+
+class _Model:
+    def __init__(self) -> None:
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.integer: list[int] = []
+        self.c: list[float] = []
+        self.rows: list[tuple[dict[int, float], float, float]] = []
+
+    def var(self, lo: float, hi: float, integer: bool = False, cost: float = 0.0) -> int:
+        self.lb.append(lo)
+        self.ub.append(hi)
+        self.integer.append(int(integer))
+        self.c.append(cost)
+        return len(self.c) - 1
+
+    def row(self, coefs: dict[int, float], lo: float, hi: float) -> None:
+        self.rows.append((coefs, lo, hi))
+
+    def solve(self, time_limit: float):
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
+        r, c, v = [], [], []
+        for i, (coefs, _, _) in enumerate(self.rows):
+            for j, a in coefs.items():
+                r.append(i)
+                c.append(j)
+                v.append(a)
+        A = coo_matrix((v, (r, c)), shape=(len(self.rows), len(self.c))).tocsr()
+        cons = [LinearConstraint(A, [lo for _, lo, _ in self.rows], [hi for _, _, hi in self.rows])] \
+            if self.rows else []
+        return milp(np.array(self.c), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
+                    constraints=cons, options={"time_limit": max(time_limit, 0.01), "disp": False})
+
+
+def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], limits: Limits
+             ) -> tuple[_Model, dict[tuple[int, int], int]]:
+    cons = pg.consumers()
+    m = _Model()
+    x: dict[tuple[int, int], int] = {}
+    for g, cs in cands.items():
+        for v in cs:
+            x[v, g] = m.var(0, 1, integer=True, cost=cost.member_cost)
+    by_node: dict[int, list[int]] = {}
+    for (v, g), i in x.items():
+        by_node.setdefault(v, []).append(i)
+    for idx in by_node.values():                                   # at most one epilogue each
+        if len(idx) > 1:
+            m.row({i: 1.0 for i in idx}, -np.inf, 1)
+
+    for g, cs in cands.items():
+        inside = set(cs) | {g}
+        slot_row: dict[int, float] = {}
+        for v in cs:
+            n = pg[v]
+            feeders = [u for u in pg.sources(v) if u in inside and pg[u].op != "reduce"]
+            readers = [c for c in cons[v] if c in cs]
+            if g not in feeders:                                   # connected to the epilogue
+                row = {x[v, g]: 1.0}
+                for u in feeders + readers:
+                    row[x[u, g]] = row.get(x[u, g], 0.0) - 1.0
+                m.row(row, -np.inf, 0)
+            for o in n.operands:                                   # unloadable operands are members
+                if o.role is None and o.src is not None and o.src != g:
+                    m.row({x[v, g]: 1.0, x[o.src, g]: -1.0}, -np.inf, 0)
+            if n.op == "reduce":                                   # a reduction ends the epilogue
+                for c in readers:
+                    m.row({x[v, g]: 1.0, x[c, g]: 1.0}, -np.inf, 1)
+            if not n.storable:                                     # read outside: reads nothing inside
+                srcs = [u for u in pg.sources(v) if u in cs]
+                if _read_outside(pg, v, set(cs), cons):
+                    for u in srcs:
+                        m.row({x[v, g]: 1.0, x[u, g]: 1.0}, -np.inf, 1)
+                for c in readers:
+                    for u in srcs:
+                        m.row({x[v, g]: 1.0, x[c, g]: -1.0, x[u, g]: 1.0}, -np.inf, 1)
+            for u in dict.fromkeys(feeders):                       # the read of u by v, on chip
+                e = m.var(0, 1, cost=-cost.gain(pg[u].nbytes))
+                m.row({e: 1.0, x[v, g]: -1.0}, -np.inf, 0)
+                if u != g:
+                    m.row({e: 1.0, x[u, g]: -1.0}, -np.inf, 0)
+        for u in sorted(inside):                                   # writes kept on chip; stores
+            n = pg[u]
+            if n.op == "reduce":
+                slot_row[x[u, g]] = slot_row.get(x[u, g], 0.0) + 1.0
+                continue
+            outside = _read_outside(pg, u, set(cs), cons)
+            if not outside and cons[u]:
+                w = m.var(0, 1, cost=-cost.gain(n.nbytes))
+                for c in cons[u]:
+                    m.row({w: 1.0, x[c, g]: -1.0}, -np.inf, 0)
+                if u != g:
+                    m.row({w: 1.0, x[u, g]: -1.0}, -np.inf, 0)
+            if not n.storable:
+                continue
+            need = m.var(0, 1)                                     # u is stored
+            base, lo = ({need: 1.0}, 1.0) if u == g else ({need: 1.0, x[u, g]: -1.0}, 0.0)
+            if outside:
+                m.row(dict(base), lo, np.inf)
+            for c in cons[u]:
+                if c in cs:
+                    m.row({**base, x[c, g]: 1.0}, lo, np.inf)
+            slot_row[need] = 1.0
+        loads: dict[tuple[int, str], int] = {}
+        for v in cs:                                               # loads
+            for o in pg[v].operands:
+                if o.src is None or o.src == g or o.role not in LOADED:
+                    continue
+                key = (o.src, o.role)
+                if key not in loads:
+                    loads[key] = m.var(0, 1)
+                    slot_row[loads[key]] = 1.0
+                row = {loads[key]: 1.0, x[v, g]: -1.0}
+                if o.src in cs:
+                    row[x[o.src, g]] = 1.0
+                m.row(row, 0, np.inf)
+        m.row(slot_row, -np.inf, limits.slots)
+        reds = [x[v, g] for v in cs if pg[v].op == "reduce"]
+        if len(reds) > limits.reductions:
+            m.row({i: 1.0 for i in reds}, -np.inf, limits.reductions)
+    return m, x
+
+
+def _cut(cycle: list[tuple[int, int, int]], groups: dict[int, list[int]], cands: dict[int, tuple[int, ...]],
+         x: dict[tuple[int, int], int]) -> tuple[dict[int, float], float]:
+    """A row that forbids this cycle's memberships unless a node outside the epilogues on it joins one."""
+    row: dict[int, float] = {}
+    closing = 0
+    for unit, entry, exit_ in cycle:
+        if unit in groups:
+            for v in dict.fromkeys((entry, exit_)):
+                if v != unit:
+                    row[x[v, unit]] = 1.0
+                    closing += 1
+        else:
+            for g, cs in cands.items():
+                if unit in cs:
+                    row[x[unit, g]] = row.get(x[unit, g], 0.0) - 1.0
+    return row, closing - 1
+
+
+def _ilp(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], limits: Limits, time_limit: float
+         ) -> tuple[dict[int, list[int]] | None, str]:
+    m, x = _program(pg, cost, cands, limits)
+    deadline = time.perf_counter() + time_limit
+    ncuts = 0
+    for solve in range(1, MAX_SOLVES + 1):
+        res = m.solve(deadline - time.perf_counter())
+        if res.x is None or res.status != 0:
+            return None, f"HiGHS: {res.message} (solve {solve}, {ncuts} cycle cuts)"
+        groups = {g: [v for v in cs if res.x[x[v, g]] > 0.5] for g, cs in cands.items()}
+        groups = {g: vs for g, vs in groups.items() if vs}
+        found = cycles(pg, groups)
+        if not found:
+            return groups, f"optimal after {solve} solve(s), {ncuts} cycle cut(s)"
+        for cyc in found:
+            row, most = _cut(cyc, groups, cands, x)
+            m.row(row, -np.inf, most)
+            ncuts += 1
+        if time.perf_counter() >= deadline:
+            break
+    return None, f"no acyclic solution after {solve} solves and {ncuts} cycle cuts"
+
+
+# --- the greedy fallback ------------------------------------------------------------------------------
+
+def _prune(pg: PGraph, g: int, members: list[int], cons: list[list[int]]) -> list[int]:
+    """Drops members that break a rule once the epilogue is complete (unconnected; unstorable, read outside
+    and reading the epilogue), with every member that reads them."""
+    keep = list(members)
+    while True:
+        s = set(keep)
+        inside = s | {g}
+        bad = None
+        for v in keep:
+            n = pg[v]
+            fed = any(u in inside and pg[u].op != "reduce" for u in pg.sources(v))
+            read = any(c in s for c in cons[v])
+            if not (fed or read) or (not n.storable and _read_outside(pg, v, s, cons) and _reads_inside(pg, v, inside)) \
+                    or any(o.role is None and o.src is not None and o.src not in inside for o in n.operands):
+                bad = v
+                break
+        if bad is None:
+            return keep
+        drop = {bad}
+        for v in keep:
+            if any(u in drop for u in pg.sources(v)):
+                drop.add(v)
+        keep = [v for v in keep if v not in drop]
+
+
+def _greedy(pg: PGraph, cands: dict[int, tuple[int, ...]], limits: Limits) -> dict[int, list[int]]:
+    cons = pg.consumers()
+    groups: dict[int, list[int]] = {}
+    taken: set[int] = set()
+    for g in sorted(cands):
+        members: list[int] = []
+        for v in cands[g]:
+            if v in taken:
+                continue
+            inside = set(members) | {g}
+            n = pg[v]
+            if any(u in inside and pg[u].op == "reduce" for u in pg.sources(v)):
+                continue
+            if any(o.role is None and o.src is not None and o.src not in inside for o in n.operands):
+                continue
+            trial = members + [v]
+            if slots(pg, g, trial, cons) > limits.slots or \
+                    sum(pg[u].op == "reduce" for u in trial) > limits.reductions:
+                continue
+            if is_acyclic(pg, {**groups, g: trial}):
+                members = trial
+        members = _prune(pg, g, members, cons)
+        if members:
+            groups[g] = members
+            taken.update(members)
+    return groups
+
+
+def partition(pg: PGraph, cost: CostModel | None = None, *, method: str = "ilp", time_limit: float = 10.0,
+              limits: Limits = Limits()) -> Partition:
+    """The epilogues of `pg` (see the module docstring)."""
+    if method not in METHODS:
+        raise ValueError(f"partition method must be one of {METHODS}, got {method!r}")
+    cost = cost or CostModel()
+    start = time.perf_counter()
+    cands = candidates(pg)
+    if not any(cands.values()):
+        return Partition((), cands, "none", "no GEMM has an epilogue candidate", time.perf_counter() - start, 0.0)
+    groups, status, used = None, "", method
+    if method == "ilp":
+        try:
+            groups, status = _ilp(pg, cost, {g: cs for g, cs in cands.items() if cs}, limits, time_limit)
+        except ImportError as e:
+            status = f"scipy is not installed ({e}); pip install 'coda_ext[fusion]'"
+        if groups is not None and violations(pg, groups, limits):
+            status, groups = f"ILP solution rejected: {violations(pg, groups, limits)[0]}", None
+        if groups is None:
+            used = "greedy"
+    if groups is None:
+        groups = _greedy(pg, cands, limits)
+        status = f"{status}; greedy" if status else "greedy"
+    cons = pg.consumers()
+    out = tuple(Group(g, tuple(sorted(vs))) for g, vs in sorted(groups.items()))
+    objective = sum(gain(pg, cost, grp.anchor, grp.members, cons) for grp in out)
+    return Partition(out, cands, used, status, time.perf_counter() - start, objective)

@@ -1,0 +1,193 @@
+"""What the compiler fused, for a user to read: per GEMM its epilogue (the nodes fused, what the kernel
+loads, stores and reduces), the HBM bytes kept on chip, the IO model's time of the fused kernel against
+a torch.compile-style GEMM + element-wise kernel and eager PyTorch, the kernel it shares; then what was
+left to the fallback, and why.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from .analyze import Analysis
+from .cost import CostModel, KernelCost
+from .lowering import Lowered
+from .partition import Partition, gain, io
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelReport:
+    anchor: str
+    backward: bool
+    mnk: tuple[int, int, int]
+    major: str
+    dtype: str
+    members: tuple[str, ...]          # "name (aten op)"
+    loads: tuple[str, ...]
+    stores: tuple[str, ...]
+    reductions: tuple[str, ...]
+    bytes_kept: int                   # HBM bytes kept on chip (the objective, without the tie breaker)
+    kernel: str | None                # digest of the shared kernel (None: the builder refused the graph)
+    predicted: KernelCost | None
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LeftOut:
+    name: str
+    target: str
+    reason: str
+
+
+@dataclasses.dataclass
+class GraphReport:
+    """One compiled graph (a joint forward + backward graph, or an inference graph)."""
+
+    name: str
+    nodes: int
+    gemms: int
+    method: str
+    status: str
+    solve_s: float
+    kernels: list[KernelReport]
+    left_out: list[LeftOut]
+    note: str = ""
+
+    @property
+    def bytes_kept(self) -> int:
+        return sum(k.bytes_kept for k in self.kernels if k.kernel)
+
+    @property
+    def distinct_kernels(self) -> int:
+        return len({(k.kernel, k.dtype, k.major) for k in self.kernels if k.kernel})
+
+    def __str__(self) -> str:
+        head = (f"coda fusion: {self.name}: {self.nodes} nodes, {self.gemms} GEMMs, "
+                f"{sum(1 for k in self.kernels if k.kernel)} fused into {self.distinct_kernels} distinct kernels; "
+                f"partition {self.method} ({self.status}) in {self.solve_s:.2f} s; "
+                f"{self.bytes_kept / 1e6:.3f} MB kept on chip")
+        lines = [head]
+        if self.note:
+            lines.append(f"  note: {self.note}")
+        for k in self.kernels:
+            phase = "backward" if k.backward else "forward"
+            M, N, K = k.mnk
+            head = f"  GEMM {k.anchor} [{phase}] {M}x{N}x{K} {k.dtype} major={k.major}"
+            if k.kernel is None:
+                lines.append(f"{head}: not fused ({k.error})")
+                continue
+            t = k.predicted
+            timing = "" if t is None else (f"; IO model (H100, {t.config}): fused {t.fused_s * 1e6:.1f} us, "
+                                           f"compile-style {t.compile_s * 1e6:.1f} us, "
+                                           f"eager {t.unfused_s * 1e6:.1f} us")
+            lines.append(f"{head} kernel {k.kernel[:8]}: {len(k.members)} nodes fused, "
+                         f"{k.bytes_kept / 1e6:.3f} MB kept on chip{timing}")
+            lines.append(f"    epilogue: {', '.join(k.members)}")
+            lines.append(f"    loads: {', '.join(k.loads) or '-'}; stores: {', '.join(k.stores) or '-'}; "
+                         f"reductions: {', '.join(k.reductions) or '-'}")
+        if self.left_out:
+            lines.append("  left to the fallback:")
+            counted = collections.Counter((x.target, x.reason) for x in self.left_out)
+            examples: dict[tuple[str, str], list[str]] = {}
+            for x in self.left_out:
+                examples.setdefault((x.target, x.reason), []).append(x.name)
+            for (target, reason), n in counted.most_common():
+                names = examples[target, reason]
+                shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+                lines.append(f"    {n} x {target} ({shown}): {reason}")
+        return "\n".join(lines)
+
+
+class FusionReport:
+    """Every graph a backend compiled, in order (a model may compile several: forward + backward as one
+    joint graph, an inference graph, recompilations)."""
+
+    def __init__(self) -> None:
+        self.graphs: list[GraphReport] = []
+
+    def add(self, report: GraphReport) -> None:
+        self.graphs.append(report)
+
+    @property
+    def kernels(self) -> list[KernelReport]:
+        return [k for g in self.graphs for k in g.kernels]
+
+    @property
+    def bytes_kept(self) -> int:
+        return sum(g.bytes_kept for g in self.graphs)
+
+    @property
+    def distinct_kernels(self) -> int:
+        return len({(k.kernel, k.dtype, k.major) for k in self.kernels if k.kernel})
+
+    def __str__(self) -> str:
+        if not self.graphs:
+            return "coda fusion: nothing compiled yet (the first call of the compiled model compiles)"
+        return "\n".join(str(g) for g in self.graphs)
+
+    def __repr__(self) -> str:
+        return (f"<FusionReport graphs={len(self.graphs)} fused={sum(1 for k in self.kernels if k.kernel)} "
+                f"kernels={self.distinct_kernels} kept={self.bytes_kept / 1e6:.3f} MB>")
+
+
+def graph_report(name: str, an: Analysis, part: Partition, lowered: tuple[Lowered, ...], cost: CostModel,
+                 predict: bool = True) -> GraphReport:
+    pg = an.pgraph
+    cons = pg.consumers()
+    plain = dataclasses.replace(cost, member_cost=0.0)
+    kernels: list[KernelReport] = []
+    predictions: dict[Any, KernelCost | None] = {}
+    fused: set[int] = set()
+    for low in lowered:
+        grp = low.group
+        anchor = an.fx_nodes[grp.anchor]
+        mnk = an.gemm_mnk(grp.anchor)
+        loads, stores, reductions = io(pg, grp.anchor, grp.members, cons)
+        site = low.site
+        predicted = None
+        if site is not None:
+            fused.update((grp.anchor,) + grp.members)
+            key = (site.kernel_key, mnk)
+            if predict and key not in predictions:
+                try:
+                    predictions[key] = cost.kernel(site.graph, site.dtype, mnk)
+                except Exception:   # noqa: BLE001  (the IO model is a report, never a reason to fail a compile)
+                    predictions[key] = None
+            predicted = predictions.get(key)
+        kernels.append(KernelReport(
+            anchor=anchor.name, backward=pg[grp.anchor].backward, mnk=mnk, major=anchor.args[2],
+            dtype=str(anchor.args[0].meta["val"].dtype).replace("torch.", ""),
+            members=tuple(f"{pg[m].name} ({pg[m].target})" for m in grp.members),
+            loads=tuple(f"{pg[s].name} ({role})" for s, role in loads),
+            stores=tuple(pg[s].name for s in stores), reductions=tuple(pg[r].name for r in reductions),
+            bytes_kept=int(gain(pg, plain, grp.anchor, grp.members, cons)),
+            kernel=site.graph.digest() if site else None, predicted=predicted, error=low.error))
+    left: list[LeftOut] = []
+    candidate_of: dict[int, list[int]] = {}
+    for g, cs in part.candidates.items():
+        for v in cs:
+            candidate_of.setdefault(v, []).append(g)
+    for n in pg.nodes:
+        if n.id in fused or n.op == "input" or _free(n):
+            continue
+        if n.op == "gemm":
+            reason = "GEMM without an epilogue node: left as a plain GEMM"
+        elif n.op in ("math", "reduce"):
+            if n.id in candidate_of:
+                anchors = ", ".join(pg[g].name for g in candidate_of[n.id])
+                reason = f"candidate of {anchors}; not chosen (a cycle, the kernel's limits, or nothing kept on chip)"
+            else:
+                reason = "no GEMM output reaches it through epilogue math of its frame and pass (forward/backward)"
+        else:
+            reason = n.reason or "not epilogue math"
+        left.append(LeftOut(n.name, n.target, reason))
+    gemms = sum(1 for n in pg.nodes if "fusion_gemm" in n.target)
+    return GraphReport(name, len(pg), gemms, part.method, part.status, part.solve_s, kernels, left)
+
+
+def _free(n) -> bool:
+    """Nodes that cost nothing to leave out: views, constants, getitem of a multi-output op."""
+    t = n.target
+    return n.nbytes == 0 or any(s in t for s in ("view", "expand", "squeeze", "unsqueeze", "permute", "transpose",
+                                                 "aten.t.", "getitem", "full", "scalar_tensor", "arange",
+                                                 "slice", "select", "detach", "clone", "alias"))

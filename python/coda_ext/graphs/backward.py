@@ -1,0 +1,82 @@
+"""The epilogue graphs of the backward GEMMs (and linear_residual): coda_ext.ops runs them with the
+operand layouts of coda_ext.config.MAJORS, so nothing is transposed in memory. acc is the GEMM's fp32
+product (for the dX GEMMs acc = dz @ W)."""
+from __future__ import annotations
+
+from ..graph.builder import Graph
+from ..graph.math import eq, exp, sigmoid, where
+
+
+def linear(residual: bool, scaled: bool = False) -> Graph:
+    """D = [scale ·] acc [+ residual]: linear_residual (residual tile), linear_dx (plain) and weight_grad
+    (scale a runtime scalar, residual the gradient it accumulates into) in one family. linear(False) is
+    the bare GEMM (identity)."""
+    g = Graph()
+    acc = g.accumulator()
+    if scaled:
+        acc = acc * g.scalar("scale")
+    g.output(acc + g.tile("residual") if residual else acc)
+    return g
+
+
+def rms_norm_backward_linear(accumulate: bool) -> Graph:
+    """RMSNorm backward in the dX GEMM that follows it (the ZdZ identity), acc = dz @ W = dL/dn:
+
+        x̂        = x ⊙row rstd
+        D "dx"   = [dx_in +] (acc ⊙col γ − x̂ ⊙row (zdz · inv_d)) ⊙row rstd   (dx_in if accumulate)
+        n        = x̂ ⊙col γ                 (store: the weight gradient's input, recomputed)
+        dgamma   = Σ_m acc · x̂              (column reduction, fp32)
+    γ = norm_weight, zdz (M,) fp32 = Σ_k z_k dz_k, inv_d = 1/d a runtime scalar."""
+    g = Graph()
+    acc = g.accumulator()
+    rstd = g.col_vector("rstd", "float32")
+    gamma = g.row_vector("norm_weight")
+    xhat = g.tile("x") * rstd
+    dx = (acc * gamma - xhat * (g.col_vector("zdz", "float32") * g.scalar("inv_d"))) * rstd
+    g.output(g.tile("dx_in") + dx if accumulate else dx, name="dx")
+    g.store("n", xhat * gamma)
+    g.col_reduce("dgamma", acc * xhat, "sum")
+    return g
+
+
+def swiglu_backward_linear() -> Graph:
+    """SwiGLU backward in the down projection's dX GEMM, acc = dy @ W_down = dL/d(silu(g)·u):
+
+        (g, u) = z[:, 2i], z[:, 2i+1]            (pair tile "z": the saved interleaved pre-activation)
+        dg     = acc · u · σ(g) · (1 + g (1 − σ(g))),   du = acc · silu(g)
+        dz     = (dg, du) interleaved             (pair store, (M, 2F))
+        y      = silu(g) · u                      (store: the down projection's weight-gradient input)
+        zdz    = Σ_i (g·dg + u·du)                (row reduction, fp32: ZdZ for the norm backward)"""
+    g = Graph()
+    acc = g.accumulator()
+    gate, up = g.pair_tile("z")
+    sig = sigmoid(gate)
+    silu = gate * sig
+    dg = acc * up * sig * (1.0 + gate * (1.0 - sig))
+    du = acc * silu
+    g.store_pairs("dz", dg, du)
+    g.store("y", silu * up)
+    g.row_reduce("zdz", gate * dg + up * du, "sum")
+    return g
+
+
+def lm_head_cross_entropy_backward(scaled: bool) -> Graph:
+    """dlogits of one vocabulary chunk of the LM head (target is chunk-relative):
+
+        logits  = acc [⊙row rstd]
+        dlogits = exp(logits − lse) · coef − where(n == target, g_target, 0)   (softmax · coef − onehot · g)
+        D "dacc" = dlogits [⊙row rstd]
+        drstd   = Σ_n acc · dlogits                (row reduction, only if scaled)"""
+    g = Graph()
+    acc = g.accumulator()
+    rstd = g.col_vector("rstd", "float32") if scaled else None
+    logits = acc * rstd if scaled else acc
+    hit = eq(g.col_index(), g.col_vector("target", "int32"))
+    dlogits = exp(logits - g.col_vector("lse", "float32")) * g.col_vector("coef", "float32") \
+        - where(hit, g.col_vector("g_target", "float32"), 0.0)
+    if scaled:
+        g.output(dlogits * rstd, name="dacc")
+        g.row_reduce("drstd", acc * dlogits, "sum")
+    else:
+        g.output(dlogits, name="dacc")
+    return g

@@ -1,0 +1,125 @@
+"""Epilogue graphs of the examples, the speed and IO benchmarks and the GPU suite: the README and
+demo example, the benchmark families and the ablation's one-feature-at-a-time graphs."""
+from __future__ import annotations
+
+from ..graph.builder import Graph
+from ..graph.math import gelu, silu, swiglu_pairs
+from .backward import linear
+
+
+def identity() -> Graph:
+    """D = acc: a plain GEMM through coda_ext (the bare-GEMM baseline); linear(False)."""
+    return linear(False)
+
+
+def example() -> Graph:
+    """The README and demo example: pre = acc + bias (store), D = silu(acc + bias) ⊙ residual,
+    sqsum = Σ_n D² (row reduction)."""
+    g = Graph()
+    acc = g.accumulator()
+    bias = g.row_vector("bias")          # (N,) broadcast over rows
+    res = g.tile("residual")             # (M, N)
+    y = silu(acc + bias) * res
+    g.store("pre", acc + bias)           # an extra output of an intermediate
+    g.output(y)                          # the main output D
+    g.row_reduce("sqsum", y * y, "sum")  # a per-row statistic, length M
+    return g
+
+
+def design() -> Graph:
+    """D = silu(acc) ⊙ aux + bias[n];  rowsum[m] = Σ_n D."""
+    g = Graph()
+    acc = g.accumulator()
+    d = silu(acc) * g.tile("aux") + g.row_vector("bias")
+    g.output(d)
+    g.row_reduce("rowsum", d, "sum")
+    return g
+
+
+def bias_silu() -> Graph:
+    """D = silu(acc + bias[n])."""
+    g = Graph()
+    g.output(silu(g.accumulator() + g.row_vector("bias")))
+    return g
+
+
+def bias_gelu() -> Graph:
+    """D = gelu_tanh(acc + bias[n])."""
+    g = Graph()
+    g.output(gelu(g.accumulator() + g.row_vector("bias"), approximate="tanh"))
+    return g
+
+
+def rstd_scale() -> Graph:
+    """D = acc · rstd[m] · gamma[n]: an RMSNorm folded into the GEMM that follows it."""
+    g = Graph()
+    g.output(g.accumulator() * g.col_vector("rstd", dtype="float32") * g.row_vector("gamma"))
+    return g
+
+
+def store_rowsum() -> Graph:
+    """D = acc + bias[n], stored; rowsum[m] = Σ_n D; colsq[n] = Σ_m D²."""
+    g = Graph()
+    d = g.accumulator() + g.row_vector("bias")
+    g.output(d)
+    g.row_reduce("rowsum", d, "sum")
+    g.col_reduce("colsq", d, "sumsq")
+    return g
+
+
+def swiglu() -> Graph:
+    """SwiGLU on interleaved gate/up columns: D = acc and y = silu(acc[:, 0::2]) · acc[:, 1::2] at half
+    width."""
+    g = Graph()
+    z = g.accumulator()
+    g.output(z)
+    g.store("y", swiglu_pairs(z))
+    return g
+
+
+def rstd_swiglu() -> Graph:
+    """D = z = acc · rstd[m], y = SwiGLU of z at half width: the FFN's RMSNorm folded into gate/up."""
+    g = Graph()
+    z = g.accumulator() * g.col_vector("rstd", dtype="float32")
+    g.output(z)
+    g.store("y", swiglu_pairs(z))
+    return g
+
+
+# --- the ablation: one epilogue feature at a time (benchmarks/ablate_epilogue.py) -----------------
+
+def acc_bias() -> Graph:
+    """D = acc + bias[n] (a row vector)."""
+    g = Graph()
+    g.output(g.accumulator() + g.row_vector("bias"))
+    return g
+
+
+def acc_aux() -> Graph:
+    """D = acc ⊙ aux (a tile load)."""
+    g = Graph()
+    g.output(g.accumulator() * g.tile("aux"))
+    return g
+
+
+def silu_acc() -> Graph:
+    """D = silu(acc)."""
+    g = Graph()
+    g.output(silu(g.accumulator()))
+    return g
+
+
+def acc_rowsum() -> Graph:
+    """D = acc; rowsum[m] = Σ_n acc (a row reduction)."""
+    g = Graph()
+    acc = g.accumulator()
+    g.output(acc)
+    g.row_reduce("rowsum", acc, "sum")
+    return g
+
+
+def silu_aux_bias() -> Graph:
+    """D = silu(acc) ⊙ aux + bias[n] (design() without its reduction)."""
+    g = Graph()
+    g.output(silu(g.accumulator()) * g.tile("aux") + g.row_vector("bias"))
+    return g

@@ -1,0 +1,194 @@
+"""The whole backend on CPU — torch.compile(model, backend="coda") and fuse(model) — with every fused kernel
+run by the reference interpreter: a small MLP (Linear-bias-GELU-Linear + residual + LayerNorm + RMSNorm +
+cross-entropy) and a 2-layer BERT (transformers BertForMaskedLM from a tiny config, random weights).
+Loss and gradients against eager PyTorch: equal within fp32 rounding in fp32, and within the numerics
+rule (tests/helpers/checks.py) against an fp64 reference in bf16. No graph break is added."""
+from __future__ import annotations
+
+import copy
+
+import coda_ext.fusion as cf
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._dynamo.utils import counters
+
+from tests.helpers.checks import floor, max_err, within_rule
+
+aten = torch.ops.aten
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int = 16, hidden: int = 32, vocab: int = 24):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.ln, self.rms = nn.LayerNorm(d), nn.RMSNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        y = self.ln(self.fc2(F.gelu(self.fc1(x))) + x)
+        logits = self.head(self.rms(y))
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100)
+
+
+def mlp_inputs():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 8, 16, generator=g)
+    t = torch.randint(0, 24, (2, 8), generator=g)
+    t[0, :3] = -100
+    return x, t
+
+
+def step(model, *args, **kwargs):
+    """Loss and every parameter's gradient of one forward + backward."""
+    for p in model.parameters():
+        p.grad = None
+    out = model(*args, **kwargs)
+    loss = out if isinstance(out, torch.Tensor) else out.loss
+    loss.backward()
+    return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def test_mlp_fp32_matches_eager():
+    torch.manual_seed(0)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    fused = cf.fuse(model, fallback="eager")
+    x, t = mlp_inputs()
+    loss, grads = step(fused, x, t)
+    loss_e, grads_e = step(eager, x, t)
+    torch.testing.assert_close(loss, loss_e, rtol=1e-6, atol=1e-6)
+    for got, want in zip(grads, grads_e, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert sum(counters["graph_break"].values()) == 0
+    report = cf.report_of(fused)
+    kernels = [k for k in report.kernels if k.kernel]
+    assert len(kernels) >= 4 and report.bytes_kept > 0
+    assert {k.backward for k in kernels} == {False, True}            # forward and backward epilogues
+    members = " ".join(m for k in kernels for m in k.members)
+    assert "aten.gelu.default" in members and "aten.logsumexp.default" in members
+    head = next(k for k in kernels if "aten.logsumexp.default" in " ".join(k.members))
+    assert len(head.reductions) == 2                # the LM head: logsumexp and the target logit, per row
+
+
+def test_mlp_bf16_is_within_the_numerics_rule():
+    torch.manual_seed(0)
+    model = MLP().to(torch.bfloat16)
+    eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    fused = cf.fuse(model, fallback="eager")
+    x, t = mlp_inputs()
+    loss, grads = step(fused, x.to(torch.bfloat16), t)
+    loss_e, grads_e = step(eager, x.to(torch.bfloat16), t)
+    loss_r, grads_r = step(ref, x.double(), t)
+    assert cf.report_of(fused).kernels[0].dtype == "bfloat16"
+    items = cf.kernel_items(fused)            # what coda_ext.prebuild would build, before a GPU step
+    assert {c.major for _, _, c in items} >= {"kk", "kn"} and all(d == "bfloat16" for _, d, _ in items)
+    for got, base, want in zip([loss] + grads, [loss_e] + grads_e, [loss_r] + grads_r, strict=True):
+        err, err_eager, top = max_err(got, want), max_err(base, want), want.abs().max().item()
+        assert within_rule(err, err_eager, top), f"max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
+
+
+def test_inference_graphs_are_fused_too():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    fused = cf.fuse(model, fallback="eager")
+    x, t = mlp_inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x, t), model(x, t), rtol=1e-6, atol=1e-6)
+    report = cf.report_of(fused)
+    assert report.graphs[0].name.startswith("inference graph") and report.kernels
+
+
+def test_the_registered_backend_name_and_options(capsys):
+    torch.manual_seed(0)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="coda", fullgraph=True,
+                             options={"method": "greedy", "fallback": "eager", "report": True})
+    x, t = mlp_inputs()
+    loss, _ = step(compiled, x, t)
+    torch.testing.assert_close(loss, step(eager, x, t)[0], rtol=1e-6, atol=1e-6)
+    printed = capsys.readouterr().out
+    assert "coda fusion: joint graph" in printed and "partition greedy" in printed
+
+
+def bert(hidden_dropout: float = 0.0):
+    from transformers import BertConfig, BertForMaskedLM
+
+    cfg = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=hidden_dropout,
+                     attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    return BertForMaskedLM(cfg)
+
+
+def bert_inputs():
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 64, (2, 8), generator=g)
+    labels = ids.clone()
+    labels[:, ::3] = -100
+    return {"input_ids": ids, "labels": labels}
+
+
+def test_bert_two_layers_fp32_matches_eager_without_graph_breaks():
+    pytest.importorskip("transformers")
+    model = bert()
+    eager = copy.deepcopy(model)
+    fused = torch.compile(model, backend=cf.CodaBackend(fallback="eager"), fullgraph=True)
+    loss, grads = step(fused, **bert_inputs())
+    loss_e, grads_e = step(eager, **bert_inputs())
+    torch.testing.assert_close(loss, loss_e, rtol=1e-6, atol=1e-6)
+    for got, want in zip(grads, grads_e, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert sum(counters["graph_break"].values()) == 0
+
+
+def test_bert_two_layers_report():
+    pytest.importorskip("transformers")
+    fused = cf.fuse(bert(), fallback="eager")
+    step(fused, **bert_inputs())
+    report = cf.report_of(fused)
+    (graph,) = report.graphs
+    fused_kernels = [k for k in graph.kernels if k.kernel]
+    # each layer's q/k/v/o, FFN and their backward GEMMs: identical subgraphs share kernels
+    assert len(fused_kernels) >= 20 and graph.distinct_kernels <= len(fused_kernels) // 2
+    ln_backward = [k for k in fused_kernels if k.backward and len(k.reductions) == 4]
+    assert len(ln_backward) >= 3          # LayerNorm backward: two row and two column sums in a dX epilogue
+    assert any("aten.gelu.default" in " ".join(k.members) for k in fused_kernels)
+    left = {x.target for x in graph.left_out}
+    assert "aten.embedding.default" in left and any("scaled_dot_product" in t for t in left)
+    text = str(report)
+    assert "kept on chip" in text and "left to the fallback" in text and "IO model" in text
+
+
+def test_bert_dropout_is_left_to_the_fallback():
+    pytest.importorskip("transformers")
+    fused = cf.fuse(bert(hidden_dropout=0.1), fallback="eager")
+    loss, grads = step(fused, **bert_inputs())
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
+    left = [x for x in cf.report_of(fused).graphs[0].left_out if x.target == "aten.native_dropout.default"]
+    assert len(left) >= 4 and "random" in left[0].reason
+
+
+def test_the_entry_point_names_the_registered_backend():
+    """pyproject's torch_dynamo_backends entry point (backend="coda" without an import) is the function
+    importing coda_ext.fusion registers."""
+    import importlib
+    import pathlib
+    import re
+
+    from torch._dynamo.backends.registry import lookup_backend
+
+    text = (pathlib.Path(__file__).parents[2] / "pyproject.toml").read_text()
+    section = text.split("[project.entry-points.torch_dynamo_backends]")[1]
+    module, name = re.search(r'^coda = "([\w.]+):(\w+)"', section, re.MULTILINE).groups()
+    assert getattr(importlib.import_module(module), name) is lookup_backend("coda") is cf.coda_backend

@@ -1,0 +1,120 @@
+"""Lowering: epilogues become coda_ext graphs and coda_ext::fusion_kernel calls (run here by the reference
+interpreter), identical subgraphs share one kernel, the two custom ops compute what they claim."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from coda_ext.config import KernelConfig
+from coda_ext.fusion import kernel_items, passes
+from coda_ext.fusion.analyze import analyze
+from coda_ext.fusion.lowering import KERNEL, build_site, lower
+from coda_ext.fusion.op import fusion_gemm, load_site, run_site
+from coda_ext.fusion.partition import Group, Partition, partition
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+aten = torch.ops.aten
+
+
+def _randn(seed: int, *shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def two_layers(x, w1, b1, w2, b2, res):
+    """Two identical linear + bias + GELU + residual layers, then a plain GEMM."""
+    h = res + F.gelu(F.linear(x, w1, b1))
+    h = h + F.gelu(F.linear(h, w2, b2))
+    return h @ w1.t()
+
+
+def _inputs(dtype=torch.float32):
+    return (_randn(1, 2, 4, 16, dtype=dtype), _randn(2, 16, 16, dtype=dtype) / 4, _randn(3, 16, dtype=dtype),
+            _randn(4, 16, 16, dtype=dtype) / 4, _randn(5, 16, dtype=dtype), _randn(6, 2, 4, 16, dtype=dtype))
+
+
+def _lowered(fn, args, target="interpret"):
+    gm = passes.run(make_fx(fn, tracing_mode="fake")(*args))
+    an = analyze(gm, target)
+    part = partition(an.pgraph)
+    out, lowered = lower(gm, an, part)
+    return gm, an, part, out, lowered
+
+
+def test_fusion_gemm_reads_each_layout_in_place():
+    a, w = _randn(1, 6, 4), _randn(2, 5, 4)
+    want = a @ w.t()
+    for major, (sa, sw) in {"kk": (a, w), "kn": (a, w.t().contiguous()), "mk": (a.t().contiguous(), w),
+                            "mn": (a.t().contiguous(), w.t().contiguous())}.items():
+        torch.testing.assert_close(fusion_gemm(sa, sw, major), want)
+        with FakeTensorMode() as mode:
+            fake = fusion_gemm(mode.from_tensor(sa), mode.from_tensor(sw), major)
+        assert tuple(fake.shape) == (6, 5)
+
+
+def test_two_identical_layers_share_one_kernel_and_match_the_original():
+    args = _inputs()
+    gm, _, _, out, lowered = _lowered(two_layers, args)
+    assert len(lowered) == 2 and all(low.site is not None for low in lowered)
+    assert lowered[0].site.kernel_key == lowered[1].site.kernel_key     # one kernel for both layers
+    calls = [n for n in out.graph.nodes if n.target is KERNEL]
+    assert len(calls) == 2
+    assert [n for n in out.graph.nodes if n.target is aten.mm.default]  # the last GEMM: plain, no epilogue
+    assert not [n for n in out.graph.nodes if n.target is passes.GEMM]
+    torch.testing.assert_close(out(*args), gm(*args), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out(*args), two_layers(*args), rtol=1e-5, atol=1e-5)
+
+
+def test_a_site_spec_round_trips_and_runs_the_interpreter():
+    args = _inputs()
+    _, _, _, _, lowered = _lowered(two_layers, args)
+    site = lowered[0].site
+    assert load_site(site.spec()) == site
+    roles = [r for _, r in site.inputs]
+    assert roles == ["row", "tile"]                       # the bias and the residual
+    x, w1, b1, _, _, res = args
+    outs = run_site(site, [x.reshape(8, 16), w1, b1, res])
+    want = res + F.gelu(F.linear(x, w1, b1))
+    torch.testing.assert_close(outs[-1], want, rtol=1e-5, atol=1e-5)
+    assert all(o.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+               for o in outs for t in (x, w1, b1, res))
+
+
+def test_the_kernel_call_has_a_fake_implementation():
+    args = _inputs()
+    _, _, _, out, _ = _lowered(two_layers, args)
+    call = next(n for n in out.graph.nodes if n.target is KERNEL)
+    fakes = call.meta["val"]
+    assert [tuple(t.shape) for t in fakes] == [tuple(o.shape) for o in load_site(call.args[0]).outputs]
+
+
+def test_a_graph_the_builder_refuses_stays_unfused():
+    """A hand-made partition whose epilogue needs more slots than a kernel has: build_site reports the
+    builder's error and lowering leaves those nodes to the fallback."""
+    def many(x, w, *tiles):
+        h = x @ w.t()
+        for t in tiles:
+            h = h + t
+        return h
+
+    x, w = _randn(1, 8, 16), _randn(2, 16, 16)
+    tiles = [_randn(10 + i, 8, 16) for i in range(40)]
+    gm = passes.run(make_fx(many, tracing_mode="fake")(x, w, *tiles))
+    an = analyze(gm)
+    gemm = an.pgraph.anchors()[0]
+    members = tuple(n.id for n in an.pgraph.nodes if n.op == "math")
+    low = build_site(an, Group(gemm, members))
+    assert low.site is None and "GraphError" in low.error and "32" in low.error
+    out, _ = lower(gm, an, Partition((Group(gemm, members),), {}, "ilp", "", 0.0, 0.0))
+    assert not [n for n in out.graph.nodes if n.target is KERNEL]
+    torch.testing.assert_close(out(x, w, *tiles), many(x, w, *tiles))
+    assert len(partition(an.pgraph).groups[0].members) < len(members)   # the partitioner keeps the limit
+
+
+def test_kernel_items_list_each_distinct_kernel_for_prebuild():
+    args = _inputs(torch.bfloat16)
+    _, _, _, _, lowered = _lowered(two_layers, args, target="cuda")
+    items = kernel_items(lowered)
+    assert items and all(isinstance(c, KernelConfig) and d == "bfloat16" for _, d, c in items)
+    assert len({g.digest() for g, _, _ in items}) == 1          # both layers: one graph
+    assert {c.major for _, _, c in items} == {"kk"}
+    assert kernel_items(_lowered(two_layers, _inputs())[4]) == []   # fp32 runs in the interpreter only

@@ -1,0 +1,263 @@
+"""The partitioner on hand-made graphs: every rule it keeps (one epilogue per node, connection, loads,
+reductions end an epilogue, forward/backward, kernel limits, acyclicity), each checked against
+violations() and against the partition the ILP and the greedy fallback return."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from coda_ext.fusion.cost import CostModel
+from coda_ext.fusion.partition import (
+    Limits,
+    candidates,
+    cycles,
+    gain,
+    io,
+    is_acyclic,
+    partition,
+    recomputed,
+    violations,
+)
+from coda_ext.fusion.pgraph import Operand, PGraph, PNode
+
+F = (64, 128)       # the frame of every GEMM below: 64 rows x 128 columns
+B = 64 * 128 * 2    # bytes of one bf16 value in it
+
+
+class G:
+    """A tiny graph builder: g.input(), g.gemm(a, w), g.math(*srcs), g.reduce(src), g.other(*srcs)."""
+
+    def __init__(self) -> None:
+        self.nodes: list[PNode] = []
+
+    def _add(self, op: str, operands: tuple[Operand, ...], **kw) -> int:
+        i = len(self.nodes)
+        kw.setdefault("nbytes", B)
+        self.nodes.append(PNode(id=i, name=kw.pop("name", f"n{i}"), op=op, target=kw.pop("target", op),
+                                operands=operands, **kw))
+        return i
+
+    def input(self, **kw) -> int:
+        return self._add("input", (), **kw)
+
+    def gemm(self, a: int, w: int, **kw) -> int:
+        return self._add("gemm", (Operand(a, None), Operand(w, None)), frame=F, **kw)
+
+    def math(self, *srcs, roles=None, frame=F, **kw) -> int:
+        roles = roles or ["tile"] * len(srcs)
+        return self._add("math", tuple(Operand(s, r) for s, r in zip(srcs, roles)), frame=frame, **kw)
+
+    def reduce(self, src: int, axis: str = "row", **kw) -> int:
+        return self._add("reduce", (Operand(src, "tile"),), frame=F, axis=axis, reduce_op="sum", nbytes=256, **kw)
+
+    def other(self, *srcs, **kw) -> int:
+        return self._add("other", tuple(Operand(s, None) for s in srcs), **kw)
+
+    def graph(self) -> PGraph:
+        return PGraph(tuple(self.nodes))
+
+
+def groups_of(part) -> dict[int, list[int]]:
+    return {g.anchor: list(g.members) for g in part.groups}
+
+
+def needs_scipy():
+    pytest.importorskip("scipy", reason="the ILP needs scipy (pip install 'coda_ext[fusion]')")
+
+
+@pytest.fixture(params=["ilp", "greedy"])
+def method(request):
+    if request.param == "ilp":
+        needs_scipy()
+    return request.param
+
+
+def test_a_gemm_takes_its_bias_activation_chain(method):
+    g = G()
+    x, w, b = g.input(), g.input(), g.input(nbytes=256)
+    mm = g.gemm(x, w)
+    add = g.math(mm, b, roles=["tile", "row"])
+    act = g.math(add)
+    g.other(act, name="consumer")
+    pg = g.graph()
+    part = partition(pg, method=method)
+    assert groups_of(part) == {mm: [add, act]}
+    assert violations(pg, groups_of(part)) == []
+    loads, stores, reductions = io(pg, mm, [add, act])
+    assert loads == [(b, "row")] and stores == [act] and reductions == []
+    # kept on chip: mm's and add's writes and their reads by add and act
+    assert gain(pg, CostModel(member_cost=0.0), mm, [add, act]) == 4 * B
+
+
+def test_a_crossing_pair_that_naive_fusion_makes_cyclic_comes_out_acyclic(method):
+    """a = g1 + g2 and b = g2 * g1: fusing each into the epilogue of the GEMM of its first operand (naive
+    greedy) makes g1's kernel wait for g2's and g2's for g1's."""
+    g = G()
+    x, w1, y, w2 = g.input(), g.input(), g.input(), g.input()
+    g1, g2 = g.gemm(x, w1), g.gemm(y, w2)
+    a = g.math(g1, g2)
+    b = g.math(g2, g1)
+    g.other(a), g.other(b)
+    pg = g.graph()
+    naive = {g1: [a], g2: [b]}
+    assert not is_acyclic(pg, naive)
+    assert "the fused kernels form a cycle" in violations(pg, naive)
+    assert len(cycles(pg, naive)) == 1
+    part = partition(pg, method=method)
+    got = groups_of(part)
+    assert is_acyclic(pg, got) and violations(pg, got) == []
+    assert sorted(v for vs in got.values() for v in vs) == [a, b]   # both still fused, in one epilogue
+    assert len(got) == 1
+
+
+def test_the_ilp_cuts_the_cycle_its_first_solution_has():
+    """The same crossing with a chain behind each of a and b, and kernels of 3 slots (one load, two
+    stores): no epilogue holds both chains, so the best assignment ignoring acyclicity puts a's chain
+    with g1 and b's with g2 — a cycle. The program is cut and solved again: one chain is fused."""
+    needs_scipy()
+    g = G()
+    x, w1, y, w2 = g.input(), g.input(), g.input(), g.input()
+    g1, g2 = g.gemm(x, w1, output=True), g.gemm(y, w2, output=True)
+    a, b = g.math(g1, g2), g.math(g2, g1)
+    a3, b3 = g.math(g.math(a)), g.math(g.math(b))
+    g.other(a3), g.other(b3)
+    pg = g.graph()
+    limits = Limits(slots=3)
+    part = partition(pg, limits=limits)
+    cuts = int(re.search(r"(\d+) cycle cut", part.status).group(1))
+    assert part.method == "ilp" and cuts >= 1
+    got = groups_of(part)
+    assert violations(pg, got, limits) == [] and sum(len(vs) for vs in got.values()) == 3
+
+
+def test_a_path_out_of_the_epilogue_and_back_keeps_the_node_out():
+    """g1 -> u -> g2 (u feeds the next GEMM) and v = g1 + g2: v in g1's epilogue would feed g2 and wait for
+    it. v can only join g2's epilogue."""
+    g = G()
+    x, w1, w2 = g.input(), g.input(), g.input()
+    g1 = g.gemm(x, w1)
+    u = g.math(g1)
+    g2 = g.gemm(u, w2)
+    v = g.math(g1, g2)
+    g.other(v)
+    pg = g.graph()
+    cands = candidates(pg)
+    assert v not in cands[g1] and v in cands[g2]
+    assert not is_acyclic(pg, {g1: [u, v]})
+    needs_scipy()
+    for m in ("ilp", "greedy"):
+        got = groups_of(partition(pg, method=m))
+        assert got == {g1: [u], g2: [v]} and violations(pg, got) == []
+
+
+def test_a_reduction_ends_the_epilogue(method):
+    """r = rowsum(h) and c = h * r: c reads the reduction, so it is not in the epilogue that computes r
+    (it runs after the kernel that finishes the reduction)."""
+    g = G()
+    x, w, res = g.input(), g.input(), g.input()
+    mm = g.gemm(x, w)
+    h = g.math(mm, res)
+    r = g.reduce(h)
+    c = g.math(h, r, roles=["tile", "col"])
+    g.other(c)
+    pg = g.graph()
+    assert "reads a reduction of its own epilogue" in " ".join(violations(pg, {mm: [h, r, c]}))
+    got = groups_of(partition(pg, method=method))
+    assert got == {mm: [h, r]} and violations(pg, got) == []
+
+
+def test_a_forward_gemm_never_takes_a_backward_node(method):
+    g = G()
+    x, w, dy = g.input(), g.input(), g.input(backward=True)
+    mm = g.gemm(x, w)
+    fwd = g.math(mm)
+    bwd = g.math(mm, dy, backward=True)        # depends on a tangent: backward
+    g.other(fwd), g.other(bwd, backward=True)
+    pg = g.graph()
+    assert candidates(pg)[mm] == (fwd,)
+    assert groups_of(partition(pg, method=method)) == {mm: [fwd]}
+
+
+def test_an_operand_that_cannot_be_loaded_must_be_a_member(method):
+    """where(eq(col, target), h, 0): the bool eq cannot be loaded as a tile, so it runs in the epilogue; it
+    is also read outside (say, by the backward), where it is recomputed rather than stored."""
+    g = G()
+    x, w, target = g.input(), g.input(), g.input(nbytes=64 * 8)
+    mm = g.gemm(x, w)
+    eq = g.math(target, roles=["col"], storable=False, nbytes=64 * 128)
+    pick = g.math(eq, mm, roles=[None, "tile"])
+    r = g.reduce(pick)
+    g.other(r), g.other(eq, name="backward reader")
+    pg = g.graph()
+    got = groups_of(partition(pg, method=method))
+    assert got == {mm: [eq, pick, r]} and violations(pg, got) == []
+    assert recomputed(pg, mm, got[mm]) == [eq]
+    loads, stores, _ = io(pg, mm, got[mm])
+    assert loads == [(target, "col")] and eq not in stores
+
+
+def test_an_unstorable_value_that_reads_the_epilogue_stays_inside_or_out(method):
+    g = G()
+    x, w = g.input(), g.input()
+    mm = g.gemm(x, w)
+    mask = g.math(mm, storable=False)           # a comparison of the accumulator
+    g.other(mask)                               # read outside: it would have to be stored
+    g.other(g.math(mask, mm, roles=[None, "tile"]))
+    pg = g.graph()
+    assert mask not in candidates(pg)[mm]
+    got = groups_of(partition(pg, method=method))
+    assert all(mask not in vs for vs in got.values()) and violations(pg, got) == []
+
+
+def test_the_kernel_limits_are_kept(method):
+    g = G()
+    x, w = g.input(), g.input()
+    mm = g.gemm(x, w)
+    h = mm
+    chain = []
+    for _ in range(4):
+        h = g.math(h, g.input(), roles=["tile", "tile"])   # each member loads one more tile
+        chain.append(h)
+    reds = [g.reduce(h) for _ in range(3)]
+    g.other(h), [g.other(r) for r in reds]
+    pg = g.graph()
+    limits = Limits(slots=4, reductions=1)
+    got = groups_of(partition(pg, method=method, limits=limits))
+    assert violations(pg, got, limits) == []
+    members = got[mm]
+    loads, stores, reductions = io(pg, mm, members)
+    assert len(loads) + len(stores) + len(reductions) <= 4 and len(reductions) <= 1
+    assert violations(pg, {mm: chain + reds}, limits) != []
+
+
+def test_different_frames_do_not_fuse():
+    g = G()
+    x, w = g.input(), g.input()
+    mm = g.gemm(x, w)
+    g.other(g.math(mm, frame=(128, 64)))
+    assert candidates(g.graph())[mm] == ()
+    part = partition(g.graph())
+    assert part.groups == () and part.method == "none"
+
+
+def test_the_ilp_is_at_least_as_good_as_greedy_and_both_are_valid():
+    """Two layers' worth of GEMM epilogues with a residual stream and shared inputs."""
+    needs_scipy()
+    g = G()
+    x, res = g.input(), g.input()
+    for _ in range(2):
+        w1, w2, b = g.input(), g.input(), g.input(nbytes=256)
+        h1 = g.gemm(x, w1)
+        a = g.math(g.math(h1, b, roles=["tile", "row"]))
+        h2 = g.gemm(a, w2)
+        res = g.math(h2, res)
+        r = g.reduce(res)
+        x = g.math(res, r, roles=["tile", "col"])
+    g.other(x)
+    pg = g.graph()
+    cost = CostModel()
+    ilp, greedy = partition(pg, cost, method="ilp"), partition(pg, cost, method="greedy")
+    assert ilp.method == "ilp" and greedy.method == "greedy"
+    for p in (ilp, greedy):
+        assert violations(pg, groups_of(p)) == []
+    assert ilp.objective >= greedy.objective > 0
