@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 import coda_ext as ce
-
 from benchmarks.common import RESULTS, gpu_info, summarize, time_interleaved, write_json
 from tests.helpers import rand
 
@@ -60,8 +59,8 @@ def main() -> int:
         for cfg in CONFIGS:
             op = ce.compile(g, dt, cfg)
             kw = {k: k for k in op.input_names}
-            fns[f"{name} [{cfg.tag}]"] = (lambda op, kw: lambda i: op(sets[i]["A"], sets[i]["W"],
-                                                                     **{k: sets[i][v] for k, v in kw.items()}))(op, kw)
+            fns[f"{name} [{cfg.tag}]"] = lambda i, op=op, kw=kw: op(sets[i]["A"], sets[i]["W"],
+                                                                   **{k: sets[i][v] for k, v in kw.items()})
     times = time_interleaved(fns, args.reps)
     summary = summarize(times, "cublas_gemm")
     result = {"shape": {"M": M, "N": N, "K": K}, "results": summary, "env": gpu_info()}

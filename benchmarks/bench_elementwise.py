@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         M, H, KV, hd, d = SHAPES[name]
         N = (H + 2 * KV) * hd
         g = rand.generator(name, device="cuda")
-        r = lambda *s: rand.randn(g, *s, dtype=torch.bfloat16)  # noqa: E731
+        def r(*s):
+            return rand.randn(g, *s, dtype=torch.bfloat16)
         dqkv, qkv, x, w = r(M, N), r(M, N), r(M, d), r(d)
         pos = torch.arange(M, device="cuda") % 8192
         freqs = ops.rope_frequencies(hd, H, KV, device="cuda")

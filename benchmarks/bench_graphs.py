@@ -29,9 +29,8 @@ import sys
 import time
 
 import coda_ext as ce
-from coda_ext import tuning
-
 from benchmarks import common, goals, graphs
+from coda_ext import tuning
 from tests.helpers import rand
 
 #: Llama-3-8B-like training and inference shapes (M, N, K) (the list of issue 3).
@@ -131,10 +130,10 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
         sets = [rand.op_inputs(meta, M, N, K, rand.generator(seed, device="cuda")) for seed in (0, 1)]
         variants = {"cublas_gemm": lambda i: F.linear(sets[i][0], sets[i][1])}
         for vname, op in ops.items():
-            variants[vname] = (lambda op: lambda i: op(sets[i][0], sets[i][1], **sets[i][2]))(op)
+            variants[vname] = lambda i, op=op: op(sets[i][0], sets[i][1], **sets[i][2])
         twin = plain_twin(name, ops, M, N, K)
         if twin is not None:
-            variants[PLAIN] = (lambda op: lambda i: op(sets[i][0], sets[i][1]))(twin)
+            variants[PLAIN] = lambda i: twin(sets[i][0], sets[i][1])
         variants["torch_compile"] = lambda i: compiled(sets[i][0], sets[i][1], **sets[i][2])
         variants["eager"] = lambda i: reference(sets[i][0], sets[i][1], **sets[i][2])
         for i in (0, 1):

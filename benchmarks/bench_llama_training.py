@@ -6,11 +6,12 @@ Liger-Kernel, with the floor the non-attention part cannot beat.
 Cases: one forward + backward of a Llama-3-1B-like layer (d 2048, 32 Q / 8 KV heads, head_dim 64,
 F 8192, batch 4 x seq 8192) and of a Llama-3-8B layer (d 4096, head_dim 128, F 14336, 1 x 8192);
 the LM head + cross-entropy forward + backward (M 8192, d 4096, V 128256).
-Per case and variant: step time (median of interleaved rounds, L2 flushed, common.py), peak
-memory of one step beyond what was allocated before it (with and without the gradients it returns); per layer also attention alone (SDPA forward +
-backward at the layer's shape, the same call in every variant), the non-attention part (step −
-attention) and the GEMM floor (the bare cuBLAS GEMMs of the layer's linears: forward, dX and dW of
-each, timed the same way and summed). Writes results/llama_training_h100.json and .png.
+Per case and variant: step time (median of interleaved rounds, L2 flushed, common.py), peak memory
+of one step beyond what was allocated before it (with and without the gradients it returns); per
+layer also attention alone (SDPA forward + backward at the layer's shape, the same call in every
+variant), the non-attention part (step − attention) and the GEMM floor (the bare cuBLAS GEMMs of the
+layer's linears: forward, dX and dW of each, timed the same way and summed). Writes
+results/llama_training_h100.json and .png.
 """
 from __future__ import annotations
 
@@ -223,21 +224,21 @@ def breakdown_fns(s: Shape, device, dtype) -> dict:
         return rand.randn(gen, *shape, dtype=dtype, scale=scale)
 
     def one():
-        t = {"x": r(M, d), "h": r(M, d), "w_qkv": r(Nq, d, scale=d ** -0.5), "rstd": rand.positive(gen, M),
+        return {"x": r(M, d), "h": r(M, d), "w_qkv": r(Nq, d, scale=d ** -0.5), "rstd": rand.positive(gen, M),
              "y0": r(M, Do), "w_o": r(d, Do, scale=Do ** -0.5), "g": r(d), "w_gu": r(2 * F_, d, scale=d ** -0.5),
              "w_d": r(d, F_, scale=F_ ** -0.5), "z1": r(M, 2 * F_), "dx2": r(M, d), "y1": r(M, F_),
              "dz1": r(M, 2 * F_), "zdz": rand.randn(gen, M), "dqkv": r(M, Nq), "qkv": r(M, Nq),
              "dz": r(M, Nq)}
-        return t
 
     sets = [one(), one()]
-    S = lambda i: sets[i]  # noqa: E731
+    S = sets.__getitem__
     eps = s.eps
     return {
         "rms_norm_input (-)": lambda i: ops.rms_norm_input(S(i)["x"], S(i)["g"], eps),
         "qkv_rope (qkv.fwd)": lambda i: ops.qkv_rope(S(i)["h"], S(i)["w_qkv"], pos, freqs, s.n_heads, s.n_kv_heads,
                                                      rstd=S(i)["rstd"]),
-        "linear_residual_norm (o.fwd)": lambda i: ops.linear_residual_norm(S(i)["y0"], S(i)["w_o"], S(i)["x"], S(i)["g"]),
+        "linear_residual_norm (o.fwd)": lambda i: ops.linear_residual_norm(S(i)["y0"], S(i)["w_o"], S(i)["x"],
+                                                                           S(i)["g"]),
         "linear_swiglu_train (gate_up.fwd)": lambda i: ops.linear_swiglu_train(S(i)["h"], S(i)["w_gu"], S(i)["rstd"]),
         "linear_residual (down.fwd)": lambda i: ops.linear_residual(S(i)["y1"], S(i)["w_d"], S(i)["x"]),
         "swiglu_backward_linear (down.dx)": lambda i: ops.swiglu_backward_linear(S(i)["dx2"], S(i)["w_d"], S(i)["z1"]),

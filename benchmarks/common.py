@@ -41,7 +41,7 @@ def gpu_info() -> dict:
         out = subprocess.run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=10).stdout.strip()
         info["nvidia_smi"] = {"query": q, "value": out}
-    except Exception as e:  # nvidia-smi missing: record why
+    except (OSError, subprocess.SubprocessError) as e:  # nvidia-smi missing or hung: record why
         info["nvidia_smi"] = f"unavailable: {e}"
     return info
 
@@ -55,7 +55,7 @@ def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE,
                               timeout=10).stdout.strip() or "unknown"
-    except Exception:
+    except (OSError, subprocess.SubprocessError):  # no git, or it hung
         return "unknown"
 
 

@@ -19,11 +19,10 @@ import tempfile
 import time
 
 import coda_ext as ce
+from benchmarks import graphs
 from coda_ext import tuning
 from coda_ext.jit import nvcc
 from coda_ext.jit.paths import csrc_dir
-
-from benchmarks import graphs
 
 
 def phases(path: pathlib.Path) -> dict[str, float]:

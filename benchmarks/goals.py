@@ -151,23 +151,25 @@ def check(results: dict) -> list[Goal]:
 
 def render(goals: list[Goal], env: dict, source: str) -> str:
     lines = [f"# Speed goals against {source}", "",
-             f"GPU {env.get('gpu')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, CUTLASS {env.get('cutlass')}, "
-             f"commit {env.get('commit')}, {env.get('date')}. Ratios: time / bare cuBLAS GEMM, medians of "
-             "interleaved per-round ratios (benchmarks/goals.py).", "",
+             (f"GPU {env.get('gpu')}, torch {env.get('torch')}, CUDA {env.get('cuda')}, CUTLASS {env.get('cutlass')}, "
+              f"commit {env.get('commit')}, {env.get('date')}. Ratios: time / bare cuBLAS GEMM, medians of "
+              "interleaved per-round ratios (benchmarks/goals.py)."), "",
              f"{sum(g.met for g in goals)} of {len(goals)} goals met.", "",
              "| goal | target | measured | met |", "|---|---|---|---|"]
     lines += [f"| {g.name} | {g.target} | {g.measured} | {'yes' if g.met else 'no'} |" for g in goals]
     missed = [g for g in goals if not g.met and g.misses]
     if missed:
         lines += ["", "## Rows that miss, with the measured split", "",
-                  "mainloop: the plain GEMM with the same config / cuBLAS − 1; epilogue: fused − that plain GEMM "
-                  "(both in cuBLAS time).", "",
-                  "| goal | case | shape | config | coda (IQR) | torch.compile | split |", "|---|---|---|---|---|---|---|"]
+                  ("mainloop: the plain GEMM with the same config / cuBLAS − 1; epilogue: fused − that plain GEMM "
+                   "(both in cuBLAS time)."), "",
+                  "| goal | case | shape | config | coda (IQR) | torch.compile | split |",
+                  "|---|---|---|---|---|---|---|"]
         for g in missed:
             for r in g.misses:
                 iqr = f" ({r.iqr[0]:.3f}–{r.iqr[1]:.3f})" if r.iqr else ""
                 comp = "" if r.compile is None else f"{r.compile:.3f}"
-                lines.append(f"| {g.name} | {r.case} | {r.shape} | {r.config} | {r.coda:.3f}{iqr} | {comp} | {r.split} |")
+                lines.append(f"| {g.name} | {r.case} | {r.shape} | {r.config} | {r.coda:.3f}{iqr} | {comp} "
+                             f"| {r.split} |")
     return "\n".join(lines) + "\n"
 
 

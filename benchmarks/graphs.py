@@ -7,8 +7,18 @@ from __future__ import annotations
 
 import functools
 
-from coda_ext.graphs import (bias_gelu, bias_silu, design, identity, linear, linear_swiglu, rstd_scale, rstd_swiglu,
-                             store_rowsum, swiglu)
+from coda_ext.graphs import (
+    bias_gelu,
+    bias_silu,
+    design,
+    identity,
+    linear,
+    linear_swiglu,
+    rstd_scale,
+    rstd_swiglu,
+    store_rowsum,
+    swiglu,
+)
 
 #: Two families are ready ops' graphs: D = acc + residual (a tile load) is linear_residual's, and
 #: y = SwiGLU(acc) at half width without D is linear_swiglu's (unscaled, no pre-activation).

@@ -33,12 +33,12 @@ import pathlib
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import coda_ext as ce
-from coda_ext import tuning
-
 from benchmarks import common
+from coda_ext import tuning
 from tests.helpers import fuzz_strategies as fz
 from tests.helpers import rand, references
 from tests.helpers.checks import floor, max_err, nan_outputs, within_rule
@@ -198,7 +198,8 @@ LABELS = {
     "select/where_eq_col_index": "where(eq(col_index, int32 target), acc, 0)",
     "select/compare_sum": "gt + ge + le + ne (0/1 sums)", "select/pair_swap": "pair_swap",
     "binary/out": "fma(acc, row, fp32 col) (D)", "binary/add_row": "add (row vector)",
-    "binary/sub_col": "sub (fp32 col vector)", "binary/mul_tile": "mul (tile)", "binary/div": "div (by abs(tile) + 0.5)",
+    "binary/sub_col": "sub (fp32 col vector)", "binary/mul_tile": "mul (tile)",
+    "binary/div": "div (by abs(tile) + 0.5)",
     "binary/mul_scalar": "mul (runtime scalar)", "binary/mul_pointer": "mul (pointer scalar)",
     "binary/fma_const": "fma (constants)", "binary/turns": "turns (int32 pos, fp32 hi/lo)",
     "binary/cos_turns": "cos_turns", "binary/sin_turns": "sin_turns", "binary/rotate_pairs": "rotate_pairs",
@@ -242,8 +243,16 @@ class ReadyOp:
 
 
 def _ready_ops() -> dict[str, ReadyOp]:
-    from coda_ext.ops import (linear_grad, lm_head_ce, norm_backward, qkv, residual_norm, rms_scale, swiglu,
-                              swiglu_backward)
+    from coda_ext.ops import (
+        linear_grad,
+        lm_head_ce,
+        norm_backward,
+        qkv,
+        residual_norm,
+        rms_scale,
+        swiglu,
+        swiglu_backward,
+    )
     d, f = D_MODEL, FFN
     ops = [
         ReadyOp("linear_residual_norm", ("out", "h", "rstd"), "kk", residual_norm.graph, (), lambda m: (m, d, f)),
@@ -407,7 +416,8 @@ def _row(graph: str, output: str, dtype: str, shape, got, base, ref64, ok) -> di
     n_ok = int(ok.sum())
     max_ref = ref64[ok].abs().max().item() if n_ok else math.nan
     row = {"graph": graph, "output": output, "label": LABELS.get(f"{graph}/{output}", output), "dtype": dtype,
-           "shape": "x".join(map(str, shape)), "max_err": max_err(got, ref64, ok), "torch_err": max_err(base, ref64, ok),
+           "shape": "x".join(map(str, shape)), "max_err": max_err(got, ref64, ok),
+           "torch_err": max_err(base, ref64, ok),
            "max_ref": max_ref, "floor": floor(max_ref) if n_ok else math.nan, "checked": n_ok,
            "elements": ok.numel()}
     row["rule"] = rule_verdict(row)
@@ -430,18 +440,28 @@ def ready_op_case(name: str, dtype: str, M: int, seed: int = 0, device: str = "c
     import torch.nn.functional as F
 
     from coda_ext import ops
-    from coda_ext.ops import (linear_grad, lm_head_ce, norm_backward, qkv, residual_norm, rms_scale, swiglu,
-                              swiglu_backward)
+    from coda_ext.ops import (
+        linear_grad,
+        lm_head_ce,
+        norm_backward,
+        qkv,
+        residual_norm,
+        rms_scale,
+        swiglu,
+        swiglu_backward,
+    )
 
     gen = torch.Generator(device=device).manual_seed(seed + 1000 * M)
     dt = getattr(torch, dtype)
     d, f = D_MODEL, FFN
-    r = lambda *s, scale=1.0: rand.randn(gen, *s, dtype=dt, scale=scale)  # noqa: E731
+    def r(*s, scale=1.0):
+        return rand.randn(gen, *s, dtype=dt, scale=scale)
     rstd = rand.positive(gen, M)
     if name == "linear_residual_norm":
         x, w, res, gamma = r(M, f), r(d, f, scale=f ** -0.5), r(M, d), r(d)
         out = F.linear(x, w) + res
-        return (lambda: ops.linear_residual_norm(x, w, res, gamma, eps=EPS), residual_norm.reference(x, w, res, gamma, EPS),
+        return (lambda: ops.linear_residual_norm(x, w, res, gamma, eps=EPS),
+                residual_norm.reference(x, w, res, gamma, EPS),
                 (out, out * gamma, torch.rsqrt(out.pow(2).mean(-1) + EPS)))
     if name == "rms_linear":
         x, w = r(M, d), r(f, d, scale=d ** -0.5)
@@ -569,8 +589,8 @@ def format_tables(result: dict) -> str:
         lines.append("")
     if lines:
         lines.insert(0, "Cells: coda_ext max abs error / PyTorch-in-dtype max abs error, against fp64 (ready ops: "
-                        "their fp32 reference); (!) marks a cell over the 2x rule of docs/design.md. bits repeat: every "
-                        "launch of the kernel gave the same bits (per dtype).\n")
+                        "their fp32 reference); (!) marks a cell over the 2x rule of docs/design.md. bits repeat: "
+                        "every launch of the kernel gave the same bits (per dtype).\n")
     return "\n".join(lines)
 
 
@@ -613,7 +633,7 @@ def run(args) -> dict:
         for (g, dtype, cfg), fut in builds:   # cache hits when prebuilt
             try:
                 fut.result()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - recorded, the rest goes on
                 not_built.add(ce.kernel_source(g, dtype, cfg).source)
                 result["failures"].append(f"not built: {dtype} {cfg.tag}: {type(e).__name__}: {e}"[:500])
         binding.result()
@@ -644,7 +664,7 @@ def run(args) -> dict:
             for shape_name, M in op_shapes.items():
                 try:
                     rows, d = measure_ready_op(op, dtype, M, shape_name)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:  # noqa: BLE001 - recorded, the rest goes on
                     traceback.print_exc()
                     result["failures"].append(f"{op.name} {dtype} {shape_name}: {type(e).__name__}: {e}"[:500])
                     continue

@@ -17,7 +17,6 @@ import sys
 import torch
 
 import coda_ext as ce
-
 from benchmarks import graphs
 from tests.helpers import rand
 

@@ -40,13 +40,13 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import coda_ext as ce
-from coda_ext import graphs, tuning
-
 from benchmarks import common
 from benchmarks import numerics_table as nt
+from coda_ext import graphs, tuning
 from tests.helpers import checks, rand
 
 HERE, ROOT = common.HERE, common.ROOT
@@ -187,7 +187,8 @@ def run_child(tool: str, manifest_path: str, names: list[str]) -> int:
 
 _PREFIX = re.compile(r"^=+ ?")
 _SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?")
-_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards?\s+displayed\s*\((\d+)\s+errors?,\s*(\d+)\s+warnings?\)")
+_RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards?\s+displayed\s*"
+                           r"\((\d+)\s+errors?,\s*(\d+)\s+warnings?\)")
 _ADDRESS = re.compile(r"(?:Address|access to|allocation at|address)\s+(0x[0-9a-fA-F]+)")
 _BANNER = ("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY", "LEAK SUMMARY")
 
@@ -198,7 +199,7 @@ def _strip(line: str) -> tuple[bool, str] | None:
     if not m or not line.startswith("="):
         return None
     rest = line[m.end():]
-    return (rest.startswith(" ") or rest.startswith("\t")), rest.strip()
+    return rest.startswith((" ", "\t")), rest.strip()
 
 
 def _kernel(text: str) -> str | None:
@@ -259,7 +260,7 @@ def parse_report(text: str) -> dict:
             continue
         if cont:
             continue
-        if body.startswith("Target application returned an error") or body.startswith("Error: process didn't"):
+        if body.startswith(("Target application returned an error", "Error: process didn't")):
             target_error = True
             continue
         kernel = _race_kernel(body) if body.startswith(("Error:", "Warning:")) else None
@@ -289,10 +290,8 @@ class AddressMap:
     """Address -> (family, tensor record) for the tensors of a child's manifest."""
 
     def __init__(self, manifest: dict):
-        spans = []
-        for fam, rec in manifest.get("families", {}).items():
-            for t in rec.get("tensors", []):
-                spans.append((t["ptr"], t["ptr"] + max(t["nbytes"], 1), fam, t))
+        spans = [(t["ptr"], t["ptr"] + max(t["nbytes"], 1), fam, t)
+                 for fam, rec in manifest.get("families", {}).items() for t in rec.get("tensors", [])]
         spans.sort(key=lambda s: s[0])
         self._starts = [s[0] for s in spans]
         self._spans = spans
@@ -436,9 +435,10 @@ def probe_verdict(counts: dict | None, values: dict | None, why_not: str | None 
     load = ("a TMA load of unwritten memory is reported" if load_seen
             else "a TMA load of unwritten memory is not reported")
     tma_blind = not seen["tma_store"] or not seen["tma_store_3d"]
-    return {"conclusive": True, "flagged": flagged, "tma_store_seen": not tma_blind, "bulk_store_seen": seen["bulk_store"],
-            "tma_load_checked": load_seen,
-            "line": ("initcheck probe: control OK (unwritten reported, st.global not); " + "; ".join(parts) + "; " + load)}
+    return {"conclusive": True, "flagged": flagged, "tma_store_seen": not tma_blind,
+            "bulk_store_seen": seen["bulk_store"], "tma_load_checked": load_seen,
+            "line": ("initcheck probe: control OK (unwritten reported, st.global not); " + "; ".join(parts) + "; "
+                     + load)}
 
 
 def initcheck_verdict(probe: dict, attribution: dict, errors: int | None, families_failed: list[str]) -> dict:
@@ -586,13 +586,12 @@ def summarize_tool(tool: str, res: dict) -> dict:
     errors = parsed["errors"]
     if tool == "racecheck" and parsed["racecheck"] is not None:   # hazards: errors and warnings both count
         errors = parsed["racecheck"]["errors"] + parsed["racecheck"]["warnings"]
-    out = {"errors": errors, "error_summary": parsed["errors"], "racecheck_summary": parsed["racecheck"],
-           "records_printed": len(parsed["records"]), "exit_code": res["rc"], "timed_out": res["timed_out"],
-           "seconds": res["seconds"], "target_error": parsed["target_error"],
-           "families": {name: {k: v for k, v in rec.items() if k != "tensors"} for name, rec in fams.items()},
-           "families_failed": sorted(n for n, r in fams.items() if r.get("error")),
-           "families_missing": [], "attribution": attribute(parsed, manifest)}
-    return out
+    return {"errors": errors, "error_summary": parsed["errors"], "racecheck_summary": parsed["racecheck"],
+            "records_printed": len(parsed["records"]), "exit_code": res["rc"], "timed_out": res["timed_out"],
+            "seconds": res["seconds"], "target_error": parsed["target_error"],
+            "families": {name: {k: v for k, v in rec.items() if k != "tensors"} for name, rec in fams.items()},
+            "families_failed": sorted(n for n, r in fams.items() if r.get("error")),
+            "families_missing": [], "attribution": attribute(parsed, manifest)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -639,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, fut in builds.items():   # one family's kernel that does not build fails that family only
             try:
                 fut.result()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - recorded: that family fails alone
                 build_failed[name] = f"{type(e).__name__}: {e}"[:400]
         binding.result()
         probe_exe, probe_build_log = probe_build.result() if probe_build else (None, "skipped")
@@ -723,10 +722,12 @@ def main(argv: list[str] | None = None) -> int:
         summary["initcheck_ok"] = summary["tools"]["initcheck"]["verdict"]["verdict"] in ("clean", "tool_limitation")
     summary["seconds"] = round(time.monotonic() - start, 1)
 
+    def shape_text(f):
+        return " ".join("x".join(map(str, s)) for s in f.shapes)
+
     log_parts = [f"# compute-sanitizer over coda_ext's kernel families - {summary['date']}, {gpu}, {version}",
                  f"# commit {summary['commit']}, torch {torch.__version__}; {len(fams)} families: "
-                 + ", ".join(f"{f.name} ({f.dtype}, {f.config.tag}, {' '.join('x'.join(map(str, s)) for s in f.shapes)})"
-                             for f in fams)]
+                 + ", ".join(f"{f.name} ({f.dtype}, {f.config.tag}, {shape_text(f)})" for f in fams)]
     for tool, res in results.items():
         log_parts += [f"\n## {tool}: {res['cmd']}", f"## exit {res['rc']}, {res['seconds']} s"
                       + (" (TIMED OUT)" if res["timed_out"] else ""),

@@ -14,7 +14,6 @@ import dataclasses
 import sys
 
 import coda_ext as ce
-
 from benchmarks import bench_graphs, common, graphs
 from tests.helpers import rand
 
@@ -58,7 +57,7 @@ def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP, rasters=("he
         sets = [rand.op_inputs(first, M, N, Kd, rand.generator(seed, device="cuda")) for seed in (0, 1)]
         variants = {"cublas_gemm": lambda i: F.linear(sets[i][0], sets[i][1])}
         for tag, op in ops.items():
-            variants[tag] = (lambda op: lambda i: op(sets[i][0], sets[i][1], **sets[i][2]))(op)
+            variants[tag] = lambda i, op=op: op(sets[i][0], sets[i][1], **sets[i][2])
         summary = common.summarize(common.time_interleaved(variants, reps), "cublas_gemm")
         for s in summary.values():
             s["tflops"] = 2.0 * M * N * Kd / (s["median_ms"] * 1e-3) / 1e12

@@ -37,11 +37,10 @@ import sys
 import tempfile
 
 import coda_ext as ce
+from benchmarks import common, graphs
 from coda_ext import tuning
 from coda_ext.analysis import io_model
 from coda_ext.analysis.roofline import gpu_spec
-
-from benchmarks import common, graphs
 from tests.helpers import rand
 
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts__t_sector_op_read_hit_rate.pct"
@@ -162,7 +161,8 @@ def summarize(rows: list[dict], echo: bool = False) -> list[dict]:
     for key in ("read_bytes", "write_bytes", "time_s"):
         ratios = sorted(r["ratio_measured_to_model"][key] for r in ok if r["ratio_measured_to_model"][key])
         if ratios and echo:
-            print(f"measured / model {key}: {ratios[0]:.2f} .. {ratios[-1]:.2f} (median {ratios[len(ratios) // 2]:.2f})")
+            median = ratios[len(ratios) // 2]
+            print(f"measured / model {key}: {ratios[0]:.2f} .. {ratios[-1]:.2f} (median {median:.2f})")
     return ok
 
 

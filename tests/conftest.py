@@ -48,7 +48,7 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{n:6d}  {reason}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm90_reason() -> str | None:
     try:
         import torch
@@ -62,17 +62,19 @@ def sm90_reason() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvcc_reason() -> str | None:
     import os
 
     if not (os.environ.get("CODA_EXT_NVCC") or shutil.which("nvcc") or os.environ.get("CUDA_HOME")):
         return "nvcc is not on PATH"
+    from coda_ext.errors import CodaError
+
     try:
         from coda_ext.jit.paths import cutlass_include_dirs
 
         cutlass_include_dirs()
-    except Exception as e:  # CompileError: headers missing
+    except (ImportError, OSError, CodaError) as e:  # CompileError: headers missing
         return f"CUTLASS headers unavailable: {e}"
     return None
 

@@ -63,7 +63,8 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: major must be one of {MAJORS} (the contiguous dimension of A "
                                    f"and of W), got {self.major!r}")
         if self.cluster not in ((1, 1), (2, 1), (1, 2), (2, 2)):
-            raise UnsupportedError(f"KernelConfig: cluster {self.cluster} unsupported; use (1,1), (2,1), (1,2) or (2,2)")
+            raise UnsupportedError(f"KernelConfig: cluster {self.cluster} unsupported; "
+                                   "use (1,1), (2,1), (1,2) or (2,2)")
 
     @property
     def tag(self) -> str:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from .config import DEFAULT_CONFIG, KernelConfig
 from .jit.cache import locked
 from .jit.paths import cache_root
-from .config import DEFAULT_CONFIG, KernelConfig
 
 #: What the heuristic chooses from (benchmarks/results/sweep_*_h100.json: tile x cluster x schedule x
 #: swizzle x raster of the plain GEMM and of pointwise, tile-load and reduction graphs at the
@@ -25,7 +26,8 @@ from .config import DEFAULT_CONFIG, KernelConfig
 LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles otherwise (see heuristic)
 LARGE_TALL = dataclasses.replace(LARGE, swizzle=8)                         # LARGE with 32 or more M tiles
 PINGPONG = DEFAULT_CONFIG                                    # many tiles, N <= 16384, K <= 4096, an epilogue
-WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")  # compute-only, N > 16384, M >= 4096
+# compute-only, N > 16384, M >= 4096
+WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
 WAVE_FILL = KernelConfig((128, 128, 64), (1, 1), "pingpong")              # 128x128 fills the waves better
 SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <= 128: more CTAs stream W
@@ -65,7 +67,7 @@ class Epilogue:
     tall_192: bool = True
 
     @classmethod
-    def of(cls, lowered: Any) -> "Epilogue":
+    def of(cls, lowered: Any) -> Epilogue:
         from .codegen.constraints import mainloop_stages, segment_size
 
         kinds = {n.kind for n in lowered.nodes}

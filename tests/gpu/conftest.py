@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import os
 import pathlib
 
@@ -42,3 +43,27 @@ def report(capsys):
         with capsys.disabled():
             print(line)
     return emit
+
+
+#: A test whose end leaves more GPU memory allocated than its start, by more than this, is reported.
+LEAK_REPORT_BYTES = 256 << 20
+
+
+@pytest.fixture(autouse=True)
+def gpu_memory_is_given_back(request, capsys):
+    """After each test: collect garbage, and report a test that leaves GPU memory allocated (an op or a
+    cache that keeps a test's tensors alive would otherwise show up only as a later test's OOM)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        yield
+        return
+    gc.collect()
+    before = torch.cuda.memory_allocated()
+    yield
+    gc.collect()
+    grown = torch.cuda.memory_allocated() - before
+    if grown > LEAK_REPORT_BYTES:
+        with capsys.disabled():
+            print(f"\nGPU memory kept by {request.node.nodeid}: {grown / 2**20:.0f} MiB "
+                  f"(allocated now {torch.cuda.memory_allocated() / 2**30:.2f} GiB)")

@@ -32,12 +32,10 @@ DTYPES = ("bfloat16", "float16")
 
 def _cases():
     out = []
-    for model, (d, f) in MODELS.items():
-        for lead in LEADS:
-            for op in ("linear_dx", "weight_grad", "weight_grad_acc", "weight_grad_scaled", "linear_residual",
-                       "norm_backward",
-                       "norm_backward_acc", "swiglu_backward"):
-                out.append((op, model, lead, "bfloat16"))
+    for model in MODELS:
+        out += [(op, model, lead, "bfloat16") for lead in LEADS
+                for op in ("linear_dx", "weight_grad", "weight_grad_acc", "weight_grad_scaled", "linear_residual",
+                           "norm_backward", "norm_backward_acc", "swiglu_backward")]
         out += [(op, model, (333,), "float16") for op in ("linear_dx", "weight_grad", "norm_backward_acc",
                                                           "swiglu_backward")]
     return out
@@ -94,7 +92,8 @@ def _inputs(op, model, lead, dtype):
     gen = rand.generator(op, model, lead, dtype, device=DEVICE)
     dt = getattr(torch, dtype)
     d, f = MODELS[model]
-    r = lambda *s, scale=1.0: rand.randn(gen, *s, dtype=dt, scale=scale)  # noqa: E731
+    def r(*s, scale=1.0):
+        return rand.randn(gen, *s, dtype=dt, scale=scale)
     rstd = rand.positive(gen, lead)
     if op == "linear_dx":
         return (r(*lead, d), r(d, f, scale=f ** -0.5))

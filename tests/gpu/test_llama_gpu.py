@@ -18,11 +18,18 @@ import pytest
 import torch
 
 import coda_ext as ce
-from coda_ext.tools import train_demo
-from coda_ext.models import (CodaLlamaDecoderLayer, CodaLlamaForCausalLM, EagerLlamaDecoderLayer,
-                             EagerLlamaForCausalLM, LlamaConfig, shift_labels, training_kernels)
+from coda_ext.models import (
+    CodaLlamaDecoderLayer,
+    CodaLlamaForCausalLM,
+    EagerLlamaDecoderLayer,
+    EagerLlamaForCausalLM,
+    LlamaConfig,
+    shift_labels,
+    training_kernels,
+)
 from coda_ext.models.config import qkv_to_hf
 from coda_ext.ops import split_gate_up
+from coda_ext.tools import train_demo
 from tests.helpers import rand
 from tests.helpers.checks import assert_within_rule, max_err, nan_memory
 

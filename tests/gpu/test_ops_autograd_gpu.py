@@ -85,7 +85,8 @@ class Case:
     def __init__(self, name: str, lead: tuple):
         self.name, self.lead = name, lead
         gen = rand.generator(name, lead, device=DEVICE)
-        r = lambda *s, scale=1.0: rand.randn(gen, *s, dtype=BF16, scale=scale)  # noqa: E731
+        def r(*s, scale=1.0):
+            return rand.randn(gen, *s, dtype=BF16, scale=scale)
         _, variant, (n, k) = CASES[name]
         rstd = rand.positive(gen, lead)
         x, w = r(*lead, k), r(n, k, scale=k ** -0.5)

@@ -7,7 +7,8 @@ tests/gpu/test_bad_inputs_gpu.py (a compiled op on an SM90 GPU).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -15,7 +16,7 @@ import coda_ext as ce
 from tests.helpers import rand
 
 
-def main_graph() -> "ce.Graph":
+def main_graph() -> ce.Graph:
     """Every kind of runtime argument and output: tiles (op dtype, fp32), vectors (op dtype, fp32,
     int32), runtime and pointer scalars; D, stores (op dtype, fp32), a pair store, reductions."""
     g = ce.Graph()
@@ -32,13 +33,13 @@ def main_graph() -> "ce.Graph":
     return g
 
 
-def segment_graph() -> "ce.Graph":
+def segment_graph() -> ce.Graph:
     g = ce.Graph()
     g.output(ce.segment_reduce(g.accumulator(), 32, "sum"))
     return g
 
 
-def pairs_only_graph() -> "ce.Graph":
+def pairs_only_graph() -> ce.Graph:
     """No main output: N need not suit a TMA store of D, only be even."""
     g = ce.Graph()
     g.store("half", ce.swiglu_pairs(g.accumulator()))
@@ -145,7 +146,8 @@ BF = torch.bfloat16
 
 CASES = [
     # --- A and W ---------------------------------------------------------------------------------
-    Bad("A list", "main", MNK, _attr("A", lambda c: c.A.tolist()), TypeError, r"A and W must be torch.Tensors, got list"),
+    Bad("A list", "main", MNK, _attr("A", lambda c: c.A.tolist()), TypeError,
+        r"A and W must be torch.Tensors, got list"),
     Bad("W ndarray", "main", MNK, _attr("W", lambda c: c.W.float().cpu().numpy()), TypeError,
         r"A and W must be torch.Tensors, got Tensor and ndarray"),
     Bad("A 1-D", "main", MNK, _attr("A", lambda c: c.A[0]), ValueError, r"A must be 2-D"),
@@ -163,7 +165,8 @@ CASES = [
         r"must be < 2\*\*31"),
     Bad("A transposed", "main", MNK, _attr("A", lambda c: transposed(c.A)), ValueError,
         r"A must have a contiguous last dimension.*\.contiguous\(\)"),
-    Bad("W transposed", "main", MNK, _attr("W", lambda c: transposed(c.W)), ValueError, r"W must have a contiguous last"),
+    Bad("W transposed", "main", MNK, _attr("W", lambda c: transposed(c.W)), ValueError,
+        r"W must have a contiguous last"),
     Bad("A every other column", "main", MNK, _attr("A", lambda c: every_other_column(c.A)), ValueError,
         r"A must have a contiguous last dimension"),
     Bad("A misaligned", "main", MNK, _attr("A", lambda c: misaligned(c.A)), ValueError,
@@ -253,8 +256,9 @@ CASES = [
         ValueError, r"out\['out'\] must have a contiguous last dimension"),
     Bad("out D misaligned", "main", MNK, _out("out", lambda c: misaligned(torch.empty(D, dtype=BF, device=c.A.device))),
         ValueError, r"out\['out'\]'s data pointer is not 16-byte aligned"),
-    Bad("out D rows unaligned", "main", MNK, _out("out", lambda c: padded(torch.empty(D, dtype=BF, device=c.A.device), 3)),
-        ValueError, r"out\['out'\]'s rows are 150 bytes apart"),
+    Bad("out D rows unaligned", "main", MNK,
+        _out("out", lambda c: padded(torch.empty(D, dtype=BF, device=c.A.device), 3)), ValueError,
+        r"out\['out'\]'s rows are 150 bytes apart"),
     Bad("out store dtype", "main", MNK, _out("pre32", lambda c: torch.empty(D, dtype=BF, device=c.A.device)), TypeError,
         r"out\['pre32'\] has dtype torch.bfloat16, expected torch.float32"),
     Bad("out pair store full width", "main", MNK, _out("half", lambda c: torch.empty(D, dtype=BF, device=c.A.device)),
@@ -269,7 +273,8 @@ CASES = [
     Bad("out aliases a tile", "main", MNK, _out("pre", lambda c: c.inputs["res"]), ValueError,
         r"output 'pre' overlaps 'res' in memory; give every output its own tensor"),
     Bad("out aliases A", "main", (37, 64, 64), _out("out", lambda c: c.A), ValueError, r"output 'out' overlaps 'A'"),
-    Bad("out aliases W", "main", (64, 72, 72), _out("out", lambda c: c.W[:64]), ValueError, r"output 'out' overlaps 'W'"),
+    Bad("out aliases W", "main", (64, 72, 72), _out("out", lambda c: c.W[:64]), ValueError,
+        r"output 'out' overlaps 'W'"),
     Bad("outs alias each other", "main", MNK,
         lambda c, o: c.out.update(out=(t := torch.empty(D, dtype=BF, device=c.A.device)), pre=t), ValueError,
         r"output '(out|pre)' overlaps '(out|pre)'"),

@@ -34,7 +34,8 @@ import itertools
 import math
 import random
 import string
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -53,7 +54,7 @@ def fp32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def accepts(snippet: str) -> bool:
     """True if the builder accepts `snippet` (g: a fresh Graph; probes features that may land later)."""
     try:
@@ -360,7 +361,7 @@ class Case:
     def program(self) -> str:
         return "\n".join(self.lines())
 
-    def build(self) -> "ce.Graph":
+    def build(self) -> ce.Graph:
         ns = {"ce": ce}
         exec(self.program(), ns)
         return ns["g"]
@@ -503,10 +504,7 @@ class _Maker:
     def params(self, r: Row) -> tuple:
         out = []
         for key, _ in r.params:
-            if key == "size" and self.segment:
-                value = self.segment
-            else:
-                value = self.ch.choice(r.choices(key))
+            value = self.segment if key == "size" and self.segment else self.ch.choice(r.choices(key))
             if key == "size":
                 self.segment = value
             out.append((key, value))
@@ -942,7 +940,8 @@ def check_device(case: Case, got: dict, ref: dict[str, Reference], baseline: dic
 
         def first(bad):
             i = tuple(int(j) for j in bad.nonzero()[0])
-            return f"{int(bad.sum())} element(s), first at {i}: got {d[i]:.8g}, reference {l64[i]:.8g} (fp32 {l32[i]:.8g})"
+            return (f"{int(bad.sum())} element(s), first at {i}: got {d[i]:.8g}, reference {l64[i]:.8g} "
+                    f"(fp32 {l32[i]:.8g})")
 
         same = ~fragile & (_class(l64) != 0)
         for x in lanes[1:]:

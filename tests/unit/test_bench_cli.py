@@ -184,7 +184,8 @@ def test_compile_time_reads_nvcc_phase_csv(tmp_path):
     from benchmarks import compile_time
 
     path = tmp_path / "t.csv"
-    path.write_text("source file name , phase name , phase input files , phase output file , arch , tool, metric , unit\n"
+    path.write_text("source file name , phase name , phase input files , phase output file , arch , tool, "
+                    "metric , unit\n"
                     "/k.cu , cicc , a , b , compute_90a , nvcc , 31121.8 , ms\n"
                     "/k.cu , gcc (compiling) , a , b ,  , nvcc , 6914.0 , ms\n"
                     "/k.cu , gcc (compiling) , a , b ,  , nvcc , 13.7 , ms\n")

@@ -22,7 +22,7 @@ def _attrs(**kw):
 
 
 def test_duplicate_name_between_inputs():
-    g, acc = _acc_graph()
+    g, _acc = _acc_graph()
     g.row_vector("bias")
     with pytest.raises(ce.GraphError, match=r"'bias' is already used by a row vector"):
         g.tile("bias")
@@ -54,7 +54,7 @@ def test_duplicate_scalar_name():
 
 @pytest.mark.parametrize("bad", ["1x", "has space", "a-b", "", "class", "lambda", 3, None])
 def test_invalid_names(bad):
-    g, acc = _acc_graph()
+    g, _acc = _acc_graph()
     with pytest.raises(ce.GraphError, match=r"tile name .* must be a Python identifier"):
         g.tile(bad)
 
@@ -64,11 +64,9 @@ def test_invalid_names(bad):
 def test_reserved_names(maker, reserved):
     g, acc = _acc_graph()
     fn = getattr(g, maker)
+    args = (reserved, acc) if maker in ("store", "row_reduce") else (reserved,)
     with pytest.raises(ce.GraphError, match=rf"name '{reserved}' is reserved"):
-        if maker in ("store", "row_reduce"):
-            fn(reserved, acc)
-        else:
-            fn(reserved)
+        fn(*args)
 
 
 def test_invalid_store_name_is_rejected_before_anything_is_added():
@@ -151,7 +149,7 @@ def test_unused_constant_is_fine():
 
 
 def test_accumulator_unused_output_of_row_vector_only():
-    g, acc = _acc_graph()
+    g, _acc = _acc_graph()
     g.output(g.row_vector("bias") * 2.0)
     with pytest.raises(ce.GraphError, match=r"accumulator is never used"):
         g.build()
@@ -223,7 +221,7 @@ def _pair():
     lambda p, acc: ce.pair_gate(p, "relu"),
 ])
 def test_pair_result_used_in_math(use):
-    g, acc, p = _pair()
+    _g, acc, p = _pair()
     with pytest.raises(ce.GraphError, match=r"half-width result of pair_gate; such a value can only be stored"):
         use(p, acc)
 
@@ -233,12 +231,13 @@ def test_pair_result_reduced(kind):
     g, acc, p = _pair()
     g.output(acc)
     getattr(g, kind)("stat", p, "sum")
-    with pytest.raises(ce.GraphError, match=rf"\({kind} 'stat'\) reads the half-width result of node \d+ \(pair_gate\)"):
+    with pytest.raises(ce.GraphError,
+                       match=rf"\({kind} 'stat'\) reads the half-width result of node \d+ \(pair_gate\)"):
         g.build()
 
 
 def test_pair_result_as_main_output():
-    g, acc, p = _pair()
+    g, _acc, p = _pair()
     g.output(p)
     with pytest.raises(ce.GraphError, match=r"\(output 'out'\) reads the half-width result"):
         g.build()
@@ -254,7 +253,7 @@ def test_pair_result_stored_is_fine():
 
 
 def test_bad_pair_activation_and_gelu_mode():
-    g, acc = _acc_graph()
+    _g, acc = _acc_graph()
     with pytest.raises(ce.GraphError, match=r"pair_gate: unsupported activation 'swish'"):
         ce.pair_gate(acc, "swish")
     with pytest.raises(ce.GraphError, match=r"gelu: approximate must be 'none' or 'tanh', got 'fast'"):
@@ -265,7 +264,7 @@ def test_bad_pair_activation_and_gelu_mode():
 
 
 def test_values_from_two_graphs():
-    g1, a1 = _acc_graph()
+    _g1, a1 = _acc_graph()
     g2, a2 = _acc_graph()
     with pytest.raises(ce.GraphError, match=r"operand 1 of add belongs to another Graph"):
         a1 + a2
@@ -292,7 +291,7 @@ def test_non_finite_constants(bad):
 
 @pytest.mark.parametrize("bad", [True, "2.0", None, torch.tensor(1.0), [1.0]])
 def test_non_number_operands(bad):
-    g, acc = _acc_graph()
+    _g, acc = _acc_graph()
     with pytest.raises(ce.GraphError, match=r"operand 1 of add must be a coda_ext Value or a Python number"):
         ce.add(acc, bad)
 
@@ -303,7 +302,7 @@ def test_no_value_operand():
 
 
 def test_value_has_no_truth_value():
-    g, acc = _acc_graph()
+    _g, acc = _acc_graph()
     with pytest.raises(TypeError, match=r"no truth value; use coda_ext.maximum"):
         bool(acc)
 
@@ -408,7 +407,8 @@ def test_unknown_kind_and_arity():
 
 def test_hand_made_attribute_errors():
     def graph_with(node):
-        return ir.GraphIR((ir.Node("accumulator"), node, ir.Node("add", (0, 1)), ir.Node("output", (2,), _attrs(name="o"))))
+        return ir.GraphIR((ir.Node("accumulator"), node, ir.Node("add", (0, 1)),
+                           ir.Node("output", (2,), _attrs(name="o"))))
 
     cases = [
         (ir.Node("tile", (), _attrs(name="t", dtype="int8")), r"node 1 \(tile 't'\): dtype 'int8' is not one of"),
@@ -430,7 +430,8 @@ def test_hand_made_duplicate_names():
         ir.Node("output", (2,), _attrs(name="out")),
         ir.Node("store", (0,), _attrs(name="x")),
     ))
-    with pytest.raises(ce.GraphError, match=r"node 4 \(store 'x'\): name 'x' is also used by node 1 \(row_vector 'x'\)"):
+    with pytest.raises(ce.GraphError,
+                       match=r"node 4 \(store 'x'\): name 'x' is also used by node 1 \(row_vector 'x'\)"):
         verify(graph)
 
 
@@ -454,7 +455,7 @@ def _eval(build, a_vals):
     """Builds D = build(acc) and interprets it with acc = diag-free values a_vals (M x N)."""
     g, acc = _acc_graph()
     g.output(build(acc))
-    M, N = a_vals.shape
+    _M, N = a_vals.shape
     A = a_vals.double()
     W = torch.eye(N, dtype=torch.float64)
     return g, ce.interpret(g, A, W, compute_dtype=torch.float64).out

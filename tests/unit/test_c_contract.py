@@ -19,7 +19,8 @@ INCLUDE = ROOT / "csrc" / "include" / "coda"
 
 
 def _op_rows() -> list[tuple[str, str, int, str]]:
-    rows = re.findall(r'^  X\(([A-Z0-9_]+), (k\w+), (\d+), "(\w+)"\)', (INCLUDE / "op_list.h").read_text(), re.MULTILINE)
+    rows = re.findall(r'^  X\(([A-Z0-9_]+), (k\w+), (\d+), "(\w+)"\)', (INCLUDE / "op_list.h").read_text(),
+                      re.MULTILINE)
     return [(c, e, int(v), n) for c, e, v, n in rows]
 
 

@@ -433,13 +433,7 @@ def test_prebuild_cli_reports_cache_hits(tmp_path, monkeypatch, capsys):
 
     calls = tmp_path / "ok_calls.txt"
     monkeypatch.setenv("CODA_EXT_NVCC", str(_write_fake_nvcc(tmp_path / "nvcc_ok", calls, SUCCEEDING_BODY)))
-    items = tmp_path / "items.py"
-    items.write_text(
-        "import coda_ext as ce\n"
-        "def build_items():\n"
-        "    g = ce.Graph(); g.output(g.accumulator())\n"
-        "    h = ce.Graph(); h.output(ce.silu(h.accumulator()))\n"
-        "    return [(g, 'bfloat16', None), (h, 'bfloat16', None), (g, 'bfloat16', None)]\n")
+    items = _items_file(tmp_path, third_config="None")
     assert cli.main([str(items), "-j", "2"]) == 0
     assert "2 kernels ready" in capsys.readouterr().err and len(_compile_calls(calls)) == 2
     assert cli.main([str(items)]) == 0
@@ -638,7 +632,7 @@ def test_an_nvcc_that_cannot_run_is_a_compile_error(tmp_path, monkeypatch):
     monkeypatch.setenv("CODA_EXT_NVCC", str(fake))
     paths.nvcc_version.cache_clear()
     try:
-        with pytest.raises(ce.CompileError, match="cannot run .*--version"):
+        with pytest.raises(ce.CompileError, match=r"cannot run .*--version"):
             paths.nvcc_version()
     finally:
         paths.nvcc_version.cache_clear()
@@ -701,14 +695,15 @@ def test_quiet_build_shows_no_progress(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
-def _items_file(tmp_path) -> pathlib.Path:
+def _items_file(tmp_path, third_config: str = "'auto'") -> pathlib.Path:
+    """A prebuild items file: two graphs, the first again with `third_config` (a Python expression)."""
     items = tmp_path / "items.py"
     items.write_text(
         "import coda_ext as ce\n"
         "def build_items():\n"
         "    g = ce.Graph(); g.output(g.accumulator())\n"
         "    h = ce.Graph(); h.output(ce.silu(h.accumulator()))\n"
-        "    return [(g, 'bfloat16', None), (h, 'bfloat16', None), (g, 'bfloat16', 'auto')]\n")
+        f"    return [(g, 'bfloat16', None), (h, 'bfloat16', None), (g, 'bfloat16', {third_config})]\n")
     return items
 
 

@@ -312,7 +312,7 @@ def test_plan_shared_non_leaf_is_topological():
         y = acc + g.row_vector("b")
         g.output(ce.silu(y) * y)
 
-    lowered, p = _planned(build)
+    _lowered, p = _planned(build)
     assert not p.is_tree
     add_ops = [o for o, op in enumerate(p.ops) if op.kind == "add"]
     assert len(add_ops) == 1
@@ -369,7 +369,7 @@ def test_plan_store_on_d_path_needs_no_keep_first():
         g.row_reduce("r", y, "max")
         g.output(ce.relu(y))
 
-    lowered, p = _planned(build)
+    _lowered, p = _planned(build)
     assert p.is_tree
     kinds = [op.kind for op in p.ops]
     assert "keep_first" not in kinds

@@ -64,7 +64,8 @@ def test_wrong_dtype():
 
 
 def test_wrong_device():
-    with pytest.raises(ValueError, match=r"res is on cpu but the GEMM operands are on cuda:0; move it with \.to\('cuda:0'\)"):
+    with pytest.raises(ValueError,
+                       match=r"res is on cpu but the GEMM operands are on cuda:0; move it with \.to\('cuda:0'\)"):
         _check(torch.randn(37, 72, dtype=BF16), device=torch.device("cuda", 0))
 
 
@@ -83,7 +84,8 @@ def test_wrong_shape():
 def test_non_unit_inner_stride():
     transposed = torch.randn(72, 37, dtype=BF16).t()
     assert transposed.shape == (37, 72)
-    with pytest.raises(ValueError, match=r"res must have a contiguous last dimension \(stride 1\), got strides \(1, 37\)"):
+    with pytest.raises(ValueError,
+                       match=r"res must have a contiguous last dimension \(stride 1\), got strides \(1, 37\)"):
         _check(transposed)
     strided = torch.randn(144, dtype=torch.float32)[::2]
     with pytest.raises(ValueError, match=r"bias must have a contiguous last dimension"):
@@ -125,7 +127,8 @@ def test_check_scalar_value():
     assert isinstance(checks.check_scalar_value("alpha", 2), float)
     assert checks.check_scalar_value("alpha", -0.5) == -0.5
     for bad, tname in [(True, "bool"), (torch.tensor(1.0), "Tensor"), ("1", "str"), (None, "NoneType")]:
-        with pytest.raises(TypeError, match=rf"alpha is a runtime scalar and must be a Python int or float, got {tname}"):
+        with pytest.raises(TypeError,
+                           match=rf"alpha is a runtime scalar and must be a Python int or float, got {tname}"):
             checks.check_scalar_value("alpha", bad)
 
 
@@ -135,11 +138,13 @@ def test_check_scalar_pointer():
     assert checks.check_scalar_pointer("scale", t, cpu) is t
     zero_dim = torch.tensor(1.5)
     assert checks.check_scalar_pointer("scale", zero_dim, cpu) is zero_dim
-    with pytest.raises(TypeError, match=r"scale is a device-pointer scalar and must be a one-element torch.Tensor, got float"):
+    with pytest.raises(TypeError,
+                       match=r"scale is a device-pointer scalar and must be a one-element torch.Tensor, got float"):
         checks.check_scalar_pointer("scale", 1.5, cpu)
     with pytest.raises(ValueError, match=r"scale is on cpu; it must be on cuda:0"):
         checks.check_scalar_pointer("scale", t, torch.device("cuda", 0))
-    with pytest.raises(TypeError, match=r"scale must be a one-element float32 tensor, got torch.float64 with 1 elements"):
+    with pytest.raises(TypeError,
+                       match=r"scale must be a one-element float32 tensor, got torch.float64 with 1 elements"):
         checks.check_scalar_pointer("scale", t.double(), cpu)
     with pytest.raises(TypeError, match=r"got torch.float32 with 2 elements"):
         checks.check_scalar_pointer("scale", torch.ones(2), cpu)
@@ -186,7 +191,8 @@ def test_strided_view_extent_counts_its_last_element():
 
 
 @pytest.mark.parametrize("kwargs,pattern", [
-    (dict(schedule="warpspecialized"), r"schedule must be one of \('cooperative', 'pingpong', 'streamk'\), got 'warpspecialized'"),
+    (dict(schedule="warpspecialized"),
+     r"schedule must be one of \('cooperative', 'pingpong', 'streamk'\), got 'warpspecialized'"),
     (dict(tile=(64, 128, 64)), r"TILE_M=64 is not supported by the cooperative schedule; use one of \[128, 256\]"),
     (dict(tile=(32, 128, 64), schedule="pingpong"), r"TILE_M=32 is not supported by the pingpong schedule"),
     (dict(tile=(64, 128, 64), schedule="streamk"), r"TILE_M=64 is not supported by the streamk schedule"),

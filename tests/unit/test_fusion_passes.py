@@ -8,10 +8,11 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
-from coda_ext.fusion import passes
-from coda_ext.fusion.passes import GEMM, cse, decompose, fold, layout
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from coda_ext.fusion import passes
+from coda_ext.fusion.passes import GEMM, cse, decompose, fold, layout
 
 aten = torch.ops.aten
 
@@ -202,7 +203,8 @@ def test_softmax_and_its_backward():
 def test_dropout_with_p_zero_is_the_identity_and_other_dropout_stays():
     g = gen(11)
     x = randn(g, 4, 8)
-    gm = trace(lambda x: [aten.native_dropout.default(x * 2, 0.0, True)[0], aten.native_dropout.default(x, 0.5, True)[0]], x)
+    gm = trace(lambda x: [aten.native_dropout.default(x * 2, 0.0, True)[0],
+                          aten.native_dropout.default(x, 0.5, True)[0]], x)
     out = decompose(gm)
     assert targets(out).count(aten.native_dropout.default) == 1     # p = 0.5 is random: left alone
     y0, y1 = run(out, x)

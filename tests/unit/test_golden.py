@@ -16,8 +16,8 @@ import re
 import pytest
 
 import coda_ext as ce
-from coda_ext.jit.paths import csrc_dir
 from coda_ext.graphs import example, identity, swiglu
+from coda_ext.jit.paths import csrc_dir
 
 GOLDEN_DIR = pathlib.Path(__file__).resolve().parent.parent / "golden"
 UPDATE = os.environ.get("CODA_UPDATE_GOLDEN") == "1"

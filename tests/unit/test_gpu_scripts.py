@@ -11,12 +11,11 @@ import pytest
 import torch
 
 import coda_ext as ce
+from benchmarks import numerics_table as nt
+from benchmarks import sanitize
 from coda_ext.config import SCHEDULES
 from coda_ext.graph import ir
 from coda_ext.runtime.interface import GraphOp
-
-from benchmarks import numerics_table as nt
-from benchmarks import sanitize
 from tests.helpers import checks, rand
 from tests.helpers import fuzz_strategies as fz
 
@@ -102,7 +101,8 @@ def test_numerics_build_items_are_valid_kernels(monkeypatch):
     for op in nt.READY_OPS.values():
         for dtype in nt.DTYPES:
             tags = {nt.op_config(op, dtype, M).tag for M in nt.OP_SHAPES.values()}
-            srcs = {ce.kernel_source(op.graph(), dtype, nt.op_config(op, dtype, M)).source for M in nt.OP_SHAPES.values()}
+            srcs = {ce.kernel_source(op.graph(), dtype, nt.op_config(op, dtype, M)).source
+                    for M in nt.OP_SHAPES.values()}
             assert len(srcs) == 1, f"{op.name}: M = 4096 and 4000 pick different kernels {tags}"
     monkeypatch.setenv("CODA_NUMERICS_OPS", "none")
     assert len(nt.build_items()) == len(nt.DTYPES) * len(nt.KIND_GRAPHS)
@@ -191,7 +191,8 @@ def test_format_tables():
         "kinds": [_row("unary", "exp", d, s, 1.5e-2, 3e-2) for d in nt.DTYPES for s in nt.KIND_SHAPES]
         + [_row("unary", "log", "bfloat16", "4096^3", 0.0, math.nan, rule="over 2x PyTorch's error")],
         "ops": [_row("rms_linear", "out", "bfloat16", "M=4096", 1.6e-2, 4.7e-2)],
-        "determinism": [{"kernel": "unary bfloat16", "identical": True}, {"kernel": "unary float16", "identical": False},
+        "determinism": [{"kernel": "unary bfloat16", "identical": True},
+                        {"kernel": "unary float16", "identical": False},
                         {"kernel": "rms_linear bfloat16", "identical": True}]}
     text = nt.format_tables(result)
     lines = text.splitlines()
@@ -225,7 +226,7 @@ MEMCHECK_OOB = """\
 =========
 ========= Target application returned an error
 ========= ERROR SUMMARY: 2 errors
-"""
+"""  # noqa: E501  (compute-sanitizer's lines as it prints them)
 
 RACECHECK = """\
 ========= COMPUTE-SANITIZER
@@ -234,7 +235,7 @@ RACECHECK = """\
 =========
 ========= Warning: Race reported between Write access at 0x50 in kernel(float *) and Write access at 0x60 in kernel(float *)
 ========= RACECHECK SUMMARY: 2 hazards displayed (1 error, 1 warning)
-"""
+"""  # noqa: E501  (compute-sanitizer's lines as it prints them)
 
 RACECHECK_CLEAN = """\
 ========= COMPUTE-SANITIZER
@@ -299,7 +300,7 @@ def test_parse_clean_and_memcheck():
     assert sanitize.parse_report(CLEAN)["errors"] == 0
     p = sanitize.parse_report(MEMCHECK_OOB)
     assert p["errors"] == 2 and p["target_error"] and p["banner"]
-    assert [r["signature"] for r in p["records"]][0] == "Invalid __global__ write of size N bytes"
+    assert p["records"][0]["signature"] == "Invalid __global__ write of size N bytes"
     rec = p["records"][0]
     assert rec["kernel"] == "void coda::kernels::finalize_partials_kernel(coda::kernels::FinalizeBatch)"
     assert rec["addresses"] == [0x7f0000001538, 0x7f0000001000]

@@ -182,8 +182,8 @@ def test_the_scan_sees_every_spelling(tmp_path):
                      "e = fx.Graph()\nf = torch.cuda.CUDAGraph()\ng = 'ce.Graph()'\n")
     assert graph_constructions(probe) == [6, 7, 8, 9]
     inside = PACKAGE / "fusion" / "probe.py"    # relative imports, as a module of the package would write them
-    text = "from ..graph import Graph\nfrom .. import graph\nfrom ..graph import builder as b\n" \
-           "g = Graph()\nh = graph.Graph()\ni = b.Graph()\n"
+    text = ("from ..graph import Graph\nfrom .. import graph\nfrom ..graph import builder as b\n"
+            "g = Graph()\nh = graph.Graph()\ni = b.Graph()\n")
     assert graph_constructions(inside, text) == [4, 5, 6]
 
 

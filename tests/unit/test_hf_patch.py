@@ -13,8 +13,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from coda_ext import ops  # noqa: E402
-from coda_ext.hf import apply_coda_to_llama  # noqa: E402
+from coda_ext import ops  # noqa: E402  (after the importorskip)
+from coda_ext.hf import apply_coda_to_llama  # noqa: E402  (after the importorskip)
 
 B, S, V = 2, 16, 256
 RTOL = 2e-5
@@ -29,7 +29,7 @@ def hf_model(seed=0, **overrides):
     model = transformers.LlamaForCausalLM(cfg).to(torch.float32)
     model.config._attn_implementation = "sdpa"
     with torch.no_grad():   # norms away from 1, so a γ mistake shows
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
                 p.add_(0.2 * torch.randn_like(p))
     return model
@@ -179,7 +179,7 @@ def test_tied_embeddings_and_llama3_rope():
 
 
 def test_apply_twice_is_harmless():
-    ref, patched = pair()
+    _, patched = pair()
     layers = list(patched.model.layers)
     apply_coda_to_llama(patched, impl="reference")
     assert list(patched.model.layers) == layers

@@ -45,15 +45,15 @@ def _raises(call, args: dict, device: str, error: type, message: str) -> None:
         torch._dynamo.reset()
         names = list(args)
         compiled = torch.compile(lambda *a: call(**dict(zip(names, a))), fullgraph=True, backend="eager")
-        with pytest.raises(Exception) as e:   # Dynamo wraps what a fake raises in its own error
+        with pytest.raises(Exception) as e:  # noqa: PT011  (Dynamo wraps what a fake raises in its own error)
             compiled(*args.values())
         assert re.search(message, str(e.value)), str(e.value)
         return
-    with pytest.raises(error, match=message):
-        if device == "fake":
-            with FakeTensorMode() as mode:
-                call(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()})
-        else:
+    if device == "fake":
+        with pytest.raises(error, match=message), FakeTensorMode() as mode:
+            call(**{k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in args.items()})
+    else:
+        with pytest.raises(error, match=message):
             call(**{k: _meta(v) if device == "meta" else v for k, v in args.items()})
 
 
@@ -85,8 +85,8 @@ OP_MISTAKES = {   # id: (change of a valid call, error, message)
     "A not contiguous": (dict(A=lambda a: _transposed(a["A"])), ValueError,
                          r"A must have a contiguous last dimension \(stride 1\), got strides \(1, 37\)"),
     "K = 100": (dict(A=lambda a: torch.ones(M, 100, dtype=BF16), W=lambda a: torch.ones(N, 100, dtype=BF16)),
-                ValueError, r"A's rows are 200 bytes apart; they must be a multiple of 16 bytes \(pad the last "
-                            r"dimension to a multiple of 8\)"),
+                ValueError, (r"A's rows are 200 bytes apart; they must be a multiple of 16 bytes \(pad the last "
+                             r"dimension to a multiple of 8\)")),
     "N not a multiple of 8": (dict(W=lambda a: a["W"][:68], bias=lambda a: a["bias"][:68],
                                    residual=lambda a: a["residual"][:, :68].contiguous()), ValueError,
                               r"N = 68 \(W.shape\[0\]\) gives output rows of 136 bytes"),
@@ -161,13 +161,13 @@ READY_MISTAKES = {   # id: (call, the changed arguments, error, message)
     "linear_residual_norm N = 68": (
         lambda x, w, res, nw: ops.linear_residual_norm(x, w, res, nw),
         lambda a: dict(x=a["x"], w=a["w"][:68], res=a["res"][:, :68].contiguous(), nw=a["nw"][:68]), ValueError,
-        r"linear_residual_norm: N = 68 \(weight.shape\[0\]\) gives output rows of 136 bytes; N must be a multiple "
-        r"of 8"),
+        (r"linear_residual_norm: N = 68 \(weight.shape\[0\]\) gives output rows of 136 bytes; N must be a multiple "
+         r"of 8")),
     "linear_dx weight rows read along N": (
         lambda dz, w: ops.linear_dx(dz, w),
         lambda a: dict(dz=torch.ones(M, 72, dtype=BF16), w=torch.ones(72, 60, dtype=BF16)), ValueError,
-        r"linear_dx: weight.t\(\) \(N, K\) = \(60, 72\) is read along N: N and the stride of K must be multiples "
-        r"of 8"),
+        (r"linear_dx: weight.t\(\) \(N, K\) = \(60, 72\) is read along N: N and the stride of K must be multiples "
+         r"of 8")),
     "qkv_rope custom op with head counts that do not fit": (
         lambda x, w_qkv, pos, freqs: torch.ops.coda_ext.qkv_rope(x, w_qkv, pos, freqs, None, None, None, 5, 2, 1e-6),
         lambda a: dict(x=a["x"], w_qkv=a["w_qkv"], pos=a["pos"], freqs=a["freqs"]), ValueError,
@@ -343,8 +343,8 @@ def test_gate_up_pair_traces_without_a_graph_break(interpreted):
 
 
 @pytest.mark.parametrize("weight,error,message", [
-    (lambda wg, wu: (wg, wu, wu), TypeError, r"weight must be the interleaved \(2F, d\) tensor .* or a \(W_gate, "
-                                             r"W_up\) pair of \(F, d\) tensors, got tuple"),
+    (lambda wg, wu: (wg, wu, wu), TypeError, (r"weight must be the interleaved \(2F, d\) tensor .* or a \(W_gate, "
+                                              r"W_up\) pair of \(F, d\) tensors, got tuple")),
     (lambda wg, wu: (wg, wu[:64]), ValueError, r"W_gate \(72, 64\) .* and W_up \(64, 64\) .* must have one shape"),
     (lambda wg, wu: (wg, wu.half()), ValueError, r"W_gate .* and W_up .* must have one shape, dtype and device"),
 ])

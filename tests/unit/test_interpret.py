@@ -195,7 +195,7 @@ def test_swiglu_pairs_is_silu_pair_gate(cd):
 
 
 def test_pair_gate_of_broadcast_value():
-    A, W, acc, gen = _operands(11, 37, 72, torch.float64)
+    A, W, _acc, gen = _operands(11, 37, 72, torch.float64)
     b = torch.randn(72, generator=gen, dtype=torch.float64)
     g = ce.Graph()
     g.output(g.accumulator())
@@ -251,7 +251,7 @@ def test_reductions(op, M, N, cd):
 
 @cdtypes
 def test_reduction_of_broadcast_value(cd):
-    A, W, acc, gen = _operands(14, 37, 72, cd)
+    A, W, _acc, gen = _operands(14, 37, 72, cd)
     c = torch.randn(37, generator=gen)
     g = ce.Graph()
     g.output(g.accumulator())
@@ -389,7 +389,7 @@ def test_outputs_attribute_access():
     assert out.rsum is out["rsum"]
     _close(out.rsum, acc.sum(1))
     with pytest.raises(AttributeError, match=r"no output named 'rsm'; outputs are \['out', 'rsum'\]"):
-        out.rsm
+        _ = out.rsm
     assert not hasattr(out, "csum")
 
 

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from coda_ext import emit_source, kernel_source
-from coda_ext.tools import libgen
 from coda_ext.ops import rms_scale
+from coda_ext.tools import libgen
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OPS_DIR = ROOT / "csrc" / "kernels" / "ops"

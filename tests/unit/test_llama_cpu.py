@@ -17,8 +17,13 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from coda_ext import ops
-from coda_ext.models import (CodaLlamaDecoderLayer, CodaLlamaForCausalLM, EagerLlamaForCausalLM, LlamaConfig,
-                             shift_labels)
+from coda_ext.models import (
+    CodaLlamaDecoderLayer,
+    CodaLlamaForCausalLM,
+    EagerLlamaForCausalLM,
+    LlamaConfig,
+    shift_labels,
+)
 
 CFG = LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                   num_hidden_layers=2, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0)
@@ -416,7 +421,8 @@ def test_optimizer_steps_track_the_reference():
             opt.step()
             opt.zero_grad()
             curve.append(loss.item())
-        assert abs(curves[0][-1] - curves[1][-1]) <= 1e-3 * abs(curves[0][-1]), (len(curves[0]), curves[0][-1], curves[1][-1])
+        assert abs(curves[0][-1] - curves[1][-1]) <= 1e-3 * abs(curves[0][-1]), \
+            (len(curves[0]), curves[0][-1], curves[1][-1])
     assert curves[1][-1] < curves[1][0] - 1.0, curves[1]   # it learns
 
 

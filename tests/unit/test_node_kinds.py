@@ -33,9 +33,9 @@ def test_every_kind_has_every_field():
                                                           "flags"]
     bad = []
     for name, k in KINDS.items():
-        ok = (k.name == name and (isinstance(k.arity, int) and 0 <= k.arity <= 3 or k.arity is None)
+        ok = (k.name == name and ((isinstance(k.arity, int) and 0 <= k.arity <= 3) or k.arity is None)
               and k.dtype in kinds.DTYPE_RULES and callable(k.interpret)
-              and (isinstance(k.cpp, str) and k.cpp.isidentifier() or k.cpp is None)
+              and ((isinstance(k.cpp, str) and k.cpp.isidentifier()) or k.cpp is None)
               and isinstance(k.flops, float) and k.flops >= 0.0
               and isinstance(k.flags, frozenset) and k.flags <= set(kinds.FLAGS))
         if not ok:
@@ -194,7 +194,8 @@ def test_interpreter_evaluates_every_kind():
                 got = env.outs
                 assert set(got) == set(want), name
                 for key in want:
-                    torch.testing.assert_close(got[key].double(), want[key].double(), msg=lambda m, name=name: f"{name}: {m}")
+                    torch.testing.assert_close(got[key].double(), want[key].double(),
+                                               msg=lambda m, name=name: f"{name}: {m}")
             else:
                 torch.testing.assert_close(got.double(), want.double(), msg=lambda m, name=name: f"{name}: {m}")
         else:
@@ -244,7 +245,7 @@ def test_cost_model_covers_every_kind():
     assert [n for n, c in costs.KIND_COSTS.items() if c.hbm == "write"] == \
         ["output", "store", "pair_store", "pair_gated_store"]
     assert costs.node_flops(ir.Node("pair_gate", (0,), ATTRS)) == KINDS["silu"].flops + 1
-    with pytest.raises(ce.UnsupportedError, match="'frobnicate'.*graph/kinds.py"):
+    with pytest.raises(ce.UnsupportedError, match=r"'frobnicate'.*graph/kinds\.py"):
         costs.kind_cost("frobnicate")
 
 

@@ -199,7 +199,8 @@ def test_lm_head_cross_entropy_all_ignored(exact):
 
 def _calls(lead, dtype, device):
     """(name, public function, args, kwargs, expected (shape, dtype) of each output) of every op."""
-    r = lambda *shape: torch.randn(shape, device=device).to(dtype)  # noqa: E731
+    def r(*shape):
+        return torch.randn(shape, device=device).to(dtype)
     x, rstd, hd = r(*lead, K), torch.rand(lead, device=device) + 0.5, 64
     nh, nkv = HEADS[hd]
     Nq = (nh + 2 * nkv) * hd

@@ -381,7 +381,8 @@ def _public_cases():
     cotangent shapes)."""
     gen = _gen("public")
     lead = (2, 5)
-    b = lambda *s, scale=1.0: _randn(gen, *s, dtype=BF16, scale=scale)
+    def b(*s, scale=1.0):
+        return _randn(gen, *s, dtype=BF16, scale=scale)
     x, w, wgu, res, nw, rstd = b(*lead, K), b(N, K, scale=K ** -0.5), b(F2, K, scale=K ** -0.5), b(*lead, N), b(N), \
         torch.rand(lead, generator=gen) + 0.5
     nh, nkv = HEADS[128]
@@ -505,7 +506,8 @@ def _backward_op_cases():
     """The backward GEMM ops on bf16 CPU tensors (their CPU kernels: the fp32 references)."""
     gen = _gen("backward-ops")
     d, n, f = 64, 96, 48
-    r = lambda *shape: _randn(gen, *shape, dtype=BF16)  # noqa: E731
+    def r(*shape):
+        return _randn(gen, *shape, dtype=BF16)
     return [
         ("linear_residual", (r(M, f), r(d, f), r(M, d))),
         ("linear_dx", (r(M, n), r(n, d))),

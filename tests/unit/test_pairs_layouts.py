@@ -17,14 +17,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import coda_ext as ce
-from coda_ext.runtime.tuned import TunedOp
 from coda_ext import ops, tuning
-from coda_ext.jit import nvcc
 from coda_ext.config import DEFAULT_CONFIG, MAJORS
 from coda_ext.graph import ir
 from coda_ext.graph.builder import Value
 from coda_ext.graph.interpret import Outputs
 from coda_ext.graph.verify import verify
+from coda_ext.jit import nvcc
 from coda_ext.runtime import TunedOp, checks
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -102,7 +101,7 @@ MATH = {
 
 @pytest.mark.parametrize("use", list(MATH))
 def test_packed_pairs_are_not_math_operands(use):
-    g, acc, even, odd = _pair_graph()
+    g, acc, even, _odd = _pair_graph()
     kind = {"radd": "add"}.get(use, use)
     with pytest.raises(ce.GraphError, match=rf"^{kind}: its operand is a packed pair value \(pair_tile\); use the "
                                             r"two values pair_tile returns, and store_pairs to write pairs"):
@@ -110,7 +109,7 @@ def test_packed_pairs_are_not_math_operands(use):
 
 
 def test_a_pack_is_not_a_math_operand():
-    g, acc, even, odd = _pair_graph()
+    g, acc, even, _odd = _pair_graph()
     g.store_pairs("dz", acc, even)
     pack = Value(g, len(g._nodes) - 2)
     assert pack.kind == "pack"
@@ -121,7 +120,7 @@ def test_a_pack_is_not_a_math_operand():
 @pytest.mark.parametrize("which", ["even", "odd"])
 @pytest.mark.parametrize("bad", ["pair_gate", "packed"])
 def test_store_pairs_takes_full_width_values_only(which, bad):
-    g, acc, even, odd = _pair_graph()
+    g, acc, even, _odd = _pair_graph()
     value = ce.pair_gate(acc) if bad == "pair_gate" else _packed(g, even)
     args = (value, acc) if which == "even" else (acc, value)
     with pytest.raises(ce.GraphError, match=rf"store_pairs 'dz': its values must be full-width element-wise values, "
@@ -178,11 +177,11 @@ def test_pair_names_are_claimed():
 
 
 def test_an_unused_pair_tile_is_an_error_and_one_half_is_enough():
-    g, acc, even, odd = _pair_graph()
+    g, acc, _even, _odd = _pair_graph()
     g.output(acc)
     with pytest.raises(ce.GraphError, match=r"\(pair_tile 'z'\): input 'z' is never used"):
         g.build()
-    g, acc, even, odd = _pair_graph()
+    g, acc, _even, odd = _pair_graph()
     g.output(acc * odd)
     kinds = [n.kind for n in g.build().nodes]
     assert kinds.count("unpack") == 1 and kinds.count("pair_tile") == 1   # the unused half is dropped
@@ -328,7 +327,7 @@ def test_pack_rounds_each_value_to_the_16_bit_dtype(op_dtype, compute):
 
 
 def test_interpreter_checks_the_pair_tile_shape():
-    g, acc, even, odd = _pair_graph()
+    g, acc, even, _odd = _pair_graph()
     g.output(acc + even)
     A, W = torch.ones(3, 8, dtype=BF16), torch.ones(4, 8, dtype=BF16)
     with pytest.raises(ValueError, match=r"z must have shape \(3, 8\), got \(3, 4\)"):
@@ -354,7 +353,7 @@ def test_emitted_cpp_moves_pairs_as_32_bit_elements():
 
 
 def test_unpack_takes_the_pair_tiles_dtype_and_only_the_used_half_is_emitted():
-    g, acc, even, odd = _pair_graph()         # the op's dtype
+    g, acc, _even, odd = _pair_graph()         # the op's dtype
     g.output(acc * odd)
     src = ce.emit_source(g, torch.float16)
     assert "Unpack<Cfg, cutlass::half_t, 1>" in src and "Unpack<Cfg, cutlass::half_t, 0>" not in src
@@ -399,7 +398,7 @@ def test_config_template_arguments(major, epilogue_tile):
 
 
 def test_each_major_is_its_own_kernel():
-    g, acc, even, odd = _pair_graph()
+    g, acc, even, _odd = _pair_graph()
     g.output(acc * even)
     sources = {m: ce.kernel_source(g, "bfloat16", ce.KernelConfig(major=m)).source for m in MAJORS}
     assert len(set(sources.values())) == len(MAJORS)       # the cache key is the source: one kernel per layout
@@ -407,7 +406,7 @@ def test_each_major_is_its_own_kernel():
 
 def test_tuned_op_carries_its_major():
     """config="auto" builds no kernel up front: TunedOp lays every config out in its major."""
-    g, acc, even, odd = _pair_graph()
+    g, acc, even, _odd = _pair_graph()
     g.output(acc * even)
     plain = ce.compile(g, "bfloat16", "auto")
     op = ce.compile(g, "bfloat16", "auto", major="kn")
@@ -444,9 +443,9 @@ def test_prebuild_ops_items_carry_each_modules_major():
         majors_seen |= {c.major for _, _, c in items}
     assert {"kk", "kn", "mn"} <= majors_seen
     everything = cli.ready_op_items([], ["bfloat16"])
-    assert len(everything) == sum(len(tuning.heuristic_configs(TunedOp(b(*a), "bfloat16", tune=False, major=mj).epilogue,
-                                                               mj))
-                                  for m in ops.MODULES + ops.BACKWARD_MODULES for b, a, mj in m.BUILDS)
+    epilogues = [(TunedOp(b(*a), "bfloat16", tune=False, major=mj).epilogue, mj)
+                 for m in ops.MODULES + ops.BACKWARD_MODULES for b, a, mj in m.BUILDS]
+    assert len(everything) == sum(len(tuning.heuristic_configs(e, mj)) for e, mj in epilogues)
 
 
 # --- runtime checks of transposed operands ---------------------------------------------------------------

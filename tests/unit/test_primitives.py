@@ -53,7 +53,7 @@ def test_interpreter_semantics_of_the_new_nodes():
     g.row_reduce("lse", acc, "logsumexp")
     tgt = g.col_vector("t", torch.int64)
     g.row_reduce("picked", ce.where(ce.eq(g.col_index(), tgt), acc, 0.0), "sum")
-    with pytest.raises(ValueError, match="N = 8 .* must be a multiple of 32"):  # N = 8 < one 32-column segment
+    with pytest.raises(ValueError, match=r"N = 8 .* must be a multiple of 32"):  # N = 8 < one 32-column segment
         ce.interpret(g, A, W, t=torch.zeros(M, dtype=torch.int64))
     N = 64
     W = torch.randn(N, K)
@@ -118,7 +118,7 @@ def test_integer_vectors_reach_the_kernel_as_int32():
 
 
 def test_new_functions_reject_bad_arguments():
-    g, acc = _acc()
+    _g, acc = _acc()
     with pytest.raises(ce.GraphError, match="size must be 32, 64 or 128"):
         ce.segment_reduce(acc, 100)
     with pytest.raises(ce.GraphError, match="op must be one of"):
@@ -171,7 +171,8 @@ def test_row_vectors_count_in_the_epilogue_shared_memory():
         return g
 
     cfg = ce.KernelConfig(tile=(128, 128, 64), schedule="pingpong", epilogue_tile=(64, 64))
-    with pytest.raises(ce.UnsupportedError, match=r"row vector 'r1' 1 KB.*row vector|row vector 'r2' 1 KB.*fewer than 2"):
+    with pytest.raises(ce.UnsupportedError,
+                       match=r"row vector 'r1' 1 KB.*row vector|row vector 'r2' 1 KB.*fewer than 2"):
         ce.emit_source(graph(True), torch.float16, cfg)
     ce.emit_source(graph(False), torch.float16, cfg)   # 161 KB: two stages, compiles
 

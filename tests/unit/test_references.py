@@ -184,19 +184,17 @@ def references(path: pathlib.Path, text: str | None = None) -> list[tuple[int, s
             token = clean(m.group(1))
             if placeholder(token):
                 continue
-            for t in expand(token):
-                found.append((lineno, t, check_rooted(t)))
+            found.extend((lineno, t, check_rooted(t)) for t in expand(token))
         for m in RELATIVE_RE.finditer(line):
-            if taken(m, spans) or path.suffix == ".py" and whole_string(line, m):
+            if taken(m, spans) or (path.suffix == ".py" and whole_string(line, m)):
                 continue
             spans.append(m.span(1))
             token = clean(m.group(1))
             if placeholder(token):
                 continue
-            for t in expand(token):
-                found.append((lineno, t, check_relative(t, path)))
+            found.extend((lineno, t, check_relative(t, path)) for t in expand(token))
         for m in BARE_RE.finditer(line):
-            if taken(m, spans) or placeholder(m.group(1)) or path.suffix == ".py" and whole_string(line, m):
+            if taken(m, spans) or placeholder(m.group(1)) or (path.suffix == ".py" and whole_string(line, m)):
                 continue
             found.append((lineno, m.group(1), None if m.group(1) in basenames() else "no file of that name"))
     return found
@@ -282,7 +280,7 @@ def test_the_contract_header_states_its_own_config():
     from coda_ext.config import DEFAULT_CONFIG
 
     text = (ROOT / "csrc" / "kernels" / "ops" / "contract.h").read_text()
-    const = {k: v for k, v in re.findall(r"inline constexpr (?:int|bool) (k\w+) = (\w+);", text)}
+    const = dict(re.findall(r"inline constexpr (?:int|bool) (k\w+) = (\w+);", text))
     tile = (int(const["kTileM"]), int(const["kTileN"]), int(const["kTileK"]))
     schedule = "cooperative" if const["kCooperative"] == "true" else "pingpong"
     comment = " ".join(line.lstrip("/ ") for line in text.splitlines() if line.startswith("//"))

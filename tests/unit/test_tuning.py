@@ -3,7 +3,6 @@ with the compile step and the timer replaced by fakes."""
 from __future__ import annotations
 
 import dataclasses
-
 import sys
 import types
 
@@ -147,7 +146,8 @@ def test_auto_uses_the_graph_epilogue():
     g.output(acc)
     g.col_reduce("c", acc, "sum")
     op = TunedOp(g, "bfloat16", tune=False)
-    flags = lambda e: (e.plain, e.tile_load, e.col_reduce)  # noqa: E731
+    def flags(e):
+        return (e.plain, e.tile_load, e.col_reduce)
     assert flags(op.epilogue) == flags(COLRED) and op.config_for(16384, 6144, 4096) == tuning.LARGE_TALL
     pointwise = TunedOp(_graph(), "bfloat16", tune=False)
     assert flags(pointwise.epilogue) == flags(POINTWISE) and pointwise.config_for(16384, 6144, 4096) == \

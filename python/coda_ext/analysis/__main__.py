@@ -3,7 +3,8 @@
     python -m coda_ext.analysis                              # the 8B and 1B-like layers on an H100
     python -m coda_ext.analysis --layers 8b --gpu H200 --tokens 16384
     python -m coda_ext.analysis --chart layer.png --json layer.json
-    python -m coda_ext.analysis --chart docs/llama_layer_model.png --measured benchmarks/results/llama_training_h100.json
+    python -m coda_ext.analysis --chart docs/llama_layer_model.png \\
+        --measured benchmarks/results/llama_training_h100.json
 """
 from __future__ import annotations
 

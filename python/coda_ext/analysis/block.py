@@ -3,9 +3,10 @@
 
 Each step of the layer is one GEMM with its epilogue (or one element-wise pass), described by its
 own small spec: the epilogue graph the ready op runs, from coda_ext.graphs, where the graph language
-says it (the IO model of explain() then gives all three variants), or kernels listed by hand where it
-does not give the sequence to compare with (the dSwiGLU step: its eager sequence is the eleven
-kernels PyTorch runs, not one per graph node; the RoPE backward pass is not a GEMM). Weight-gradient GEMMs are plain GEMMs, the same in every variant.
+says it (the IO model of explain() then gives all three variants), or kernels listed by hand where
+it does not give the sequence to compare with (the dSwiGLU step: its eager sequence is the eleven
+kernels PyTorch runs, not one per graph node; the RoPE backward pass is not a GEMM). Weight-gradient
+GEMMs are plain GEMMs, the same in every variant.
 
 Attention (SDPA forward and backward) is the same kernel in every variant and is left out: the
 totals are the non-attention part of the layer, and "GEMM floor" is the bare-GEMM bound of its
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import graphs, tuning
 from ..config import KernelConfig
@@ -166,7 +168,7 @@ def _rope_backward_step(L: LayerShape, dtype: str, gpu: GPU) -> Step:
                 {"fused": Variant("fused", (one,)), "compile": Variant("compile", (one,)), "unfused": unfused}, 0.0)
 
 
-def layer_steps(L: LayerShape, dtype: Any = "bfloat16", gpu: "str | GPU" = "H100 SXM") -> list[Step]:
+def layer_steps(L: LayerShape, dtype: Any = "bfloat16", gpu: str | GPU = "H100 SXM") -> list[Step]:
     """The steps of one layer's forward and backward, in execution order (attention left out)."""
     d, spec = dtype_name(dtype), gpu_spec(gpu)
     steps = [_graph_step(name, phase, build, shape, d, spec) for name, phase, build, shape in graph_steps(L)]
@@ -200,8 +202,8 @@ class LayerModel:
 
     def table(self) -> str:
         L, gpu = self.layer, self.gpu
-        lines = [f"{L.name}: d {L.d}, F {L.F}, heads {L.heads}/{L.kv_heads} x {L.head_dim}, {L.tokens} tokens, "
-                 f"{self.dtype}, {gpu.name} (attention left out)",
+        lines = [(f"{L.name}: d {L.d}, F {L.F}, heads {L.heads}/{L.kv_heads} x {L.head_dim}, {L.tokens} tokens, "
+                  f"{self.dtype}, {gpu.name} (attention left out)"),
                  f"  {'step':<40s} {'M x N x K':<20s}" + "".join(f"{v + ' GB':>11s}" for v in VARIANTS)
                  + "".join(f"{v + ' ms':>11s}" for v in VARIANTS) + f"{'floor ms':>10s}"]
         lines.append("  " + "-" * (len(lines[1]) - 2))
@@ -228,7 +230,7 @@ class LayerModel:
                           for s in self.steps]}
 
 
-def layer_model(layer: "str | LayerShape" = "8b", dtype: Any = "bfloat16", gpu: "str | GPU" = "H100 SXM",
+def layer_model(layer: str | LayerShape = "8b", dtype: Any = "bfloat16", gpu: str | GPU = "H100 SXM",
                 tokens: int | None = None) -> LayerModel:
     """The layer's steps in every variant. layer: a key of LAYERS or a LayerShape; tokens overrides its M."""
     L = LAYERS[layer] if isinstance(layer, str) else layer
@@ -289,7 +291,7 @@ def figure(models: list[LayerModel], measured: dict[str, dict[str, float]] | Non
                     for i, t in zip(at, ms):
                         ax.annotate(f"{t:.1f} ms measured", (i, t), xytext=(8, 0), textcoords="offset points",
                                     fontsize=7, va="center", bbox=dict(fc="white", ec="none", alpha=0.8, pad=1))
-                ax.set_ylim(0, 1.25 * max(bottoms + [t for t in got.values()]))   # room for the legend
+                ax.set_ylim(0, 1.25 * max(bottoms + list(got.values())))   # room for the legend
                 ax.legend(handles=handles, fontsize=7, loc="upper left")
             ax.set_xticks(list(x), [VARIANT_LABELS[v] for v in VARIANTS])
             ax.set_ylabel(unit)

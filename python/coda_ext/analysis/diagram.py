@@ -11,6 +11,7 @@ boxes and slots in a layer are ordered by the mean position of their inputs.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import pathlib
 from typing import Any
 from xml.sax.saxutils import escape
@@ -80,9 +81,8 @@ def _build(model: Model) -> tuple[list[_Box], list[_Edge]]:
         boxes.append(_Box((label,) + more, "hbm"))
         return len(boxes) - 1
 
-    for op in ("A", "W"):
-        for i in graph.find("accumulator"):
-            edges.append(_Edge(hbm_box(f"{op} (HBM)"), i, f"HBM read {_size(moved[('gemm', op)])}", True))
+    edges.extend(_Edge(hbm_box(f"{op} (HBM)"), i, f"HBM read {_size(moved[('gemm', op)])}", True)
+                 for op in ("A", "W") for i in graph.find("accumulator"))
     finalize = None
     for i, n in enumerate(graph.nodes):
         hbm = kind_cost(n.kind).hbm
@@ -162,7 +162,7 @@ def _layout(boxes: list[_Box], edges: list[_Edge], title_width: float) -> tuple[
     preds: dict[int, list[int]] = {i: [] for i in range(len(slots))}
     succs: dict[int, list[int]] = {i: [] for i in range(len(slots))}
     for chain in chains:
-        for a, b in zip(chain, chain[1:]):
+        for a, b in itertools.pairwise(chain):
             preds[b].append(a)
             succs[a].append(b)
     rows: dict[int, list[int]] = {}
@@ -217,10 +217,10 @@ def _title(model: Model) -> str:
 
 
 def _svg(title: str, boxes: list[_Box], routes: list[_Route], width: float, height: float) -> str:
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-           f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" font-size="12">',
-           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
-           'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>',
+    out = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
+            f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="sans-serif" font-size="12">'),
+           ('<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+            'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>'),
            '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="{MARGIN}" y="{MARGIN + 6}" font-size="13" font-weight="bold">{escape(title)}</text>']
     labels = []
@@ -288,8 +288,8 @@ def _png_figure(title: str, boxes: list[_Box], routes: list[_Route], width: floa
     return fig, heading
 
 
-def diagram(graph: Any, dtype: Any, shape: tuple[int, int, int], path: "str | pathlib.Path", config: Any = None,
-            gpu: "str | GPU" = "H100 SXM") -> pathlib.Path:
+def diagram(graph: Any, dtype: Any, shape: tuple[int, int, int], path: str | pathlib.Path, config: Any = None,
+            gpu: str | GPU = "H100 SXM") -> pathlib.Path:
     """Writes the fused kernel's graph at shape (M, N, K) to `path` (.svg; .png with matplotlib) and
     returns the path. config and gpu as for explain()."""
     path = pathlib.Path(path)

@@ -14,7 +14,7 @@ _LABELS = {"fused": "coda_ext fused", "compile": "torch.compile-style", "unfused
 
 
 def explain(graph: Any, dtype: Any, shape: tuple[int, int, int], config: Any = None,
-            gpu: "str | GPU" = "H100 SXM") -> "Explanation":
+            gpu: str | GPU = "H100 SXM") -> Explanation:
     """HBM bytes per tensor, FLOPs, arithmetic intensity, bound and time lower bound of `graph` run
     fused (coda_ext), compile-style (cuBLAS GEMM + one fused kernel) and unfused (eager), at shape
     (M, N, K) on `gpu`. config: None (DEFAULT_CONFIG, as coda_ext.compile), a KernelConfig, or "auto"
@@ -59,8 +59,8 @@ class Explanation:
         m, gpu = self.model, self.model.gpu
         M, N, K = m.shape
         v = m.variants
-        lines = [f"explain: {m.dtype} M x N x K = {M} x {N} x {K} on {gpu.name}, config {m.config.tag} "
-                 f"({m.config_source})",
+        lines = [(f"explain: {m.dtype} M x N x K = {M} x {N} x {K} on {gpu.name}, config {m.config.tag} "
+                  f"({m.config_source})"),
                  f"GEMM: {m.schedule.describe()}", "",
                  "HBM traffic per tensor, MB read + written"]
         head = f"  {'tensor':<22s} {'role':<14s} {'shape':<14s}" + "".join(f"{n:>12s}" for n in VARIANTS)

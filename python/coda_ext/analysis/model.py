@@ -108,7 +108,7 @@ def resolve_config(config: Any, lowered: ir.GraphIR, M: int, N: int, K: int, gpu
 
 
 def io_model(graph: Any, dtype: Any, shape: tuple[int, int, int], config: Any = None,
-             gpu: "str | GPU" = "H100 SXM") -> Model:
+             gpu: str | GPU = "H100 SXM") -> Model:
     """Builds the fused, compile-style and unfused kernel sequences of `graph` at shape (M, N, K)."""
     if len(shape) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape):
         raise ValueError(f"shape must be three positive ints (M, N, K), got {shape!r}")

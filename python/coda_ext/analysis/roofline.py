@@ -38,7 +38,7 @@ GPUS: dict[str, GPU] = {
 }
 
 
-def gpu_spec(gpu: "str | GPU") -> GPU:
+def gpu_spec(gpu: str | GPU) -> GPU:
     if isinstance(gpu, GPU):
         return gpu
     for name, spec in GPUS.items():

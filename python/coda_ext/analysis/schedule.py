@@ -63,7 +63,8 @@ def schedule(M: int, N: int, K: int, config: KernelConfig, dtype_bytes: int, l2_
     raster = config.raster
     if raster == "heuristic":
         raster = "along_m" if rounded_n > rounded_m else "along_n"
-    stays = lambda nbytes: nbytes <= l2_bytes / 2  # noqa: E731
+    def stays(nbytes):
+        return nbytes <= l2_bytes / 2
     if raster == "along_n":
         band = sw * cm
         bands = -(-tiles_m // band)

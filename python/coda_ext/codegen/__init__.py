@@ -2,4 +2,4 @@
 from .emit import emit
 from .plan import Plan, plan
 
-__all__ = ["emit", "plan", "Plan"]
+__all__ = ["Plan", "emit", "plan"]

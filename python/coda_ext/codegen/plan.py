@@ -1,11 +1,12 @@
 """plan: arranges a lowered graph as CUTLASS visitors will run it.
 
-Sinks (stores, reductions, pair stores) pass their input through, so each sink is threaded
-onto the value it consumes: consumers of that value read the last sink of its chain. A value
-whose chain feeds nothing else (a side output) is kept alive by a `keep_first` root that
-returns D and ignores the rest (in a graph without D, the root's value is dropped). If, after that, every value has at most one consumer, the
-graph is a tree (Sm90EVT); otherwise it is emitted as one Sm90TopologicalVisitor.
-Leaves that cost nothing to repeat (the accumulator, scalars) are duplicated per use.
+Sinks (stores, reductions, pair stores) pass their input through, so each sink is threaded onto the
+value it consumes: consumers of that value read the last sink of its chain. A value whose chain
+feeds nothing else (a side output) is kept alive by a `keep_first` root that returns D and ignores
+the rest (in a graph without D, the root's value is dropped). If, after that, every value has at
+most one consumer, the graph is a tree (Sm90EVT); otherwise it is emitted as one
+Sm90TopologicalVisitor. Leaves that cost nothing to repeat (the accumulator, scalars) are duplicated
+per use.
 """
 from __future__ import annotations
 

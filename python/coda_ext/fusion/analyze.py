@@ -4,7 +4,8 @@ analyze(gm, target) classifies every node — GEMM anchor (coda_ext::fusion_gemm
 accepts), epilogue math, reduction, input or other (with the reason) — finds each node's frame and how
 each of its operands would be read by an epilogue (tile, row or column vector, scalar, constant,
 column index), follows views that keep rows and columns to the value they show, and marks the
-backward part of a joint graph (what depends on a tangent) and the graph's outputs.
+backward part of a joint graph (what depends on a tangent), what the forward pass needs (what feeds a
+forward output: it cannot wait for a backward kernel) and the graph's outputs.
 """
 from __future__ import annotations
 
@@ -109,8 +110,26 @@ def _load(x: fx.Node, out: tuple[int, ...]) -> tuple[str | None, fx.Node]:
     return role, x
 
 
-def analyze(gm: fx.GraphModule, target: str = "interpret") -> Analysis:
+def _feeding(gm: fx.GraphModule, count: int | None) -> set[fx.Node] | None:
+    """The nodes the first `count` outputs depend on (None: every node that does not depend on a tangent)."""
+    if count is None:
+        return None
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    todo = [x for x in _flatten(output.args)[:count] if isinstance(x, fx.Node)]
+    seen: set[fx.Node] = set(todo)
+    while todo:
+        for x in todo.pop().all_input_nodes:
+            if x not in seen:
+                seen.add(x)
+                todo.append(x)
+    return seen
+
+
+def analyze(gm: fx.GraphModule, target: str = "interpret", forward_outputs: int | None = None) -> Analysis:
+    """forward_outputs: how many of a joint graph's outputs are the forward's (AOTAutograd's
+    num_fwd_outputs); without it every node that does not depend on a tangent counts as forward."""
     backward = fx_util.tangent_dependent(gm)
+    forward = _feeding(gm, forward_outputs)
     outputs: set[fx.Node] = set()
     id_of: dict[fx.Node, int] = {}
     nodes: list[PNode] = []
@@ -142,7 +161,8 @@ def analyze(gm: fx.GraphModule, target: str = "interpret") -> Analysis:
         id_of[node] = i
         fx_nodes.append(node)
         common = {"id": i, "name": node.name, "target": str(node.target), "nbytes": _nbytes(node),
-                  "backward": node in backward}
+                  "backward": node in backward,
+                  "forward": node not in backward if forward is None else node in forward}
         v = fx_util.val(node)
         out = fx_util.shape(node)
         if node.op != "call_function":

@@ -64,9 +64,10 @@ class Options:
             raise ValueError(f"execute must be 'auto' or 'interpret', got {self.execute!r}")
 
 
-def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str
+def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, forward_outputs: int | None = None
                ) -> tuple[fx.GraphModule, GraphReport, tuple[Lowered, ...]]:
-    """passes -> analysis -> partition -> lowering of one graph, and its report."""
+    """passes -> analysis -> partition -> lowering of one graph, and its report. forward_outputs: how many
+    outputs of a joint graph are the forward's."""
     if not all(fx_util.is_static(n) for n in gm.graph.nodes):
         from .partition import Partition
 
@@ -76,7 +77,7 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str
         rep.note = "the graph has symbolic shapes (a dynamic recompilation); it runs unfused"
         return gm, rep, ()
     g = passes.run(gm)
-    an = analyze(g, target)
+    an = analyze(g, target, forward_outputs)
     part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit)
     fused, lowered = lower(g, an, part, options.execute)
     return fused, graph_report(name, an, part, lowered, options.cost), lowered
@@ -144,8 +145,9 @@ class CodaBackend:
         fallback = opts.fallback if opts.fallback != "auto" else ("inductor" if on_cuda else "eager")
         compile_fn = _inductor if fallback == "inductor" else _eager
 
-        def run(graph: fx.GraphModule, name: str) -> fx.GraphModule:
-            fused, rep, lowered = fuse_graph(graph, opts, target, f"{name} {len(self.report.graphs)}")
+        def run(graph: fx.GraphModule, name: str, forward_outputs: int | None = None) -> fx.GraphModule:
+            fused, rep, lowered = fuse_graph(graph, opts, target, f"{name} {len(self.report.graphs)}",
+                                             forward_outputs)
             self.report.add(rep)
             self.lowered += lowered
             if opts.prebuild and target == "cuda" and opts.execute == "auto":
@@ -155,7 +157,7 @@ class CodaBackend:
             return fused
 
         def partition_fn(joint: fx.GraphModule, joint_inputs: Any, **kw: Any):
-            return default_partition(run(joint, "joint graph"), joint_inputs, **kw)
+            return default_partition(run(joint, "joint graph", kw.get("num_fwd_outputs")), joint_inputs, **kw)
 
         def inference(graph: fx.GraphModule, inputs: Any) -> Callable:
             return compile_fn(run(graph, "inference graph"), inputs)

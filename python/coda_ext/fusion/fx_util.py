@@ -134,7 +134,7 @@ def tangent_dependent(gm: fx.GraphModule) -> set[fx.Node]:
     """Nodes that depend on a tangent input of an AOTAutograd joint graph: the backward part."""
     out: set[fx.Node] = set()
     for node in gm.graph.nodes:
-        if node.op == "placeholder" and "tangents" in str(node.target) or any(a in out for a in node.all_input_nodes):
+        if (node.op == "placeholder" and "tangents" in str(node.target)) or any(a in out for a in node.all_input_nodes):
             out.add(node)
     return out
 

@@ -3,10 +3,12 @@
 partition(pgraph, cost) is a pure function. Its integer linear program (scipy.optimize.milp, HiGHS):
 
 variables   x[v, g] = 1 when node v joins the epilogue of GEMM g (v a candidate of g, below);
-            e[u, v, g], w[u, g] in [0, 1]: the read of u by v, the write of u, kept on chip;
-            loads, stores: what the kernel reads and writes (its slots).
-objective   maximise the HBM bytes kept on chip (cost.gain): Σ bytes(u)·e[u, v, g] + Σ bytes(u)·w[u, g],
-            less cost.member_cost per node fused (prefer the smaller kernel on a tie).
+            load[t, g], w[u, g] in [0, 1]: the kernel loads t; the write of u stays on chip;
+            stores: what the kernel writes (with the loads, its slots).
+objective   maximise the HBM bytes kept on chip against running every node alone (cost.gain): each
+            member's reads of its operands, less one load per operand the kernel reads from memory,
+            plus Σ bytes(u)·w[u, g] for values no one outside reads; less cost.member_cost per node
+            fused (prefer the smaller kernel on a tie).
 constraints each node in at most one epilogue; one GEMM anchors each epilogue (GEMMs are never members);
             a member is connected to its epilogue (it reads the GEMM or a member, or a member reads it);
             an operand an epilogue cannot load (a bool tile, say) must be a member; a reduction ends an
@@ -21,9 +23,11 @@ or between epilogues) are cut lazily: the program is solved, every cycle of the 
 (epilogues as nodes) gets a cut — not all of the memberships that close it, unless a node outside
 the epilogues on it joins one — and it is solved again, until the solution is acyclic.
 
-Candidates of g: element-wise math and reductions in g's frame (rows x columns) and in g's part of a
-joint graph (a forward GEMM never takes a node that depends on a tangent), reached from g through
-such math, plus the math producers of operands that cannot be loaded (comparisons feeding where).
+Candidates of g: element-wise math and reductions in g's frame (rows x columns) that g's pass can run —
+a forward GEMM never takes a node that depends on a tangent, a backward GEMM never one the forward
+needs — reached from g through such math, plus the math producers of operands that cannot be loaded
+(comparisons feeding where) and, for a backward GEMM, the math that only the backward reads (an
+activation's derivative: computed where it is used rather than saved by the forward).
 
 method="greedy" (or a program not solved within `time_limit` seconds) takes the GEMMs in order and adds
 each candidate whose addition keeps every rule, acyclicity included.
@@ -66,7 +70,7 @@ class Partition:
         out = {}
         for g in self.groups:
             out[g.anchor] = g.anchor
-            out.update({m: g.anchor for m in g.members})
+            out.update(dict.fromkeys(g.members, g.anchor))
         return out
 
 
@@ -107,7 +111,8 @@ def candidates(pg: PGraph) -> dict[int, tuple[int, ...]]:
 
         def fits(v: int, a=pg[g]) -> bool:
             n = pg[v]
-            return n.op in ("math", "reduce") and n.frame == a.frame and n.backward == a.backward
+            phase = not n.forward if a.backward else not n.backward
+            return n.op in ("math", "reduce") and n.frame == a.frame and phase
 
         cand: set[int] = set()
         todo = [g]
@@ -119,13 +124,15 @@ def candidates(pg: PGraph) -> dict[int, tuple[int, ...]]:
                     if pg[c].op == "math":
                         todo.append(c)
         todo = list(cand)
-        while todo:                       # backward: producers of operands that cannot be loaded
-            v = todo.pop()
+        while todo:                       # backward: producers of operands that cannot be loaded, and
+            v = todo.pop()                # for a backward GEMM what only the backward reads
             for o in pg[v].operands:
-                if o.role is None and o.src is not None and o.src != g and o.src not in cand \
-                        and fits(o.src) and pg[o.src].op == "math":
-                    cand.add(o.src)
-                    todo.append(o.src)
+                u = o.src
+                if u is None or u == g or u in cand or not fits(u) or pg[u].op != "math":
+                    continue
+                if o.role is None or (pg[g].backward and not pg[u].forward and not pg[u].backward):
+                    cand.add(u)
+                    todo.append(u)
         changed = True
         while changed:
             changed = False
@@ -156,16 +163,20 @@ def candidates(pg: PGraph) -> dict[int, tuple[int, ...]]:
 
 # --- what a group keeps on chip, what it needs ---------------------------------------------------------
 
-def gain(pg: PGraph, cost: CostModel, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None) -> float:
-    """The objective of one epilogue: bytes kept on chip, less the member cost."""
+def gain(pg: PGraph, cost: CostModel, anchor: int, members: Iterable[int],
+         cons: list[list[int]] | None = None) -> float:
+    """The objective of one epilogue: the HBM bytes kept on chip against every node run alone (each
+    member's reads of its operands, less the kernel's loads; the writes no one outside reads), less the
+    member cost."""
     cons = cons or pg.consumers()
     members = set(members)
     inside = members | {anchor}
     total = 0.0
     for v in members:
         for u in pg.sources(v):
-            if u in inside and pg[u].op != "reduce":
-                total += cost.gain(pg[u].nbytes)
+            total += cost.gain(pg[u].nbytes)
+    for t, _ in io(pg, anchor, members, cons)[0]:
+        total -= cost.gain(pg[t].nbytes)
     for u in inside:
         n = pg[u]
         if n.op != "reduce" and not n.output and cons[u] and all(c in members for c in cons[u]):
@@ -323,9 +334,8 @@ def violations(pg: PGraph, groups: dict[int, Iterable[int]], limits: Limits = Li
                 out.append(f"{n.name} reads a reduction of its own epilogue")
             if not any(pg[u].op != "reduce" for u in srcs) and not any(c in members for c in cons[v]):
                 out.append(f"{n.name} is not connected to the epilogue of {pg[g].name}")
-            for o in n.operands:
-                if o.role is None and o.src is not None and o.src not in inside:
-                    out.append(f"{n.name} reads {pg[o.src].name}, which an epilogue cannot load, from outside")
+            out += [f"{n.name} reads {pg[o.src].name}, which an epilogue cannot load, from outside"
+                    for o in n.operands if o.role is None and o.src is not None and o.src not in inside]
             if not n.storable and _read_outside(pg, v, members, cons) and srcs:
                 out.append(f"{n.name} cannot be stored, is read outside and reads its epilogue")
         if slots(pg, g, members, cons) > limits.slots:
@@ -384,11 +394,11 @@ def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], lim
         for v in cs:
             x[v, g] = m.var(0, 1, integer=True, cost=cost.member_cost)
     by_node: dict[int, list[int]] = {}
-    for (v, g), i in x.items():
+    for (v, _), i in x.items():
         by_node.setdefault(v, []).append(i)
     for idx in by_node.values():                                   # at most one epilogue each
         if len(idx) > 1:
-            m.row({i: 1.0 for i in idx}, -np.inf, 1)
+            m.row(dict.fromkeys(idx, 1.0), -np.inf, 1)
 
     for g, cs in cands.items():
         inside = set(cs) | {g}
@@ -416,11 +426,8 @@ def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], lim
                 for c in readers:
                     for u in srcs:
                         m.row({x[v, g]: 1.0, x[c, g]: -1.0, x[u, g]: 1.0}, -np.inf, 1)
-            for u in dict.fromkeys(feeders):                       # the read of u by v, on chip
-                e = m.var(0, 1, cost=-cost.gain(pg[u].nbytes))
-                m.row({e: 1.0, x[v, g]: -1.0}, -np.inf, 0)
-                if u != g:
-                    m.row({e: 1.0, x[u, g]: -1.0}, -np.inf, 0)
+            for u in pg.sources(v):                                # its reads (loads cost below)
+                m.c[x[v, g]] -= cost.gain(pg[u].nbytes)
         for u in sorted(inside):                                   # writes kept on chip; stores
             n = pg[u]
             if n.op == "reduce":
@@ -450,7 +457,7 @@ def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], lim
                     continue
                 key = (o.src, o.role)
                 if key not in loads:
-                    loads[key] = m.var(0, 1)
+                    loads[key] = m.var(0, 1, cost=cost.gain(pg[o.src].nbytes))
                     slot_row[loads[key]] = 1.0
                 row = {loads[key]: 1.0, x[v, g]: -1.0}
                 if o.src in cs:
@@ -459,7 +466,7 @@ def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], lim
         m.row(slot_row, -np.inf, limits.slots)
         reds = [x[v, g] for v in cs if pg[v].op == "reduce"]
         if len(reds) > limits.reductions:
-            m.row({i: 1.0 for i in reds}, -np.inf, limits.reductions)
+            m.row(dict.fromkeys(reds, 1.0), -np.inf, limits.reductions)
     return m, x
 
 
@@ -518,7 +525,9 @@ def _prune(pg: PGraph, g: int, members: list[int], cons: list[list[int]]) -> lis
             n = pg[v]
             fed = any(u in inside and pg[u].op != "reduce" for u in pg.sources(v))
             read = any(c in s for c in cons[v])
-            if not (fed or read) or (not n.storable and _read_outside(pg, v, s, cons) and _reads_inside(pg, v, inside)) \
+            recomputed_but_reads_inside = not n.storable and _read_outside(pg, v, s, cons) \
+                and _reads_inside(pg, v, inside)
+            if not (fed or read) or recomputed_but_reads_inside \
                     or any(o.role is None and o.src is not None and o.src not in inside for o in n.operands):
                 bad = v
                 break
@@ -531,12 +540,38 @@ def _prune(pg: PGraph, g: int, members: list[int], cons: list[list[int]]) -> lis
         keep = [v for v in keep if v not in drop]
 
 
+def _closes_cycle(cons: list[list[int]], unit: list[int], nodes_of: dict[int, list[int]], merged: list[int]) -> bool:
+    """Whether the kernels form a cycle once the nodes `merged` are one kernel: a path leaves it and comes
+    back (through other kernels as wholes). A kernel whose first node comes after merged's last cannot
+    lead back: the search stops there."""
+    inside = set(merged)
+    last = max(merged)
+    seen: set[int] = set()
+    stack = [c for n in merged for c in cons[n] if c not in inside]
+    while stack:
+        c = stack.pop()
+        if c in inside:
+            return True
+        u = unit[c]
+        if u in seen:
+            continue
+        seen.add(u)
+        nodes = nodes_of.get(u, [c])
+        if min(nodes) > last:
+            continue
+        stack.extend(d for n in nodes for d in cons[n] if d in inside or unit[d] not in seen)
+    return False
+
+
 def _greedy(pg: PGraph, cands: dict[int, tuple[int, ...]], limits: Limits) -> dict[int, list[int]]:
     cons = pg.consumers()
     groups: dict[int, list[int]] = {}
     taken: set[int] = set()
+    unit = list(range(len(pg)))
+    nodes_of: dict[int, list[int]] = {}
     for g in sorted(cands):
         members: list[int] = []
+        nodes_of[g] = [g]
         for v in cands[g]:
             if v in taken:
                 continue
@@ -550,9 +585,15 @@ def _greedy(pg: PGraph, cands: dict[int, tuple[int, ...]], limits: Limits) -> di
             if slots(pg, g, trial, cons) > limits.slots or \
                     sum(pg[u].op == "reduce" for u in trial) > limits.reductions:
                 continue
-            if is_acyclic(pg, {**groups, g: trial}):
+            if not _closes_cycle(cons, unit, nodes_of, nodes_of[g] + [v]):
                 members = trial
-        members = _prune(pg, g, members, cons)
+                unit[v] = g
+                nodes_of[g] = nodes_of[g] + [v]
+        kept = _prune(pg, g, members, cons)
+        for v in set(members) - set(kept):
+            unit[v] = v
+        members = kept
+        nodes_of[g] = [g] + members
         if members:
             groups[g] = members
             taken.update(members)

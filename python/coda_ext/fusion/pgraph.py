@@ -41,6 +41,7 @@ class PNode:
     storable: bool = True             # an epilogue can write the value (a float dtype)
     output: bool = False              # the graph returns it
     backward: bool = False            # it depends on a tangent (backward part of a joint graph)
+    forward: bool = True              # the forward pass needs it (it feeds a forward output)
     reason: str | None = None         # why it cannot be in an epilogue (op "other", refused GEMMs)
 
 

@@ -45,7 +45,7 @@ class Value:
 
     __slots__ = ("_graph", "_index")
 
-    def __init__(self, graph: "Graph", index: int):
+    def __init__(self, graph: Graph, index: int):
         self._graph = graph
         self._index = index
 
@@ -59,16 +59,16 @@ class Value:
     def __bool__(self) -> bool:
         raise TypeError("an epilogue value has no truth value; use coda_ext.maximum/minimum for comparisons")
 
-    def __add__(self, o: Operand) -> "Value": return _op("add", self, o)
-    def __radd__(self, o: Operand) -> "Value": return _op("add", o, self)
-    def __sub__(self, o: Operand) -> "Value": return _op("sub", self, o)
-    def __rsub__(self, o: Operand) -> "Value": return _op("sub", o, self)
-    def __mul__(self, o: Operand) -> "Value": return _op("mul", self, o)
-    def __rmul__(self, o: Operand) -> "Value": return _op("mul", o, self)
-    def __truediv__(self, o: Operand) -> "Value": return _op("div", self, o)
-    def __rtruediv__(self, o: Operand) -> "Value": return _op("div", o, self)
-    def __neg__(self) -> "Value": return _op("neg", self)
-    def __abs__(self) -> "Value": return _op("abs", self)
+    def __add__(self, o: Operand) -> Value: return _op("add", self, o)
+    def __radd__(self, o: Operand) -> Value: return _op("add", o, self)
+    def __sub__(self, o: Operand) -> Value: return _op("sub", self, o)
+    def __rsub__(self, o: Operand) -> Value: return _op("sub", o, self)
+    def __mul__(self, o: Operand) -> Value: return _op("mul", self, o)
+    def __rmul__(self, o: Operand) -> Value: return _op("mul", o, self)
+    def __truediv__(self, o: Operand) -> Value: return _op("div", self, o)
+    def __rtruediv__(self, o: Operand) -> Value: return _op("div", o, self)
+    def __neg__(self) -> Value: return _op("neg", self)
+    def __abs__(self) -> Value: return _op("abs", self)
 
 
 def _check_name(name: Any, what: str) -> str:

@@ -46,9 +46,7 @@ def canonicalize(graph: ir.GraphIR) -> ir.GraphIR:
                 continue
             if not expanded:
                 stack.append((j, True))
-                for c in reversed(operands(j)):
-                    if keys[c] not in new_index:
-                        stack.append((c, False))
+                stack.extend((c, False) for c in reversed(operands(j)) if keys[c] not in new_index)
                 continue
             ins = tuple(new_index[keys[c]] for c in operands(j))
             out.append(ir.Node(nodes[j].kind, ins, nodes[j].attrs))

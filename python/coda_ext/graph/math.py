@@ -16,7 +16,7 @@ def _unary(kind: str):
 
 
 neg = _unary("neg")
-abs = _unary("abs")  # noqa: A001 - mirrors torch.abs
+abs = _unary("abs")  # noqa: A001  (mirrors torch.abs)
 exp = _unary("exp")
 log = _unary("log")
 sqrt = _unary("sqrt")

@@ -63,7 +63,9 @@ class Env:
 
     def element_dtype(self) -> str:
         """The op's dtype, where a graph leaves a pack's dtype to it: A's if 16-bit, else bfloat16."""
-        return str(self.A.dtype).replace("torch.", "") if self.A.dtype in (torch.bfloat16, torch.float16) else "bfloat16"
+        if self.A.dtype in (torch.bfloat16, torch.float16):
+            return str(self.A.dtype).replace("torch.", "")
+        return "bfloat16"
 
 
 def pointwise(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

@@ -32,7 +32,8 @@ def verify(graph: ir.GraphIR) -> ir.GraphIR:
         _check_attrs(n, where)
         if n.name is not None and (n.kind in ir.INPUT_KINDS or n.kind == "scalar" or n.is_sink):
             if n.name in names:
-                raise GraphError(f"{where}: name {n.name!r} is also used by {nodes[names[n.name]].describe(names[n.name])}")
+                other = names[n.name]
+                raise GraphError(f"{where}: name {n.name!r} is also used by {nodes[other].describe(other)}")
             names[n.name] = i
 
     outputs = graph.find("output")
@@ -87,10 +88,10 @@ def _check_attrs(n: ir.Node, where: str) -> None:
         raise GraphError(f"{where}: reduction op {n.attr('op')!r} is not supported; use one of {ir.REDUCE_OPS}")
     if n.kind == "col_reduce" and n.attr("op") in ir.ROW_ONLY_REDUCE_OPS:
         raise GraphError(f"{where}: op {n.attr('op')!r} is only supported by row_reduce")
-    if n.kind == "segment_reduce":
-        if n.attr("op") not in ("sum", "max", "sumsq") or n.attr("size") not in (32, 64, 128):
-            raise GraphError(f"{where}: needs op in ('sum', 'max', 'sumsq') and size 32, 64 or 128, got "
-                             f"op={n.attr('op')!r}, size={n.attr('size')!r}")
+    if n.kind == "segment_reduce" and (n.attr("op") not in ("sum", "max", "sumsq")
+                                       or n.attr("size") not in (32, 64, 128)):
+        raise GraphError(f"{where}: needs op in ('sum', 'max', 'sumsq') and size 32, 64 or 128, got "
+                         f"op={n.attr('op')!r}, size={n.attr('size')!r}")
     if n.kind == "unpack" and n.attr("half") not in (0, 1):
         raise GraphError(f"{where}: unpack takes half 0 (even column) or 1 (odd column), got {n.attr('half')!r}")
     if n.kind in ir.PAIR_KINDS and n.attr("act") not in ir.PAIR_ACTIVATIONS:

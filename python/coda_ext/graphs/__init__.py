@@ -13,8 +13,22 @@ IO model describes are one graph.
 """
 from .backward import linear, lm_head_cross_entropy_backward, rms_norm_backward_linear, swiglu_backward_linear
 from .coverage import binary, pair_gates, reductions, unary_a, unary_b
-from .epilogues import (acc_aux, acc_bias, acc_rowsum, bias_gelu, bias_silu, design, example, identity, rstd_scale,
-                        rstd_swiglu, silu_acc, silu_aux_bias, store_rowsum, swiglu)
+from .epilogues import (
+    acc_aux,
+    acc_bias,
+    acc_rowsum,
+    bias_gelu,
+    bias_silu,
+    design,
+    example,
+    identity,
+    rstd_scale,
+    rstd_swiglu,
+    silu_acc,
+    silu_aux_bias,
+    store_rowsum,
+    swiglu,
+)
 from .forward import ACTIVATIONS, linear_residual_norm, linear_swiglu, lm_head_cross_entropy, qkv_rope, rms_linear
 
 __all__ = [

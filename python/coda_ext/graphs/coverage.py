@@ -3,8 +3,25 @@ numerics against the reference interpreter (tests/gpu/cases.py)."""
 from __future__ import annotations
 
 from ..graph.builder import Graph
-from ..graph.math import (cast, exp, fma, gelu, log, maximum, minimum, neg, pair_gate, relu, rsqrt, sigmoid, silu,
-                          sqrt, square, swiglu_pairs, tanh)
+from ..graph.math import (
+    cast,
+    exp,
+    fma,
+    gelu,
+    log,
+    maximum,
+    minimum,
+    neg,
+    pair_gate,
+    relu,
+    rsqrt,
+    sigmoid,
+    silu,
+    sqrt,
+    square,
+    swiglu_pairs,
+    tanh,
+)
 
 
 def unary_a() -> Graph:

@@ -3,14 +3,14 @@ them; the block analysis models them). acc = A @ Wᵀ in fp32 (M × N); "⊙row"
 per-token value, "⊙col" column n by a per-feature one."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from ..errors import GraphError
 from ..graph.builder import Graph, Value
 from ..graph.math import eq, fma, gelu, relu, rotate_pairs, rsqrt, segment_reduce, silu, swiglu_pairs, turns, where
 
 #: rms_linear's activations: name -> its epilogue function (None: no activation; "gelu" is the erf form).
-ACTIVATIONS: dict[Optional[str], Callable[[Value], Value]] = {
+ACTIVATIONS: dict[str | None, Callable[[Value], Value]] = {
     None: lambda v: v, "silu": silu, "relu": relu,
     "gelu": gelu, "gelu_tanh": lambda v: gelu(v, approximate="tanh"),
 }
@@ -30,7 +30,7 @@ def linear_residual_norm() -> Graph:
     return g
 
 
-def rms_linear(activation: Optional[str] = None) -> Graph:
+def rms_linear(activation: str | None = None) -> Graph:
     """The consuming half of a fused RMSNorm: D = act(acc ⊙row rstd), rstd (M,) fp32; activation one
     of ACTIVATIONS (None, "silu", "relu", "gelu", "gelu_tanh")."""
     if activation not in ACTIVATIONS:

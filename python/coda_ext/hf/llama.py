@@ -18,7 +18,6 @@ For the fused kernels the model must be bf16 or fp16 on an SM90 GPU (`model.to(t
 from __future__ import annotations
 
 import types
-from typing import Optional
 
 import torch
 import transformers
@@ -41,8 +40,8 @@ class CodaHFLlamaDecoderLayer(CodaLlamaDecoderLayer, GradientCheckpointingLayer)
         super().__init__(config, impl)
         self.layer_idx = layer_idx
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
-                position_ids: Optional[torch.Tensor] = None, past_key_values=None, use_cache: bool = False,
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values=None, use_cache: bool = False,
                 position_embeddings=None, **kwargs) -> torch.Tensor:
         x = hidden_states
         impl = self._impl(x)

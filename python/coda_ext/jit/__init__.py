@@ -6,14 +6,15 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..codegen import emit
 from ..codegen.constraints import check_column_partials, check_shared_memory, fit_config
 from ..config import DEFAULT_CONFIG, KernelConfig
 from ..graph import ir
-from ..graph.canonical import as_ir
 from ..graph.builder import dtype_name
+from ..graph.canonical import as_ir
 from ..passes import lower
 from . import nvcc
 

@@ -37,7 +37,7 @@ def _import(name: str, path: str):
     return module
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_binding():
     """The binding module (compiled on first use, then loaded from the cache in milliseconds)."""
     key = _key()

@@ -37,7 +37,7 @@ NVCC_FLAGS = (
 HEADER_GLOBS = ("include/coda/abi.h", "kernels/*.cuh", "kernels/*.h", "epilogues/*")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def headers_digest(root: str | None = None) -> str:
     """sha256 over every header a kernel can include (relative path + bytes)."""
     base = pathlib.Path(root) if root else csrc_dir()
@@ -98,7 +98,7 @@ def locked(key: str):
     with writing():
         lock_dir = cache_root() / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
-        f = open(lock_dir / f"{key}.lock", "w")
+        f = open(lock_dir / f"{key}.lock", "w")  # noqa: SIM115  (opened under writing(), closed by the with below)
     with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

@@ -31,7 +31,7 @@ def include_dirs() -> list[pathlib.Path]:
     return [root, root / "include"] + cutlass_include_dirs()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cutlass_include_dirs() -> list[pathlib.Path]:
     env = os.environ.get("CODA_CUTLASS_DIR")
     if env:
@@ -41,14 +41,14 @@ def cutlass_include_dirs() -> list[pathlib.Path]:
         if spec is None or not spec.submodule_search_locations:
             raise CompileError("CUTLASS headers not found: pip install nvidia-cutlass==4.2.0.0, "
                                "or set CODA_CUTLASS_DIR to a CUTLASS checkout")
-        base = pathlib.Path(list(spec.submodule_search_locations)[0]) / "source"
+        base = pathlib.Path(next(iter(spec.submodule_search_locations))) / "source"
     dirs = [base / "include", base / "tools" / "util" / "include"]
     if not (dirs[0] / "cutlass" / "cutlass.h").is_file():
         raise CompileError(f"no cutlass/cutlass.h under {dirs[0]}: set CODA_CUTLASS_DIR to a CUTLASS checkout")
     return dirs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cutlass_version() -> str:
     if os.environ.get("CODA_CUTLASS_DIR"):
         header = cutlass_include_dirs()[0] / "cutlass" / "version.h"
@@ -78,7 +78,7 @@ def nvcc_path() -> str:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvcc_version() -> str:
     try:
         out = subprocess.run([nvcc_path(), "--version"], capture_output=True, text=True, check=False).stdout

@@ -18,8 +18,16 @@ training step ahead of time, in parallel: coda_ext.prebuild(training_kernels(cfg
 from .config import LlamaConfig
 from .eager import EagerLlamaDecoderLayer, EagerLlamaForCausalLM, EagerLlamaModel
 from .functions import MLPBlock, QKVRoPE, training_kernels
-from .llama import (CausalLMOutput, CodaAttention, CodaLlamaDecoderLayer, CodaLlamaForCausalLM, CodaLlamaModel,
-                    CodaMLP, RMSNorm, shift_labels)
+from .llama import (
+    CausalLMOutput,
+    CodaAttention,
+    CodaLlamaDecoderLayer,
+    CodaLlamaForCausalLM,
+    CodaLlamaModel,
+    CodaMLP,
+    RMSNorm,
+    shift_labels,
+)
 
 __all__ = [
     "CausalLMOutput", "CodaAttention", "CodaLlamaDecoderLayer", "CodaLlamaForCausalLM", "CodaLlamaModel", "CodaMLP",

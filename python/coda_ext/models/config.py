@@ -10,7 +10,6 @@ rows gate₀, up₀, gate₁, up₁, … (coda_ext.ops.interleave_gate_up). `sta
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import torch
 
@@ -26,12 +25,12 @@ class LlamaConfig:
     intermediate_size: int = 8192
     num_attention_heads: int = 32
     num_key_value_heads: int = 8
-    head_dim: Optional[int] = None
+    head_dim: int | None = None
     num_hidden_layers: int = 16
     vocab_size: int = 128256
     rms_norm_eps: float = 1e-5
     rope_theta: float = 500000.0
-    rope_inv_freq: Optional[tuple[float, ...]] = None
+    rope_inv_freq: tuple[float, ...] | None = None
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
 
@@ -79,7 +78,7 @@ class LlamaConfig:
         return out
 
     @classmethod
-    def from_hf(cls, hf_config, rope_inv_freq: Optional[torch.Tensor] = None) -> "LlamaConfig":
+    def from_hf(cls, hf_config, rope_inv_freq: torch.Tensor | None = None) -> LlamaConfig:
         """From a transformers LlamaConfig. rope_inv_freq: the model's RoPE frequencies (its
         rotary_emb.inv_freq), which carry any RoPE scaling; else rope_theta is read."""
         if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):

@@ -6,8 +6,6 @@ weights as a CodaLlamaForCausalLM.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -81,8 +79,8 @@ class EagerLlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
 
-    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                cos_sin: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         cos, sin = cos_sin if cos_sin is not None else self.rotary(default_positions(x, positions), x.dtype)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -96,7 +94,7 @@ class EagerLlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg)
 
-    def forward(self, input_ids: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos_sin = self.rotary(default_positions(x, positions), x.dtype)   # once for every layer
         for layer in self.layers:
@@ -116,8 +114,8 @@ class EagerLlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
-                positions: Optional[torch.Tensor] = None, ignore_index: int = -100,
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, ignore_index: int = -100,
                 reduction: str = "mean") -> CausalLMOutput:
         logits = self.lm_head(self.model(input_ids, positions))
         if labels is None:

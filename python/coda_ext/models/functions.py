@@ -20,7 +20,6 @@ the input dtype), so the autograd wiring is testable without a GPU.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -178,7 +177,7 @@ class MLPBlock(torch.autograd.Function):
         return dy0, dx1.to(ctx.x_dtype), dw_o, dgamma.to(norm_weight.dtype), dw_gu, dw_down, None, None
 
 
-def lm_head_loss(h: torch.Tensor, w_lm: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor],
+def lm_head_loss(h: torch.Tensor, w_lm: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
                  ignore_index: int, impl: str, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of logits = [rstd ⊙row] (h @ W_lmᵀ) against target ('mean' over the targets that
     are not ignore_index, or 'sum'), without the M × V logits (fused: the op's vocabulary-chunked
@@ -188,7 +187,7 @@ def lm_head_loss(h: torch.Tensor, w_lm: torch.Tensor, target: torch.Tensor, rstd
 
 
 def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool = True, lm_head_rstd: bool = True,
-                     sms: Optional[int] = None) -> list:
+                     sms: int | None = None) -> list:
     """(graph, dtype, kernel config) of every kernel one training step of a CodaLlamaForCausalLM with
     `config` (a LlamaConfig) launches at `tokens` = batch × seq tokens with the fused impl, for
     coda_ext.prebuild (in parallel, before training; nvcc only, no GPU). lm_head=False: the layers

@@ -12,7 +12,7 @@ load_state_dict() (coda_ext.models.config). `impl`: "fused" (SM90 GPU, bf16/fp16
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -32,7 +32,7 @@ def _check_impl(impl: str) -> str:
     return impl
 
 
-def default_positions(x: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
+def default_positions(x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
     """positions broadcast to x's leading dimensions (batch, seq); 0 … seq-1 when None."""
     lead = x.shape[:-1]
     if positions is None:
@@ -40,7 +40,7 @@ def default_positions(x: torch.Tensor, positions: Optional[torch.Tensor]) -> tor
     return positions.expand(lead)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               is_causal: bool = True) -> torch.Tensor:
     """SDPA on (B, S, heads, hd) q and (B, S_kv, kv_heads, hd) k, v (grouped heads); returns (B, S, heads·hd).
     mask: an SDPA attn_mask (boolean keep-mask or additive), replacing the causal mask."""
@@ -146,8 +146,8 @@ class CodaLlamaDecoderLayer(nn.Module):
         return MLPBlock.apply(y0.contiguous(), x, self.self_attn.o_proj.weight, self.post_attention_layernorm.weight,
                               self.mlp.gate_up_weight, self.mlp.down_proj.weight, self.config.rms_norm_eps, impl)
 
-    def forward(self, x: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """attention_mask: an SDPA attn_mask (B or 1, 1 or heads, S, S) replacing the causal mask."""
         impl = self._impl(x)
         qkv = self.project_qkv(x, default_positions(x, positions), impl)
@@ -169,7 +169,7 @@ class CodaLlamaModel(nn.Module):
         self.gradient_checkpointing = False
         nn.init.normal_(self.embed_tokens.weight, std=config.initializer_range)
 
-    def residual_stream(self, input_ids: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def residual_stream(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         positions = default_positions(x, positions)
         checkpointing = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
@@ -180,13 +180,13 @@ class CodaLlamaModel(nn.Module):
                 x = layer(x, positions)
         return x
 
-    def forward(self, input_ids: torch.Tensor, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         return self.norm(self.residual_stream(input_ids, positions))
 
 
 class CausalLMOutput(NamedTuple):
-    loss: Optional[torch.Tensor]     # cross-entropy of the next-token targets (when labels were given)
-    logits: Optional[torch.Tensor]   # (B, S, V), only when no labels were given
+    loss: torch.Tensor | None     # cross-entropy of the next-token targets (when labels were given)
+    logits: torch.Tensor | None   # (B, S, V), only when no labels were given
 
 
 def shift_labels(labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
@@ -218,15 +218,15 @@ class CodaLlamaForCausalLM(nn.Module):
             if emb is not None:
                 state_dict[prefix + "lm_head.weight"] = emb
 
-    def set_impl(self, impl: str) -> "CodaLlamaForCausalLM":
+    def set_impl(self, impl: str) -> CodaLlamaForCausalLM:
         """Switch every layer (and the LM head) to impl: 'auto', 'fused' or 'reference'."""
         self.impl = _check_impl(impl)
         for layer in self.model.layers:
             layer.impl = impl
         return self
 
-    def forward(self, input_ids: torch.Tensor, labels: Optional[torch.Tensor] = None,
-                positions: Optional[torch.Tensor] = None, ignore_index: int = -100,
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None, ignore_index: int = -100,
                 reduction: str = "mean") -> CausalLMOutput:
         """reduction: 'mean' over the counted targets, 'sum', or 'none' (per token, (B, S))."""
         x = self.model.residual_stream(input_ids, positions)

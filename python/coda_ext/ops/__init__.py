@@ -14,19 +14,18 @@ RMSNorm and SwiGLU backward run in the dX GEMMs' epilogues:
     dz, y, zdz     = swiglu_backward_linear(dy, W_down, z)
     dx = linear_dx(dz, W);   dW = weight_grad(dz, x, accumulate=None, scale=None)
 """
-from . import (lm_head_ce, linear_grad, norm_backward, norm_input, qkv, residual_norm, rms_scale, rope_backward,
-               swiglu, swiglu_backward)
+from . import linear_grad, lm_head_ce, norm_backward, qkv, residual_norm, rms_scale, swiglu, swiglu_backward
 from .layouts import interleave_gate_up, pairs_to_rotate_half, rotate_half_to_pairs, split_gate_up
 from .linear_grad import linear_dx, linear_residual, weight_grad
 from .lm_head_ce import lm_head_cross_entropy
 from .norm_backward import rms_norm_backward_linear
 from .norm_input import rms_norm_input
-from .rope_backward import qkv_rope_backward
-from .swiglu_backward import swiglu_backward_linear
 from .qkv import default_inv_freq, qkv_rope, rope_frequencies, split_qkv
 from .residual_norm import linear_residual_norm
 from .rms_scale import rms_linear
+from .rope_backward import qkv_rope_backward
 from .swiglu import linear_swiglu, linear_swiglu_train
+from .swiglu_backward import swiglu_backward_linear
 
 #: The op modules: each has graph(...), reference(...), BUILDS (its graph variants: (graph, args, major)).
 MODULES = (residual_norm, rms_scale, swiglu, qkv, lm_head_ce)

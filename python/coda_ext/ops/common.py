@@ -8,12 +8,13 @@ graphs, their fp32 references and the registrations live one op per module besid
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from ..graph.builder import dtype_name  # noqa: F401  (the ops name their dtype with it)
+from ..graph.builder import dtype_name
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -95,14 +96,14 @@ def rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def graph_op(build: Callable[..., Any], dtype: str, config: str, *args: Any, major: str = "kk") -> Any:
     """The compiled op of graph `build(*args)` for `dtype` (one per process; kernels load from the
     cache, or compile on first use). config "auto": a kernel config per shape. major: the operand
     layout (coda_ext.config.MAJORS)."""
-    from ..runtime.api import compile
+    from ..runtime.api import compile as compile_graph
 
-    return compile(build(*args), dtype, config, major=major)
+    return compile_graph(build(*args), dtype, config, major=major)
 
 
 def check_gemm(name: str, build: Callable[..., Any], args: tuple, A: torch.Tensor, W: torch.Tensor,

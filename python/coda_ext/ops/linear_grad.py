@@ -9,8 +9,6 @@ kernels are built for those layouts (coda_ext.config.MAJORS), so nothing is copi
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from .. import graphs
@@ -33,8 +31,8 @@ def reference_linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return dz.float() @ weight.float()
 
 
-def reference_weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor] = None,
-                          scale: Optional[float] = None) -> torch.Tensor:
+def reference_weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: torch.Tensor | None = None,
+                          scale: float | None = None) -> torch.Tensor:
     """fp32 reference of weight_grad (leading dimensions of dz and x are the summed rows)."""
     out = common.rows(dz).float().t() @ common.rows(x).float()
     if scale is not None:
@@ -83,8 +81,8 @@ def _fake_dx(dz, weight):
 
 
 @torch.library.custom_op("coda_ext::weight_grad", mutates_args=())
-def _op_wgrad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor],
-              scale: Optional[float] = None) -> torch.Tensor:
+def _op_wgrad(dz: torch.Tensor, x: torch.Tensor, accumulate: torch.Tensor | None,
+              scale: float | None = None) -> torch.Tensor:
     return common.run_gemm(**_gemm("weight_grad", dz.t(), x.t(), accumulate, scale)).out
 
 
@@ -110,8 +108,8 @@ def linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.coda_ext.linear_dx(common.rows(dz), weight).reshape(*lead, weight.shape[1])
 
 
-def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Tensor] = None,
-                scale: Optional[float] = None) -> torch.Tensor:
+def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: torch.Tensor | None = None,
+                scale: float | None = None) -> torch.Tensor:
     """[scale ·] dzᵀ @ x (N, K) in dz's dtype, summed over every leading row of dz (..., N) and x (..., K):
     the weight gradient of x @ Wᵀ (fp32 accumulation, one rounding). scale: a Python number applied to
     the fp32 product in the epilogue (a loss scale, 1/accumulation steps); accumulate (N, K): a gradient
@@ -127,10 +125,9 @@ def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: Optional[torch.Te
         raise ValueError(f"{op}: dz (..., N) and x (..., K) must have the same leading dimensions (one row per "
                          f"token), got {tuple(dz.shape)} and {tuple(x.shape)}")
     N, K = dz.shape[-1], x.shape[-1]
-    if accumulate is not None:
-        if not isinstance(accumulate, torch.Tensor) or tuple(accumulate.shape) != (N, K) \
-                or accumulate.dtype != dz.dtype or accumulate.device != dz.device:
-            raise ValueError(f"{op}: accumulate must be a ({N}, {K}) {dz.dtype} tensor on {dz.device}")
+    if accumulate is not None and (not isinstance(accumulate, torch.Tensor) or tuple(accumulate.shape) != (N, K)
+                                   or accumulate.dtype != dz.dtype or accumulate.device != dz.device):
+        raise ValueError(f"{op}: accumulate must be a ({N}, {K}) {dz.dtype} tensor on {dz.device}")
     dz2, x2 = common.rows(dz), common.rows(x)
     if not dz2.is_contiguous() or not x2.is_contiguous():
         raise ValueError(f"{op}: dz and x must be contiguous (each is read transposed, along its rows); "

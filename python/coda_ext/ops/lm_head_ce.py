@@ -16,8 +16,6 @@ tensor (chunk_bytes), never the M × V logits.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from .. import graphs
@@ -35,7 +33,7 @@ graph = graphs.lm_head_cross_entropy
 backward_graph = graphs.lm_head_cross_entropy_backward
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor] = None,
+def reference(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None = None,
               ignore_index: int = -100, reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 reference: (loss, lse), with torch's cross_entropy on fp32 logits."""
     logits = x.float() @ weight.float().t()
@@ -61,7 +59,7 @@ def finish(lse: torch.Tensor, target_logit: torch.Tensor, target: torch.Tensor, 
 
 
 @torch.library.custom_op("coda_ext::lm_head_cross_entropy", mutates_args=())
-def _op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor],
+def _op(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
         ignore_index: int, reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
     r = common.run_gemm(NAME, **_gemm(x, weight, target, rstd, reduction))
     return finish(r.lse, r.target_logit, target, ignore_index, reduction), r.lse
@@ -97,7 +95,7 @@ def _fake(x, weight, target, rstd, ignore_index, reduction):
 
 
 def lm_head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                          rstd: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                          rstd: torch.Tensor | None = None, ignore_index: int = -100,
                           reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, lse): the cross-entropy of logits = [rstd ⊙row] x @ weightᵀ against target, and the
     per-token log-sum-exp (fp32, for the backward pass). x (..., d), weight (V, d), target (...) int32/int64
@@ -114,16 +112,11 @@ def lm_head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     return (loss.reshape(lead) if reduction == "none" else loss), lse.reshape(lead)
 
 
-def row_gradients(dloss: torch.Tensor, dlse: Optional[torch.Tensor], target: torch.Tensor, ignore_index: int,
+def row_gradients(dloss: torch.Tensor, dlse: torch.Tensor | None, target: torch.Tensor, ignore_index: int,
                   reduction: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(coef, g) fp32 per row: dlogits = softmax · coef − onehot(target) · g."""
     valid = (target != ignore_index).float()
-    if reduction == "none":
-        g = dloss.float() * valid
-    elif reduction == "sum":
-        g = dloss.float() * valid
-    else:
-        g = dloss.float() / valid.sum() * valid
+    g = dloss.float() * valid if reduction in ("none", "sum") else dloss.float() / valid.sum() * valid
     coef = g if dlse is None else g + dlse.float()
     return coef, g
 
@@ -146,7 +139,7 @@ def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None) 
 
 
 @torch.library.custom_op("coda_ext::lm_head_cross_entropy_backward", mutates_args=())
-def _op_backward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: Optional[torch.Tensor],
+def _op_backward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
                  lse: torch.Tensor, coef: torch.Tensor, g: torch.Tensor,
                  chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dtype = common.dtype_name(x.dtype)

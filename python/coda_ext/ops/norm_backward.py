@@ -12,8 +12,6 @@ the RoPE backward, the cross-entropy backward) and the norm backward needs no pa
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from .. import graphs
@@ -27,7 +25,7 @@ graph = graphs.rms_norm_backward_linear
 
 
 def reference(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
-              norm_weight: torch.Tensor, zdz: torch.Tensor, dx_in: Optional[torch.Tensor] = None):
+              norm_weight: torch.Tensor, zdz: torch.Tensor, dx_in: torch.Tensor | None = None):
     """fp32 reference: (dx, n, dgamma)."""
     acc = dz.float() @ weight.float()
     r = rstd.float()[..., None]
@@ -42,7 +40,7 @@ def reference(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: tor
 
 @torch.library.custom_op("coda_ext::rms_norm_backward_linear", mutates_args=())
 def _op(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, norm_weight: torch.Tensor,
-        zdz: torch.Tensor, dx_in: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        zdz: torch.Tensor, dx_in: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r = common.run_gemm(NAME, **_gemm(dz, weight, x, rstd, norm_weight, zdz, dx_in))
     return r.dx, r.n, r.dgamma
 
@@ -64,7 +62,7 @@ def _fake(dz, weight, x, rstd, norm_weight, zdz, dx_in):
 
 
 def rms_norm_backward_linear(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor,
-                             norm_weight: torch.Tensor, zdz: torch.Tensor, dx_in: Optional[torch.Tensor] = None):
+                             norm_weight: torch.Tensor, zdz: torch.Tensor, dx_in: torch.Tensor | None = None):
     """(dx, n, dgamma) of an RMSNorm whose output n fed z = n @ weightᵀ, from dz = dL/dz (..., N).
     weight (N, d) as stored; x (..., d) the norm's input (the residual stream); rstd (...) fp32;
     norm_weight γ (d,); zdz (...) fp32 = Σ_k z·dz per row; dx_in (..., d): a gradient added to dx

@@ -26,7 +26,6 @@ plain GEMM): see _qk_norm_backward; q_norm_weight and k_norm_weight get their gr
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -43,7 +42,7 @@ def default_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
 
 
 def rope_frequencies(head_dim: int, n_heads: int, n_kv_heads: int, theta: float = 10000.0,
-                     inv_freq: Optional[torch.Tensor] = None, device=None) -> torch.Tensor:
+                     inv_freq: torch.Tensor | None = None, device=None) -> torch.Tensor:
     """The (2, N) fp32 table qkv_rope takes, N = (n_heads + 2 n_kv_heads) · head_dim: per column its
     pair's frequency in turns per position, as a hi + lo float pair; 0 on V (no rotation).
     inv_freq (head_dim/2,), radians per position, overrides theta (e.g. Llama 3's scaled ones).
@@ -66,8 +65,8 @@ graph = graphs.qkv_rope
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, n_heads: int, n_kv_heads: int,
-              inv_freq: Optional[torch.Tensor] = None, theta: float = 10000.0, rstd: Optional[torch.Tensor] = None,
-              q_norm_weight: Optional[torch.Tensor] = None, k_norm_weight: Optional[torch.Tensor] = None,
+              inv_freq: torch.Tensor | None = None, theta: float = 10000.0, rstd: torch.Tensor | None = None,
+              q_norm_weight: torch.Tensor | None = None, k_norm_weight: torch.Tensor | None = None,
               eps: float = 1e-6) -> torch.Tensor:
     """fp32 reference (angles in fp64), written head by head: the (..., N) output of qkv_rope."""
     z = x.float() @ weight.float().t()
@@ -92,7 +91,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, n_
 
 @torch.library.custom_op("coda_ext::qkv_rope", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
-        rstd: Optional[torch.Tensor], norm_a: Optional[torch.Tensor], norm_b: Optional[torch.Tensor],
+        rstd: torch.Tensor | None, norm_a: torch.Tensor | None, norm_b: torch.Tensor | None,
         n_heads: int, n_kv_heads: int, eps: float) -> torch.Tensor:
     return common.run_gemm(NAME, **_gemm(x, weight, positions, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads,
                                          eps)).qkv
@@ -196,8 +195,8 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor, n_heads: int,
-             n_kv_heads: int, rstd: Optional[torch.Tensor] = None, q_norm_weight: Optional[torch.Tensor] = None,
-             k_norm_weight: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+             n_kv_heads: int, rstd: torch.Tensor | None = None, q_norm_weight: torch.Tensor | None = None,
+             k_norm_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """[Q | K | V] (..., (n_heads + 2 n_kv_heads) · head_dim) in x's dtype: RoPE on Q and K (adjacent
     pairs), V passed through, optionally QK-norm (per-head RMSNorm with q/k_norm_weight (head_dim,))
     before RoPE and the rstd scaling of a fused RMSNorm. positions (...) integer or float (< 2**24);

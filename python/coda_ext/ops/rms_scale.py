@@ -15,8 +15,6 @@ the saved output itself, else recomputed by this op without activation, one GEMM
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from .. import graphs
@@ -34,7 +32,7 @@ _TORCH_ACT = {
 graph = graphs.rms_linear
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, activation: Optional[str] = None):
+def reference(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, activation: str | None = None):
     """fp32 reference: act(rstd[:, None] * (x @ weightᵀ))."""
     return _TORCH_ACT[activation](rstd.float()[..., None] * (x.float() @ weight.float().t()))
 
@@ -49,7 +47,7 @@ def _gemm(x, weight, rstd, activation):
     return dict(build=graph, args=(_activation(activation),), A=x, W=weight, inputs={"rstd": rstd})
 
 
-def _activation(activation: Optional[str]) -> Optional[str]:
+def _activation(activation: str | None) -> str | None:
     """One of ACTIVATIONS (the custom op's "" is None)."""
     if (activation or None) not in ACTIVATIONS:
         raise ValueError(f"{NAME}: activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
@@ -106,7 +104,7 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def rms_linear(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-               activation: Optional[str] = None) -> torch.Tensor:
+               activation: str | None = None) -> torch.Tensor:
     """act(rstd ⊙row (x @ weightᵀ)) in x's dtype. x (..., K), weight (N, K), rstd (...) fp32."""
     _activation(activation)
     common.check_linear(NAME, x, weight)

@@ -16,8 +16,6 @@ one GEMM) and the incoming dy (and dz, the train op's second output's gradient, 
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +29,7 @@ NAME = "linear_swiglu"
 graph = graphs.linear_swiglu
 
 
-def reference(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor] = None):
+def reference(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor | None = None):
     """fp32 reference: (y, z)."""
     z = x.float() @ weight.float().t()
     if rstd is not None:
@@ -50,7 +48,7 @@ def _run(x, weight, rstd, store_preact):
 
 
 @torch.library.custom_op("coda_ext::linear_swiglu", mutates_args=())
-def _op(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor]) -> torch.Tensor:
+def _op(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor | None) -> torch.Tensor:
     return _run(x, weight, rstd, False).y
 
 
@@ -61,7 +59,7 @@ def _fake(x, weight, rstd):
 
 
 @torch.library.custom_op("coda_ext::linear_swiglu_train", mutates_args=())
-def _op_train(x: torch.Tensor, weight: torch.Tensor, rstd: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _op_train(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     r = _run(x, weight, rstd, True)
     return r.y, r.z
 
@@ -141,7 +139,7 @@ def _check(x, weight, rstd):
 
 
 def linear_swiglu(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-                  rstd: Optional[torch.Tensor] = None) -> torch.Tensor:
+                  rstd: torch.Tensor | None = None) -> torch.Tensor:
     """y = silu(z[:, 0::2]) · z[:, 1::2] with z = [rstd ⊙row] x @ weightᵀ; only y (..., N/2) is written.
     weight: the pair (W_gate, W_up) of (F, K) weights as stored (interleaved once per weight version:
     coda_ext.ops.layouts.gate_up_weight), or the (2F, K) weight with rows interleaved gate, up
@@ -151,7 +149,7 @@ def linear_swiglu(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tensor, to
 
 
 def linear_swiglu_train(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-                        rstd: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                        rstd: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, z): as linear_swiglu, and the pre-activation z (..., 2F) for the backward pass (interleaved
     gate, up columns, as swiglu_backward_linear reads it)."""
     lead, r, weight = _check(x, weight, rstd)

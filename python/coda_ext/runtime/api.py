@@ -1,11 +1,12 @@
 """The public entry points: compile a graph into an op, and prebuild kernels ahead of time."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from ..jit import build_kernels
 from ..config import DEFAULT_CONFIG, KernelConfig
 from ..errors import UnsupportedError
+from ..jit import build_kernels
 from .op import compile_config
 from .tuned import TunedOp
 

@@ -16,7 +16,7 @@ from .interface import GraphOp, Slot
 __all__ = ["CompiledOp", "Slot", "compile_config"]
 
 
-def compile_config(graph: Any, dtype: Any, config: KernelConfig | None) -> "CompiledOp":
+def compile_config(graph: Any, dtype: Any, config: KernelConfig | None) -> CompiledOp:
     """The op of `graph` on one concrete kernel config, building its kernel on a cache miss."""
     from ..jit import kernel_source, nvcc
 

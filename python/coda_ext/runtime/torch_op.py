@@ -10,7 +10,7 @@ cache is touched only there).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -33,7 +33,7 @@ def lookup(key: str) -> Any:
 
 
 @torch.library.custom_op("coda_ext::run_graph", mutates_args=())
-def run_graph(key: str, A: torch.Tensor, W: torch.Tensor, tensors: list[Optional[torch.Tensor]],
+def run_graph(key: str, A: torch.Tensor, W: torch.Tensor, tensors: list[torch.Tensor | None],
               scalars: list[float]) -> list[torch.Tensor]:
     op = lookup(key)
     outs = op.run(A, W, op.inputs_from_lists(tensors, scalars), {})

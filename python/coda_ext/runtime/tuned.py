@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from .. import tuning
-from ..jit import build_kernels, kernel_source
 from ..config import KernelConfig
 from ..errors import UnsupportedError
 from ..graph.interpret import Outputs
+from ..jit import build_kernels, kernel_source
 from . import checks
 from .interface import GraphOp
 from .op import compile_config
@@ -61,7 +62,7 @@ class TunedOp(GraphOp):
     def sms(A: Any) -> int:
         try:
             return torch.cuda.get_device_properties(A.device).multi_processor_count
-        except Exception:  # no CUDA device at hand (CPU tests): assume an H100
+        except Exception:  # noqa: BLE001  (no CUDA device at hand, CPU tests: assume an H100)
             return tuning.DEFAULT_SMS
 
     def config_for(self, M: int, N: int, K: int, sms: int = tuning.DEFAULT_SMS) -> KernelConfig:

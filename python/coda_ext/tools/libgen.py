@@ -32,8 +32,8 @@ import sys
 from typing import Any
 
 from .. import tuning
-from ..jit import KernelSource, kernel_source
 from ..config import RASTER_ORDERS, KernelConfig
+from ..jit import KernelSource, kernel_source
 
 #: The large training shape whose heuristic config every kernel is compiled with.
 TRAINING_M = 16384
@@ -94,7 +94,7 @@ KERNELS: tuple[LibKernel, ...] = (
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kernel_config(kernel: LibKernel) -> KernelConfig:
     """What the Python heuristic picks for the kernel's training shape (bf16 and fp16 alike)."""
     first = kernel_source(kernel.graph(), "bfloat16")
@@ -105,7 +105,7 @@ def kernel_config(kernel: LibKernel) -> KernelConfig:
     return tuning.for_every_m(tuning.heuristic(TRAINING_M, N, K, tuning.DEFAULT_SMS, epilogue))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sources(kernel: LibKernel) -> dict[str, KernelSource]:
     """The emitted source of the kernel per libcoda dtype suffix, with its fixed config."""
     config = kernel_config(kernel)
@@ -149,7 +149,8 @@ def kernel_file(kernel: LibKernel, suffix: str, source: KernelSource) -> str:
         return banner + text
     cfg = _CFG.findall(source.source)
     if len(cfg) != 1:
-        raise RuntimeError(f"{kernel.name}: expected one `using Cfg = ...;` line in the emitted source, found {len(cfg)}")
+        raise RuntimeError(f"{kernel.name}: expected one `using Cfg = ...;` line in the emitted source, "
+                           f"found {len(cfg)}")
     return (banner +
             f"// The epilogue is coda::ops::{kernel.fusion} (fusions.cuh); the Cfg line is the emitted graph's.\n"
             '#include "kernels/ops/fusions.cuh"\n'
@@ -220,15 +221,16 @@ def contract_header(kernels: tuple[LibKernel, ...] = KERNELS) -> str:
             f"inline constexpr int kEpilogueTileM = {em}, kEpilogueTileN = {en};  // 0: CUTLASS's choice",
             f"inline constexpr int kSwizzle = {cfg.swizzle};  // launch defaults the config was chosen with",
             f"inline constexpr int kRaster = kRaster{_const(cfg.raster)[1:]};",
-            f"inline constexpr bool kHasD = {'true' if src.lowered.find('output') else 'false'};"
-            "  // writes a main output D",
+            (f"inline constexpr bool kHasD = {'true' if src.lowered.find('output') else 'false'};"
+             "  // writes a main output D"),
         ]
         names = slots(src)
         out.append(f"inline constexpr int kNumSlots = {len(names) + len(k.extra_slots)};")
         out.append("namespace slot {")
         width = max(len(_const(n)) for n, _, _ in names + [(e, "", None) for e in k.extra_slots])
         for i, (name, kind, dtype) in enumerate(names):
-            out.append(f"inline constexpr int {_const(name).ljust(width)} = {i};  // {_slot_comment(name, kind, dtype)}")
+            comment = _slot_comment(name, kind, dtype)
+            out.append(f"inline constexpr int {_const(name).ljust(width)} = {i};  // {comment}")
         for j, name in enumerate(k.extra_slots):
             out.append(f"inline constexpr int {_const(name).ljust(width)} = {len(names) + j};"
                        f"  // libcoda's own (coda::ops::{k.fusion}), after the graph's")

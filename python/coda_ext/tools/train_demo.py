@@ -17,7 +17,6 @@ import os
 import statistics
 import sys
 import time
-from typing import Optional
 
 import torch
 
@@ -169,7 +168,7 @@ def summary(results: dict, tokens: int) -> str:
                      for row in rows)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     torch.manual_seed(args.seed)

@@ -35,7 +35,8 @@ _NEUTRAL = {aten.mul.Tensor: 1, aten.mul.Scalar: 1, aten.div.Tensor: 1, aten.div
 
 
 def _same_value_type(node: fx.Node, x: Any) -> bool:
-    return isinstance(x, fx.Node) and fx_util.shape(x) == fx_util.shape(node) and fx_util.dtype(x) == fx_util.dtype(node)
+    return isinstance(x, fx.Node) and fx_util.shape(x) == fx_util.shape(node) \
+        and fx_util.dtype(x) == fx_util.dtype(node)
 
 
 def _identity_of(node: fx.Node) -> fx.Node | None:
