@@ -1,14 +1,22 @@
-"""The ready ops (coda_ext.ops) at the Llama shapes of docs/design.md against the
-bare cuBLAS GEMM of the same shape, eager PyTorch and torch.compile of the unfused math (and
-Liger-Kernel's fused linear cross-entropy for the LM head), timed interleaved in one process;
-ratios are medians of per-round ratios to cuBLAS; peak memory above what was allocated before.
+"""The ready ops (coda_ext.ops) at the Llama shapes of docs/design.md against the bare cuBLAS GEMM of the
+same shape, and with --backward the training step's backward epilogue GEMMs (benchmarks/backward_gemms.py:
+the dX GEMMs with the SwiGLU and RMSNorm backward in their epilogues, the weight gradients, linear_residual,
+the LM head backward's GEMMs). Every row times, interleaved in one process: the op; the bare cuBLAS GEMM of
+the same shape and operand layout; the plain GEMM in the kernel config and layout the op ran
+("plain_same_config", the identity graph: the mainloop's share; the op over it is the epilogue's); eager
+PyTorch and torch.compile of the unfused math (and Liger-Kernel's fused linear cross-entropy for the LM
+head). Ratios are medians of per-round ratios to cuBLAS; peak memory above what was allocated before.
+The speed goals of the rows are benchmarks/goals.py's.
 
-    python -m coda_ext prebuild benchmarks/bench_fused_ops.py -j 16   # the kernels the run needs
-    python -m benchmarks.bench_fused_ops [--models 8B 1B] [--ms 16384 1024 128] [--ops ...] [--out NAME]
-    python -m benchmarks.bench_fused_ops --merge results/a.json results/b.json --out ops_h100
+    python -m coda_ext prebuild benchmarks/bench_fused_ops.py -j 16   # every kernel of both families
+    python -m benchmarks.bench_fused_ops [--backward] [--models 8B 1B] [--ms 16384 1024 128] [--ops ...]
+        [--no-lm-head | --only-lm-head] [--compile-all-shapes] [--out NAME] [--dry-run]
+    python -m benchmarks.bench_fused_ops --merge results/f.json results/b.json --out ops_h100  # b: --backward
 
-torch.compile is timed at the training shapes (M = 16384) and for the LM head (compiling per
-shape costs ~10-30 s each). Writes results/<out>.json and .png.
+torch.compile is timed at the training shapes (M = 16384 tokens, the LM head's 8192; compiling per shape
+costs ~10-30 s each), at every shape with --compile-all-shapes. --dry-run lists the rows and the kernels
+they need (no GPU). Writes results/<out>.json (rows of both families, each marked "pass": forward or
+backward) and .png.
 """
 from __future__ import annotations
 
@@ -18,15 +26,18 @@ import pathlib
 import statistics
 import sys
 
-from benchmarks import common
+from benchmarks import backward_gemms, common, goals
 from tests.helpers import rand
 
 MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
 MS = (16384, 1024, 128)
 OPS = ("residual_norm_down", "residual_norm_o", "rms_linear_silu", "swiglu_y", "swiglu_train", "qkv_rope",
        "qkv_rope_qknorm")
-LM_HEAD = dict(M=8192, K=4096, V=128256)
-GOAL_RATIO = 1.03
+BACKWARD_OPS = backward_gemms.OPS
+LM_HEAD = dict(model="8B", M=8192, K=4096, V=128256)
+PLAIN = goals.PLAIN
+#: where the inputs live (the CPU tests run the rows on stand-in kernels)
+DEVICE = "cuda"
 
 
 def cases(models=tuple(MODELS), ms=MS, lm_head=True, ops=OPS):
@@ -41,8 +52,13 @@ def cases(models=tuple(MODELS), ms=MS, lm_head=True, ops=OPS):
         for M in ms:
             out += [(op, m, M, *shapes[op]) for op in ops]
     if lm_head:
-        out.append(("lm_head_ce", "8B", LM_HEAD["M"], LM_HEAD["V"], LM_HEAD["K"]))
+        out.append(("lm_head_ce", LM_HEAD["model"], LM_HEAD["M"], LM_HEAD["V"], LM_HEAD["K"]))
     return out
+
+
+def backward_cases(models=tuple(MODELS), ms=MS, lm_head=True, ops=BACKWARD_OPS) -> list:
+    """The --backward rows (backward_gemms.Gemm): the step's GEMMs per model and token count, the LM head's."""
+    return backward_gemms.cases({m: MODELS[m] for m in models}, ms, ops, LM_HEAD if lm_head else None)
 
 
 def graph_of(op, model):
@@ -59,24 +75,47 @@ def graph_of(op, model):
             "lm_head_ce": lambda: graphs.lm_head_cross_entropy(True)}[op]()
 
 
-def build_items():
+def kernel_of(case):
+    """(graph, operand layout, (M, N, K) as launched) of a forward case or a backward row."""
+    if isinstance(case, backward_gemms.Gemm):
+        return case.graph(), case.major, (case.M, case.N, case.K)
+    op, model, M, N, K = case
+    return graph_of(op, model), "kk", (M, N, K)
+
+
+def build_items(selected=None):
+    """Every kernel the rows run (both families by default): each op's kernel in the config "auto" picks at
+    its shape, and the plain GEMM (identity graph) in that config and layout."""
+    from coda_ext import graphs
+    from coda_ext.runtime import auto_items
+
+    selected = cases() + backward_cases() if selected is None else selected
+    items = auto_items([kernel_of(c) for c in selected], "bfloat16")
+    twins = {cfg.tag: (graphs.identity(), "bfloat16", cfg) for _, _, cfg in items}
+    return items + list(twins.values())
+
+
+def _plain_twin(graph, major, A, W):
+    """(the config the op runs for this call, the plain GEMM built with it): the op's TunedOp choice
+    (what tuning remembered, else the heuristic) for operands A (M, K) and W (N, K) in `major`."""
+    import torch
+
+    import coda_ext as ce
+    from coda_ext import graphs
     from coda_ext.runtime import TunedOp
 
-    items = []
-    for op, model, M, N, K in cases():
-        g = graph_of(op, model)
-        items.append((g, "bfloat16", TunedOp(g, "bfloat16", tune=False).config_for(M, N, K)))
-    return items
+    cfg = TunedOp(graph, "bfloat16", tune=False, major=major).choose(A, W, {}, torch.cuda.get_device_name(A.device))
+    return cfg, ce.compile(graphs.identity(), "bfloat16", cfg)
 
 
 def _variants(op, model, M, N, K, with_compile, with_liger):
-    """{name: fn(i)} on two rotated input sets; the first is the bare cuBLAS GEMM."""
+    """({name: fn(i)} on two rotated input sets, the first the bare cuBLAS GEMM; the op's config)."""
     import torch
     import torch.nn.functional as F
 
     from coda_ext import ops
 
-    dt, dev, eps = torch.bfloat16, "cuda", 1e-6
+    dt, dev, eps = torch.bfloat16, DEVICE, 1e-6
     c = MODELS[model]
     sets = []
     for i in range(2):
@@ -138,8 +177,9 @@ def _variants(op, model, M, N, K, with_compile, with_liger):
         qk = dict(q_norm_weight=s["qw"], k_norm_weight=s["kw"]) if op == "qkv_rope_qknorm" else {}
         return ops.qkv_rope(s["x"], s["w"], s["pos"], freqs, hq, hkv, rstd=s["rstd"], **qk)
 
+    cfg, twin = _plain_twin(graph_of(op, model), "kk", sets[0]["x"], sets[0]["w"])
     v = {"cublas": lambda i: F.linear(sets[i]["x"], sets[i]["w"]), "coda": lambda i: coda(sets[i]),
-         "eager": lambda i: eager(sets[i])}
+         PLAIN: lambda i: twin(sets[i]["x"], sets[i]["w"]), "eager": lambda i: eager(sets[i])}
     if with_compile:
         compiled = common.compile_for_one_shape(eager)
         v["torch.compile"] = lambda i: compiled(sets[i])
@@ -150,55 +190,102 @@ def _variants(op, model, M, N, K, with_compile, with_liger):
                                                sets[i]["w"], sets[i]["t"])
         except ImportError as e:
             print(f"liger-kernel not available: {e}", file=sys.stderr)
-    return v
+    return v, cfg
+
+
+def _backward_variants(g, with_compile):
+    """The same for a backward row (backward_gemms.Gemm): cuBLAS is torch.mm(A, W.t()) on the GEMM's
+    operand views, the layout the op reads."""
+    import torch
+
+    sets = [backward_gemms.inputs(g, i, DEVICE) for i in range(2)]
+    gemm = [backward_gemms.operands(g, s) for s in sets]
+    cfg, twin = _plain_twin(g.graph(), g.major, *gemm[0])
+    v = {"cublas": lambda i: torch.mm(gemm[i][0], gemm[i][1].t()), "coda": lambda i: backward_gemms.call(g, sets[i]),
+         PLAIN: lambda i: twin(*gemm[i]), "eager": lambda i: backward_gemms.eager(g, sets[i])}
+    if with_compile:
+        compiled = common.compile_for_one_shape(lambda s: backward_gemms.eager(g, s))
+        v["torch.compile"] = lambda i: compiled(sets[i])
+    return v, cfg
 
 
 def _peak_memory(fn) -> float:
     return common.peak_memory_gb(fn)[0]
 
 
-def run(selected, reps):
+def row_fields(case) -> dict:
+    """What identifies a row in the results file."""
+    if isinstance(case, backward_gemms.Gemm):
+        return {"pass": case.pass_name, "op": case.op, "model": case.model, "tokens": case.tokens, "M": case.M,
+                "N": case.N, "K": case.K, "major": case.major}
+    op, model, M, N, K = case
+    return {"pass": "forward", "op": op, "model": model, "tokens": M, "M": M, "N": N, "K": K, "major": "kk"}
+
+
+def row_key(row: dict) -> tuple:
+    """A row's case (rows of earlier files have no "pass": they are forward rows)."""
+    return row.get("pass", "forward"), row["op"], row["model"], row["M"], row["N"], row["K"]
+
+
+def summarize_row(fields: dict, times: dict[str, list[float]], config: str, fused: bool) -> dict:
+    """A results row from per-round times {variant: [ms]}: ratios to cuBLAS, the mainloop's share (the plain
+    GEMM in the op's config / cuBLAS) and the epilogue's (the op / that plain GEMM, median of per-round
+    ratios)."""
+    summary = common.summarize(times, "cublas")
+    return {**fields, "config": config, "fused": fused, "results": summary,
+            "mainloop_ratio": summary[PLAIN]["median_ratio_to_cublas"],
+            "epilogue_ratio": statistics.median(c / p for c, p in zip(times["coda"], times[PLAIN]))}
+
+
+def _fused(graph) -> bool:
+    from coda_ext import graphs
+
+    return graph.build().digest() != graphs.identity().build().digest()
+
+
+def run(selected, reps, compile_all=False):
     results = []
-    for op, model, M, N, K in selected:
-        train = M == 16384 or op == "lm_head_ce"
-        variants = _variants(op, model, M, N, K, with_compile=train, with_liger=op == "lm_head_ce")
+    for case in selected:
+        fields = row_fields(case)
+        train = fields["tokens"] not in goals.SMALL_M
+        if isinstance(case, backward_gemms.Gemm):
+            variants, cfg = _backward_variants(case, with_compile=train or compile_all)
+        else:
+            variants, cfg = _variants(*case, with_compile=train or compile_all, with_liger=case[0] == "lm_head_ce")
         for fn in variants.values():  # warm up: kernels, torch.compile, autotuning
             fn(0)
             fn(1)
-        n = reps if op != "lm_head_ce" else max(5, reps // 3)
-        summary = common.summarize(common.time_interleaved(variants, n), "cublas")
-        row = {"op": op, "model": model, "M": M, "N": N, "K": K, "results": summary,
-               "peak_gb": {k: _peak_memory(fn) for k, fn in variants.items()}}
+        n = reps if fields["op"] != "lm_head_ce" else max(5, reps // 3)
+        row = summarize_row(fields, common.time_interleaved(variants, n), cfg.tag, _fused(kernel_of(case)[0]))
+        row["peak_gb"] = {k: _peak_memory(fn) for k, fn in variants.items()}
         results.append(row)
-        r = {k: v["median_ratio_to_cublas"] for k, v in summary.items()}
-        print(f"{op:18s} {model} M={M:5d} N={N:6d} K={K:5d} " +
-              " ".join(f"{k}={r[k]:.3f}" for k in r) + f"  cublas={summary['cublas']['median_ms']:.3f} ms", flush=True)
+        r = {k: v["median_ratio_to_cublas"] for k, v in row["results"].items()}
+        print(f"{fields['op']:30s} {fields['model']} T={fields['tokens']:5d} {fields['M']}x{fields['N']}x{fields['K']} "
+              f"{fields['major']} {cfg.tag}: " + " ".join(f"{k}={r[k]:.3f}" for k in r)
+              + f"  epilogue={row['epilogue_ratio']:.3f}  cublas={row['results']['cublas']['median_ms']:.3f} ms",
+              flush=True)
     return results
 
 
-def goals(results) -> list[str]:
-    lines = []
-    by_op: dict[str, list[float]] = {}
-    for row in results:
-        if row["op"] != "lm_head_ce":
-            by_op.setdefault(row["op"], []).append(row["results"]["coda"]["median_ratio_to_cublas"])
-    for op, rs in by_op.items():
-        med = statistics.median(rs)
-        lines.append(f"{op}: median {med:.3f}x cuBLAS over {len(rs)} shapes (range {min(rs):.3f}-{max(rs):.3f}) "
-                     f"goal <= {GOAL_RATIO}: {'met' if med <= GOAL_RATIO else 'missed'}")
-    for row in results:
-        res = row["results"]
-        if "torch.compile" in res and row["op"] != "lm_head_ce":
-            c, t = res["coda"]["median_ms"], res["torch.compile"]["median_ms"]
-            lines.append(f"{row['op']} {row['model']} M={row['M']}: coda {c:.3f} ms vs torch.compile {t:.3f} ms: "
-                         f"{'faster' if c < t else 'SLOWER'}")
-        if row["op"] == "lm_head_ce":
-            ratio = res["coda"]["median_ratio_to_cublas"]
-            mem = row["peak_gb"]
-            met = "met" if ratio <= 1.0 else "missed"
-            lines.append(f"lm_head_ce: {ratio:.3f}x the logits GEMM (goal <= 1.0: {met}); "
-                         "peak GB " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items()))
-    return lines
+def dry_run(selected, compile_all=False) -> list[str]:
+    """One line per row: its variants and the two kernels it needs (op and plain twin, config "auto" picks on
+    an H100); then the count of distinct kernels (build them with `python -m coda_ext prebuild
+    benchmarks/bench_fused_ops.py`)."""
+    from coda_ext import graphs, tuning
+    from coda_ext.runtime import TunedOp
+
+    out, kernels, identity = [], set(), graphs.identity().build().digest()
+    for case in selected:
+        f = row_fields(case)
+        graph, major, mnk = kernel_of(case)
+        cfg = TunedOp(graph, "bfloat16", tune=False, major=major).config_for(*mnk, tuning.DEFAULT_SMS)
+        digest = graph.build().digest()
+        kernels |= {(digest, cfg.tag), (identity, cfg.tag)}
+        compiled = ", torch.compile" if compile_all or f["tokens"] not in goals.SMALL_M else ""
+        out.append(f"{f['pass']} {f['op']} {f['model']} tokens={f['tokens']} {f['M']}x{f['N']}x{f['K']} {major}: "
+                   f"cublas, coda [{digest} {cfg.tag}], {PLAIN} [identity {cfg.tag}], eager{compiled}")
+    out.append(f"{len(selected)} rows, {len(kernels)} kernels")
+    return out
 
 
 def plot(results, path):
@@ -208,22 +295,24 @@ def plot(results, path):
     import matplotlib.pyplot as plt
 
     rows = [r for r in results if r["op"] != "lm_head_ce"]
-    names = ["coda", "torch.compile", "eager"]
+    names = ["coda", PLAIN, "torch.compile", "eager"]
     fig, axes = plt.subplots(2, 1, figsize=(max(10, 0.45 * len(rows)), 9), gridspec_kw={"height_ratios": [3, 1.2]})
     ax = axes[0]
-    width = 0.27
+    width = 0.8 / len(names)
     for j, name in enumerate(names):
-        xs = [i + (j - 1) * width for i, r in enumerate(rows) if name in r["results"]]
+        xs = [i + (j - 1.5) * width for i, r in enumerate(rows) if name in r["results"]]
         ys = [min(r["results"][name]["median_ratio_to_cublas"], 2.5) for r in rows if name in r["results"]]
         ax.bar(xs, ys, width, label=name)
     ax.axhline(1.0, color="k", lw=1)
-    ax.axhline(GOAL_RATIO, color="r", lw=0.8, ls="--", label=f"goal {GOAL_RATIO}")
+    ax.axhline(goals.BACKWARD_GEMM, color="r", lw=0.8, ls="--", label=f"backward goal {goals.BACKWARD_GEMM}")
     ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([f"{r['op']} {r['model']} M={r['M']}" for r in rows], rotation=75, fontsize=7)
+    ax.set_xticklabels([f"{'bwd ' if r.get('pass') == 'backward' else ''}{r['op']} {r['model']} "
+                        f"T={r.get('tokens', r['M'])}" for r in rows], rotation=75, fontsize=7)
     ax.set_ylabel("time / bare cuBLAS GEMM (capped at 2.5)")
     ax.set_ylim(0.8, 2.6)
     ax.legend(fontsize=8)
-    ax.set_title("coda_ext ready ops vs the bare GEMM of the same shape (H100, bf16; lower is better)")
+    ax.set_title("coda_ext ready ops and backward GEMMs vs the bare GEMM of the same shape (H100, bf16; lower is "
+                 "better)")
     lm = [r for r in results if r["op"] == "lm_head_ce"]
     ax = axes[1]
     if lm:
@@ -238,39 +327,70 @@ def plot(results, path):
     fig.savefig(path, dpi=110)
 
 
+def select(a, p) -> list:
+    """The rows the arguments ask for: the forward family, or with --backward the backward one."""
+    family = BACKWARD_OPS if a.backward else OPS
+    chosen = a.ops or list(family)
+    other = [o for o in chosen if o not in family]
+    if other:
+        p.error(f"--ops {other} are not in the {'backward' if a.backward else 'forward'} family; "
+                f"choose from {list(family)}" + ("" if a.backward else " (or pass --backward)"))
+    if a.backward:
+        step = [] if a.only_lm_head else [o for o in chosen if o in backward_gemms.STEP_OPS]
+        head = [] if a.no_lm_head else [o for o in chosen if o in backward_gemms.LM_HEAD_OPS]
+        return backward_cases(a.models, a.ms, lm_head=bool(head), ops=step + head)
+    selected = [] if a.only_lm_head else cases(a.models, a.ms, lm_head=False, ops=chosen)
+    return selected + ([] if a.no_lm_head else cases((), (), lm_head=True))
+
+
+def merge(paths: list[str]) -> dict:
+    """One results file from several runs (e.g. the forward and the backward family); a later file's row
+    replaces an earlier one of the same case."""
+    parts = [json.loads(pathlib.Path(f).read_text()) for f in paths]
+    doc = dict(parts[0])
+    rows = {}
+    for part in parts:
+        rows.update({row_key(r): r for r in part["results"]})
+    doc["results"] = list(rows.values())
+    doc["runs"] = [part["gpu"] for part in parts]
+    return doc
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backward", action="store_true", help="the training step's backward GEMMs (backward_gemms.py) "
+                   "instead of the forward ops")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--ms", nargs="+", type=int, default=list(MS))
+    p.add_argument("--ms", nargs="+", type=int, default=list(MS), help="token counts")
     p.add_argument("--no-lm-head", action="store_true")
     p.add_argument("--only-lm-head", action="store_true")
-    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--ops", nargs="+", default=None, choices=list(OPS) + list(BACKWARD_OPS),
+                   help="default: every op of the family")
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--out", default="ops_h100")
+    p.add_argument("--compile-all-shapes", action="store_true", help="torch.compile at every shape, not only the "
+                   "training shapes")
+    p.add_argument("--out", default="ops_h100", help="a name under benchmarks/results/, or a path ending in .json")
     p.add_argument("--merge", nargs="+", default=None, help="combine earlier result files instead of running")
+    p.add_argument("--dry-run", action="store_true", help="list the rows and the kernels they need; no GPU")
     a = p.parse_args(argv)
-    out_dir = common.RESULTS
+    out = pathlib.Path(a.out) if a.out.endswith(".json") else common.RESULTS / f"{a.out}.json"
     if a.merge:
-        parts = [json.loads(pathlib.Path(f).read_text()) for f in a.merge]
-        doc = dict(parts[0])
-        rows = {}  # a later file's row replaces an earlier one of the same case
-        for part in parts:
-            rows.update({(r["op"], r["model"], r["M"]): r for r in part["results"]})
-        doc["results"] = list(rows.values())
-        doc["runs"] = [part["gpu"] for part in parts]
+        doc = merge(a.merge)
     else:
-        selected = [] if a.only_lm_head else cases(a.models, a.ms, lm_head=False, ops=a.ops)
-        if not a.no_lm_head:
-            selected += cases((), (), lm_head=True)
-        doc = {"gpu": common.gpu_info(), "results": run(selected, a.reps)}
-    doc["goals"] = goals(doc["results"])
-    common.write_json(out_dir / f"{a.out}.json", doc)
+        selected = select(a, p)
+        if a.dry_run:
+            print("\n".join(dry_run(selected, a.compile_all_shapes)))
+            return 0
+        doc = {"gpu": common.gpu_info(), "results": run(selected, a.reps, a.compile_all_shapes)}
+    doc["goals"] = goals.lines(goals.check(op_rows=doc["results"]))
+    common.write_json(out, doc)
     try:
-        plot(doc["results"], out_dir / f"{a.out}.png")
+        plot(doc["results"], out.with_suffix(".png"))
     except ImportError as e:
         print(f"no plot: {e}", file=sys.stderr)
     print("\n".join(doc["goals"]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

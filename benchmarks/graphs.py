@@ -26,17 +26,18 @@ residual = functools.partial(linear, True)
 swiglu_y = functools.partial(linear_swiglu, False, False)
 
 
-#: name -> (builder, goal: the largest time / bare cuBLAS GEMM time a row may take at a training
-#: shape). The full set of speed goals (medians, small M, torch.compile, the peer) is goals.py's.
+#: name -> (builder, goal: time / bare cuBLAS GEMM time at the training shapes: the median's bound for
+#: the plain GEMM (M >= 4096) and SwiGLU (with z, y only; the ready SwiGLU ops share them), every
+#: row's for the other families). How each is checked, and the other goals, is goals.py's.
 CASES = {
-    "identity": (identity, 1.03),
+    "identity": (identity, 0.98),
     "bias_silu": (bias_silu, 1.06),
     "bias_gelu": (bias_gelu, 1.06),
     "residual": (residual, 1.06),
     "rstd_scale": (rstd_scale, 1.06),
-    "swiglu": (swiglu, 0.99),
-    "swiglu_y": (swiglu_y, 0.96),
-    "rstd_swiglu": (rstd_swiglu, 0.99),
+    "swiglu": (swiglu, 0.97),
+    "swiglu_y": (swiglu_y, 0.95),
+    "rstd_swiglu": (rstd_swiglu, 0.97),
     "store_rowsum": (store_rowsum, 1.06),
     "design": (design, 1.06),
 }

@@ -11,7 +11,6 @@ import os
 import pathlib
 import re
 import shutil
-import stat
 import sys
 import threading
 import time
@@ -21,8 +20,8 @@ import pytest
 
 import coda_ext as ce
 from coda_ext.jit import cache, nvcc, paths
-
-FAKE_VERSION = "Build fake_nvcc_99.9/compiler.0"
+from tests.helpers.fake_nvcc import FAILING_BODY, FAKE_VERSION, SUCCEEDING_BODY
+from tests.helpers.fake_nvcc import write_fake_nvcc as _write_fake_nvcc
 
 
 def _source(const: float = 2.0) -> str:
@@ -38,36 +37,6 @@ _LRU_CACHED = (cache.headers_digest, paths.nvcc_version, paths.cutlass_version) 
 def _clear_lru_caches() -> None:
     for fn in _LRU_CACHED:
         fn.cache_clear()
-
-
-def _write_fake_nvcc(path: pathlib.Path, log: pathlib.Path, body: str) -> pathlib.Path:
-    """A shell script standing in for nvcc: `--version` prints a version; any other call is
-    appended to `log` (one line per call), then runs `body`."""
-    path.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = "--version" ]; then\n'
-        '  echo "nvcc: NVIDIA (R) Cuda compiler driver (fake)"\n'
-        f'  echo "{FAKE_VERSION}"\n'
-        "  exit 0\n"
-        "fi\n"
-        f'echo "$@" >> "{log}"\n' + body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return path
-
-
-FAILING_BODY = (
-    'i=0; while [ $i -lt 40 ]; do echo "noise line $i"; i=$((i+1)); done\n'
-    'echo "kernel.cu(12): error: identifier \\"Bogus\\" is undefined" >&2\n'
-    'echo "1 error detected in the compilation of \\"kernel.cu\\"." >&2\n'
-    "exit 1\n")
-
-# Writes a dummy library to the path after -o (after a short sleep, to widen race windows).
-SUCCEEDING_BODY = (
-    "out=''; prev=''\n"
-    'for a in "$@"; do if [ "$prev" = "-o" ]; then out="$a"; fi; prev="$a"; done\n'
-    "sleep 0.3\n"
-    'printf "not really a library" > "$out"\n'
-    "exit 0\n")
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,17 @@ Not supported (raise): attention or MLP biases, attention dropout, RoPE types wh
 change at run time (dynamic, longrope) or that scale attention, output_attentions and
 output_hidden_states, attention masks that are not 4-D tensors (attn_implementation "sdpa" or "eager").
 For the fused kernels the model must be bf16 or fp16 on an SM90 GPU (`model.to(torch.bfloat16)`).
+
+Kernels: every kernel a training step launches is built on its first use, one after another (about a
+minute each with nvcc); `prebuild_llama(model, tokens)` (or `apply_coda_to_llama(model,
+prebuild_tokens=tokens)`) builds them all ahead, in parallel, with the torch binding, from the
+model's config and the tokens per step (batch × sequence; `step_kernels` lists them). Another token
+count may pick other kernel configs (per power-of-two bucket of tokens): prebuild each count you train
+with. Generation (few tokens per call) launches other configs, built on first use.
 """
 from __future__ import annotations
 
+import sys
 import types
 
 import torch
@@ -26,9 +34,12 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaForCausalLM
 
+from .. import jit
+from ..graph.builder import dtype_name
 from ..models.config import LlamaConfig
-from ..models.functions import IMPLS, lm_head_loss, resolve_impl
+from ..models.functions import IMPLS, lm_head_loss, resolve_impl, training_kernels
 from ..models.llama import CodaLlamaDecoderLayer, attention, default_positions, shift_labels
+from ..runtime import prebuild
 
 MIN_VERSION = "4.54"   # decoder layers return a tensor (earlier: a tuple)
 
@@ -88,12 +99,20 @@ def _convert_layer(old: torch.nn.Module, cfg: LlamaConfig, impl: str, idx: int) 
     return new
 
 
-def apply_coda_to_llama(model, impl: str = "auto"):
+def apply_coda_to_llama(model, impl: str = "auto", prebuild_tokens: int | torch.Tensor | None = None,
+                        jobs: int | None = None):
     """See the module docstring; returns model. impl: 'auto' (fused on CUDA tensors, the fp32
-    references elsewhere), 'fused' or 'reference'."""
+    references elsewhere), 'fused' or 'reference'. prebuild_tokens: the tokens per training step
+    (or a batch of input_ids): every kernel such a step launches is built now, in parallel
+    (prebuild_llama, `jobs` nvcc processes at once)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if prebuild_tokens is not None and impl == "reference":
+        raise ValueError("apply_coda_to_llama: prebuild_tokens builds the fused kernels, but impl='reference' "
+                         "launches none; leave prebuild_tokens out, or use impl='auto' or 'fused'")
     _check_model(model)
+    if prebuild_tokens is not None:
+        step_kernels(model, prebuild_tokens)   # its refusals (dtype, shapes, tokens) before the model changes
     cfg = LlamaConfig.from_hf(model.config, rope_inv_freq=model.model.rotary_emb.inv_freq)
     if impl == "fused" and cfg.fused_problems():
         raise ValueError("the fused Llama layer does not take " + "; ".join(cfg.fused_problems()))
@@ -105,7 +124,48 @@ def apply_coda_to_llama(model, impl: str = "auto"):
             layers[i] = _convert_layer(old, cfg, impl, i)
     model._coda_impl = impl
     model.forward = types.MethodType(_causal_lm_forward, model)
+    if prebuild_tokens is not None:
+        prebuild_llama(model, prebuild_tokens, jobs)
     return model
+
+
+def _token_count(tokens) -> int:
+    """Tokens per step from a count or a batch of input_ids (B, S)."""
+    n = tokens.numel() if isinstance(tokens, torch.Tensor) else tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"tokens must be a positive int (batch × sequence length) or a tensor of input_ids, got "
+                         f"{tokens!r}")
+    return n
+
+
+def step_kernels(model, tokens: int | torch.Tensor) -> list:
+    """(graph, dtype, kernel config) of every kernel one training step (forward and backward, the
+    fused impl) of `model` (a transformers LlamaForCausalLM, patched or not yet) launches at `tokens`
+    tokens per step: the decoder layers and the fused LM head + cross-entropy (fed the final norm's
+    output, as the patch's loss is). The kernels' dtype is the model's (bf16 or fp16)."""
+    _check_model(model)
+    cfg = LlamaConfig.from_hf(model.config)
+    if cfg.fused_problems():
+        raise ValueError("the fused Llama layer does not take " + "; ".join(cfg.fused_problems()))
+    dtype = model.dtype
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"the fused kernels run bf16 or fp16, but the model is {dtype}: cast it first "
+                         "(model.to(torch.bfloat16)), then prebuild")
+    return training_kernels(cfg, _token_count(tokens), dtype_name(dtype), lm_head=True, lm_head_rstd=False)
+
+
+def prebuild_llama(model, tokens: int | torch.Tensor, jobs: int | None = None) -> list[str]:
+    """Builds every kernel a training step of `model` at `tokens` tokens per step launches
+    (step_kernels) and the torch binding, in parallel (`jobs` nvcc processes, default: the CPU
+    count capped by memory, jit.default_jobs), with one progress line; kernels already in the cache
+    are not rebuilt. Needs nvcc, not a GPU. Returns the kernels' library paths."""
+    items = step_kernels(model, tokens)
+    sources = {ks.source: ks for ks in (jit.kernel_source(*item) for item in items)}
+    hits = sum(jit.cached(ks) for ks in sources.values())
+    todo = f"; building {len(sources) - hits} with -j {jobs or jit.default_jobs()}" if hits < len(sources) else ""
+    print(f"coda_ext: a training step of this Llama at {_token_count(tokens)} tokens launches {len(sources)} "
+          f"kernels ({items[0][1]}): {hits} in the cache{todo}", file=sys.stderr, flush=True)
+    return prebuild(items, jobs, binding=True)
 
 
 def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,

@@ -4,6 +4,7 @@ The op built on a library (and the per-shape dispatch) is runtime/, one floor up
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterable
@@ -86,15 +87,35 @@ def default_jobs() -> int:
     return max(1, cpus if memory is None else min(cpus, memory // NVCC_MEMORY_BYTES))
 
 
-def build_kernels(items: Iterable[tuple[Any, Any, KernelConfig | None]], jobs: int | None = None) -> list[str]:
+def build_kernels(items: Iterable[tuple[Any, Any, KernelConfig | None]], jobs: int | None = None,
+                  binding: bool = False) -> list[str]:
     """Builds (graph, dtype, config) kernels in parallel, one nvcc per translation unit (concrete
     configs; coda_ext.prebuild also expands "auto"/"tune"); jobs defaults to default_jobs().
+    binding=True also builds the torch binding (the launcher every op needs) in the same pool, if
+    it is not built yet. Two or more builds share one progress line (nvcc.Progress.batch).
     Returns the library paths in order."""
+    from . import binding as torch_binding
+
     sources = [kernel_source(g, d, c) for g, d, c in items]
-    jobs = max(1, min(len(sources), jobs or default_jobs()))
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = [pool.submit(nvcc.build, ks.source, ks.label) for ks in sources]
-        return [f.result() for f in futures]
+    todo = [ks for ks in {ks.source: ks for ks in sources}.values() if not cached(ks)]
+    jobs_todo: list[tuple[Any, tuple]] = [(nvcc.build, (ks.source, ks.label)) for ks in todo]
+    if binding and not torch_binding.built():
+        jobs_todo.insert(0, (torch_binding.load_binding, ()))
+    if jobs_todo:
+        what = f"{len(todo)} kernel{'s' if len(todo) != 1 else ''}"
+        what = what + " and the torch binding" if len(jobs_todo) > len(todo) else what
+        batch = nvcc.PROGRESS.batch(what, len(jobs_todo)) if len(jobs_todo) > 1 else contextlib.nullcontext()
+
+        def run(fn, args):
+            result = fn(*args)
+            nvcc.PROGRESS.advance()
+            return result
+
+        with batch, concurrent.futures.ThreadPoolExecutor(max_workers=min(len(jobs_todo),
+                                                                          jobs or default_jobs())) as pool:
+            for f in [pool.submit(run, fn, args) for fn, args in jobs_todo]:
+                f.result()
+    return [nvcc.build(ks.source, ks.label) for ks in sources]   # every one in the cache now: no nvcc
 
 
 __all__ = ["NVCC_MEMORY_BYTES", "KernelSource", "available_memory", "build_kernels", "cached", "default_jobs",

@@ -15,6 +15,7 @@ import time
 
 from ..errors import CompileError
 from .cache import locked
+from .nvcc import PROGRESS
 from .paths import cache_root, csrc_dir
 
 
@@ -37,13 +38,24 @@ def _import(name: str, path: str):
     return module
 
 
+def _where():
+    """(module name, build directory, library path) of this torch/Python's binding."""
+    key = _key()
+    name = f"coda_ext_binding_{key}"
+    build_dir = cache_root() / "binding" / key
+    return name, build_dir, build_dir / f"{name}.so"
+
+
+def built() -> bool:
+    """Whether the binding is in the cache (load_binding() then loads it in milliseconds)."""
+    return _where()[2].is_file()
+
+
 @functools.cache
 def load_binding():
     """The binding module (compiled on first use, then loaded from the cache in milliseconds)."""
     key = _key()
-    name = f"coda_ext_binding_{key}"
-    build_dir = cache_root() / "binding" / key
-    lib = build_dir / f"{name}.so"
+    name, build_dir, lib = _where()
     if lib.is_file():
         return _import(name, str(lib))
     with locked(f"binding-{key}"):
@@ -51,7 +63,7 @@ def load_binding():
             from torch.utils import cpp_extension
 
             build_dir.mkdir(parents=True, exist_ok=True)
-            print("coda_ext: compiling the torch binding (once per torch version) …", file=sys.stderr, flush=True)
+            PROGRESS.note("coda_ext: compiling the torch binding (once per torch version) …")
             start = time.monotonic()
             try:
                 module = cpp_extension.load(
@@ -66,7 +78,6 @@ def load_binding():
             except Exception as e:  # cpp_extension raises RuntimeError/CalledProcessError
                 raise CompileError(f"building the coda_ext torch binding failed: {e}",
                                    str(csrc_dir() / "torch" / "binding.cpp"), str(build_dir)) from e
-            print(f"coda_ext: compiling the torch binding …, done in {time.monotonic() - start:.0f} s",
-                  file=sys.stderr, flush=True)
+            PROGRESS.note(f"coda_ext: compiling the torch binding …, done in {time.monotonic() - start:.0f} s")
             return module
     return _import(name, str(lib))

@@ -5,10 +5,12 @@ before using the library and rebuilds a truncated or altered one (with a one-lin
 The library is moved into place last, so a kernel.so always has its meta.json.
 
 While nvcc runs (a minute or more per kernel), stderr shows the elapsed time: one status line
-that updates every TTY_EVERY_S seconds on a terminal, else a line every LOG_EVERY_S seconds.
+that updates every TTY_EVERY_S seconds on a terminal, else a line every LOG_EVERY_S seconds. A
+batch of parallel builds (Progress.batch) shows one line for all of them: how many are done.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,7 +36,8 @@ LOG_EVERY_S = 30.0   # not a terminal (a log, CI): one line this often
 
 class Progress:
     """The elapsed time of every nvcc running in this process, on stderr, from one ticker thread
-    (parallel builds share one status line)."""
+    (parallel builds share one status line; a batch shows its count of builds done instead of
+    a line per build)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -43,30 +46,76 @@ class Progress:
         self._ticker: threading.Thread | None = None
         self._wake = threading.Event()
         self._shown = False   # a status line is on the terminal (to clear before other output)
+        self._batch: list | None = None   # [what, total, done, start] while a batch runs
 
     def start(self, label: str) -> int:
         with self._lock:
             self._clear()
-            print(f"coda_ext: compiling {label} with nvcc …", file=sys.stderr, flush=True)
+            if self._batch is None:
+                print(f"coda_ext: compiling {label} with nvcc …", file=sys.stderr, flush=True)
             self._next += 1
             self._running[self._next] = (label, time.monotonic())
-            if self._ticker is None:
-                self._ticker = threading.Thread(target=self._tick, name="coda_ext nvcc progress", daemon=True)
-                self._ticker.start()
+            self._start_ticker()
             return self._next
 
     def stop(self, token: int, line: str | None = None) -> None:
-        """Ends `token`'s timing; prints `line` (on a line of its own) if given."""
+        """Ends `token`'s timing; prints `line` (on a line of its own) if given, except in a batch."""
         with self._lock:
             self._running.pop(token, None)
             self._clear()
-            if line is not None:
+            if line is not None and self._batch is None:
                 print(line, file=sys.stderr, flush=True)
-            if not self._running:
+            if not self._running and self._batch is None:
                 self._wake.set()
 
+    def note(self, line: str) -> None:
+        """Prints `line` on a line of its own (a build outside nvcc, e.g. the torch binding), except in a
+        batch, whose status line counts it."""
+        with self._lock:
+            if self._batch is None:
+                self._clear()
+                print(line, file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def batch(self, what: str, total: int):
+        """`total` builds (`what`, e.g. "12 kernels") share one status line with how many are done
+        (advance() after each) and the elapsed time; the lines of each build are left out. Ends
+        with one line: what was built and how long it took."""
+        with self._lock:
+            self._clear()
+            print(f"coda_ext: building {what} …", file=sys.stderr, flush=True)
+            self._batch = [what, total, 0, time.monotonic()]
+            self._start_ticker()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            with self._lock:
+                what, _, _, start = self._batch
+                self._batch = None
+                self._clear()
+                if ok:
+                    print(f"coda_ext: built {what} in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+                self._wake.set()
+
+    def advance(self) -> None:
+        """One build of the batch is done."""
+        with self._lock:
+            if self._batch is not None:
+                self._batch[2] += 1
+
+    def _start_ticker(self) -> None:
+        if self._ticker is None:
+            self._ticker = threading.Thread(target=self._tick, name="coda_ext nvcc progress", daemon=True)
+            self._ticker.start()
+
     def status(self, now: float) -> str:
-        """The status line: the kernel's label and seconds, or the count and the longest time."""
+        """The status line: the kernel's label and seconds, or the count and the longest time; in a
+        batch, how many of its builds are done and its time."""
+        if self._batch is not None:
+            what, total, done, start = self._batch
+            return f"coda_ext: building {what}: {done}/{total} done … {now - start:.0f} s"
         spans = sorted(((now - start, label) for label, start in self._running.values()), reverse=True)
         if len(spans) == 1:
             return f"coda_ext: compiling {spans[0][1]} … {spans[0][0]:.0f} s (nvcc)"
@@ -83,7 +132,7 @@ class Progress:
             self._wake.wait(TTY_EVERY_S if tty else LOG_EVERY_S)
             with self._lock:
                 self._wake.clear()
-                if not self._running:
+                if not self._running and self._batch is None:
                     self._clear()
                     sys.stderr.flush()
                     self._ticker = None

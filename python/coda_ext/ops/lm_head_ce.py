@@ -132,9 +132,10 @@ def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None) 
     (for prebuild: coda_ext.runtime.auto_items). chunk_bytes: the backward's chunk budget (CHUNK_BYTES)."""
     c = chunk_columns(M, V, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
     out = [(graph(scaled), "kk", (M, V, d))]
-    for cols in sorted({c, V % c} - {0}):
+    for cols in sorted({c, V % c} - {0}):   # per chunk width: dlogits, dx, dx accumulated, dW
+        accumulate = [(linear_grad.graph(True), "kn", (M, d, cols))] if V > c else []   # from the second chunk on
         out += [(backward_graph(scaled), "kk", (M, cols, d)), (linear_grad.graph(False), "kn", (M, d, cols)),
-                (linear_grad.graph(True), "kn", (M, d, cols)), (linear_grad.graph(False), "mn", (cols, d, M))]
+                *accumulate, (linear_grad.graph(False), "mn", (cols, d, M))]
     return out
 
 

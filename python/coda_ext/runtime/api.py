@@ -47,9 +47,11 @@ def expand_items(items: Iterable[tuple[Any, Any, Any]]):
             yield graph, dtype, config
 
 
-def prebuild(items: Iterable[tuple[Any, Any, KernelConfig | str | None]], jobs: int | None = None) -> list[str]:
+def prebuild(items: Iterable[tuple[Any, Any, KernelConfig | str | None]], jobs: int | None = None,
+             binding: bool = False) -> list[str]:
     """Builds (graph, dtype, config) kernels in parallel, one nvcc per translation unit.
     Needs nvcc, not a GPU; the cache entries load on any machine with the same nvcc/CUTLASS.
-    A config of "auto" or "tune" stands for every config such an op may use.
-    Returns the library paths in order."""
-    return build_kernels(list(expand_items(items)), jobs)
+    A config of "auto" or "tune" stands for every config such an op may use. binding=True also
+    builds the torch binding every launch needs (a C++ compiler, once per torch version) in the
+    same pool. Returns the library paths in order."""
+    return build_kernels(list(expand_items(items)), jobs, binding=binding)

@@ -1,0 +1,139 @@
+"""bench_hf_training.py end to end on the CPU (tiny configs, coda's references, aot_eager for
+torch.compile): the results JSON's shape and values, the per-component breakdown, the plot, the cold
+first step's child entry point, the model FLOPs, and Liger's patches confined to its own variant."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from benchmarks import bench_hf_training as bench  # noqa: E402  (after the importorskip)
+
+LINEAR_PARTS = {f"{lin}.{part}" for lin in ("qkv", "o", "gate_up", "down") for part in ("fwd", "dx", "dw")}
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    torch._dynamo.reset()
+    out = tmp_path_factory.mktemp("hf") / "hf_training.json"
+    assert bench.main(["--device", "cpu", "--tiny", "--steps", str(STEPS), "--rounds", "2", "--warmup", "1",
+                       "--layers", "1", "--compile-backend", "aot_eager", "--out", str(out)]) == 0
+    torch._dynamo.reset()
+    return out
+
+
+def test_results_json_has_every_model_and_variant(results):
+    doc = json.loads(results.read_text())
+    assert doc["gpu"] == "cpu" and set(doc["models"]) == {"llama-1b", "llama-8b"}
+    liger = bench.skip_reason("liger") is None
+    for entry in doc["models"].values():
+        want = {"eager", "compile", "coda", "coda_compile"} | ({"liger"} if liger else set())
+        assert set(entry["variants"]) == want
+        assert liger or "liger_kernel" in entry["skipped"]["liger"]
+        assert entry["tokens"] == 64 and entry["config"]["num_hidden_layers"] == 1
+        eager = entry["variants"]["eager"]["loss"]
+        for v, row in entry["variants"].items():
+            assert {"step_ms", "peak_gb", "tokens_per_s", "mfu", "loss", "breakdown"} <= set(row)
+            assert len(row["loss"]) == STEPS and row["step_ms"] > 0
+            assert row["tokens_per_s"] == pytest.approx(64 / row["step_ms"] * 1e3)
+            assert row["mfu"] is None and row["peak_gb"] is None   # no GPU: neither is measured
+            # fp32 everywhere: every variant's curve is eager's to a few roundings
+            assert row["loss"] == pytest.approx(eager, rel=1e-4), v
+        floor = entry["floor"]
+        assert floor["step_ms"] == pytest.approx(floor["gemms_ms"] + floor["attention_ms"] + floor["optimizer_ms"])
+        assert set(floor["parts_ms"]) == {f"{lin}.{p}" for lin in ("qkv", "o", "gate_up", "down", "lm_head")
+                                          for p in ("fwd", "dx", "dw")} | {"attention"}
+    assert results.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_breakdown_names_every_gemm_of_a_layer(results):
+    """Uncompiled variants: every linear's forward, dX and dW GEMM, attention forward and backward per
+    layer, the LM head's GEMMs, the optimizer and the embedding; the parts add up to the total."""
+    doc = json.loads(results.read_text())
+    for entry in doc["models"].values():
+        for v in ("eager", "coda"):
+            b = entry["variants"][v]["breakdown"]
+            assert LINEAR_PARTS | {"attention.fwd", "attention.bwd"} <= set(b["per_layer"]), (v, b["per_layer"])
+            assert b["lm_head_loss"]["gemm"] > 0 and b["optimizer"] > 0 and b["embedding"] > 0
+            parts = b["layers"] * sum(b["per_layer"].values()) + sum(b["lm_head_loss"].values()) + \
+                b["optimizer"] + b["embedding"] + b["other"]
+            assert parts == pytest.approx(b["total"], rel=1e-6)
+        compiled = entry["variants"]["compile"]["breakdown"]   # no module scopes: by kind and shape
+        assert LINEAR_PARTS <= set(compiled["per_layer"]), compiled["per_layer"]
+
+
+def test_cold_child_prints_the_first_step(capsys):
+    assert bench.main(["--cold-child", "--device", "cpu", "--models", "llama-8b", "--layers", "1"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["prebuild"] is False and row["cold_first_step_s"] == pytest.approx(row["apply_s"] + row["first_step_s"])
+    args = bench.parse(["--device", "cpu", "--layers", "llama-8b=3", "--prebuild"])
+    assert bench._argv_for_child(args) == ["--device", "cpu", "--batch", "2", "--seq", "32", "--lr", "0.0003",
+                                           "--layers", "llama-8b=3", "--tiny", "--prebuild"]
+
+
+def test_step_flops_count_every_linear():
+    """6 x tokens x the parameters of every 2-D weight but the embedding (the LM head counts even when
+    tied), plus causal attention."""
+    for name in bench.MODELS:
+        cfg = bench.hf_config(name, None, tiny=False)
+        with torch.device("meta"):
+            model = transformers.LlamaForCausalLM(cfg)
+        linear = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
+        if cfg.tie_word_embeddings:
+            linear += model.lm_head.weight.numel()
+        B, S = 8, 2048
+        attention = cfg.num_hidden_layers * 3 * 2 * (2 * B * S * S * cfg.num_attention_heads * cfg.head_dim) / 2
+        assert bench.step_flops(cfg, B, S) == 6 * B * S * linear + attention
+
+
+def test_liger_patches_only_its_own_calls(monkeypatch):
+    """Liger patches transformers' modeling_llama globals (RoPE) for every model: the variant applies them
+    only around its own calls, on a copy that shares the model's parameters."""
+    from transformers.models.llama import modeling_llama
+
+    calls = []
+
+    def apply_liger_kernel_to_llama(model=None, **kw):
+        real = modeling_llama.apply_rotary_pos_emb
+
+        def counted(*a, **k):
+            calls.append(1)
+            return real(*a, **k)
+        modeling_llama.apply_rotary_pos_emb = counted
+
+    fake = types.ModuleType("liger_kernel.transformers")
+    fake.apply_liger_kernel_to_llama = apply_liger_kernel_to_llama
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
+    original = modeling_llama.apply_rotary_pos_emb
+    cfg = bench.hf_config("llama-1b", 2, tiny=True)
+    model = bench.base_model(cfg, "cpu", torch.float32)
+    call, twin = bench.liger_variant(model)
+    assert modeling_llama.apply_rotary_pos_emb is original
+    assert all(a is b for a, b in zip(twin.parameters(), model.parameters()))
+    ids = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    want = model(input_ids=ids, labels=ids).loss
+    assert calls == []
+    got = call(input_ids=ids, labels=ids).loss
+    assert len(calls) == 2 and modeling_llama.apply_rotary_pos_emb is original   # once per layer, then undone
+    torch.testing.assert_close(got, want)
+
+
+def test_runs_of_one_model_merge_into_the_results(tmp_path, monkeypatch):
+    """One model per run (a GPU call's time limit): a later run keeps the other models of the same GPU;
+    --fresh starts over."""
+    monkeypatch.setattr(bench, "run_model", lambda name, args, device, gpu: {"ran": name})
+    monkeypatch.setattr(bench, "report", lambda name, entry: [])
+    monkeypatch.setattr(bench, "plot", lambda doc, path: None)
+    out = tmp_path / "r.json"
+    for models in (["llama-1b"], ["llama-8b"], ["llama-1b"]):
+        assert bench.main(["--device", "cpu", "--models", *models, "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["models"] == {"llama-8b": {"ran": "llama-8b"}, "llama-1b": {"ran": "llama-1b"}}
+    assert bench.main(["--device", "cpu", "--models", "llama-8b", "--out", str(out), "--fresh"]) == 0
+    assert list(json.loads(out.read_text())["models"]) == ["llama-8b"]
