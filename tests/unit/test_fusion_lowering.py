@@ -111,6 +111,32 @@ def test_a_graph_the_builder_refuses_stays_unfused():
     assert len(partition(an.pgraph).groups[0].members) < len(members)   # the partitioner keeps the limit
 
 
+def test_on_cuda_an_epilogue_the_launched_config_cannot_hold_stays_unfused():
+    """Twelve bf16 tile loads fit the slots but not the shared memory of the config "auto" launches:
+    on the "cuda" target build_site says so and the GEMM stays plain; the partitioner keeps within
+    the shared memory itself (fewer members)."""
+    def many(x, w, *tiles):
+        h = x @ w.t()
+        for t in tiles:
+            h = h + t
+        return h
+
+    args = (_randn(1, 8, 16, dtype=torch.bfloat16), _randn(2, 16, 16, dtype=torch.bfloat16),
+            *[_randn(10 + i, 8, 16, dtype=torch.bfloat16) for i in range(12)])
+    gm = passes.run(make_fx(many, tracing_mode="fake")(*args))
+    an = analyze(gm, "cuda")
+    gemm = an.pgraph.anchors()[0]
+    members = tuple(n.id for n in an.pgraph.nodes if n.op == "math")
+    assert build_site(an, Group(gemm, members)).site is not None            # the interpreter takes it
+    low = build_site(an, Group(gemm, members), target="cuda")
+    assert low.site is None and "shared memory" in low.error
+    from coda_ext.fusion.partition import Limits
+
+    part = partition(an.pgraph, limits=Limits.of("cuda"))
+    _, lowered = lower(gm, an, part, target="cuda")
+    assert 0 < len(part.groups[0].members) < len(members) and lowered[0].site is not None
+
+
 def test_kernel_items_list_each_distinct_kernel_for_prebuild():
     args = _inputs(torch.bfloat16)
     _, _, _, _, lowered = _lowered(two_layers, args, target="cuda")
@@ -119,3 +145,36 @@ def test_kernel_items_list_each_distinct_kernel_for_prebuild():
     assert len({g.digest() for g, _, _ in items}) == 1          # both layers: one graph
     assert {c.major for _, _, c in items} == {"kk"}
     assert kernel_items(_lowered(two_layers, _inputs())[4]) == []   # fp32 runs in the interpreter only
+
+
+def test_kernel_items_take_the_config_auto_launches_at_each_gemm_shape():
+    from coda_ext.runtime.tuned import TunedOp
+
+    args = _inputs(torch.bfloat16)
+    _, an, _, _, lowered = _lowered(two_layers, args, target="cuda")
+    low = lowered[0]
+    assert low.mnk == an.gemm_mnk(low.group.anchor) == (8, 16, 16)
+    op = TunedOp(low.site.graph, "bfloat16", tune=False, major=low.site.major)
+    (item,) = kernel_items(lowered, sms=132)                       # two layers, one shape: one kernel
+    assert item[2] == op.config_for(8, 16, 16, 132)
+    every = kernel_items(lowered, every_config=True)                # what "auto" may launch at any shape
+    assert item[2].tag in {c.tag for _, _, c in every} and len(every) > 1
+
+
+def test_the_cuda_rules_refuse_gemms_the_kernel_cannot_read():
+    from coda_ext.fusion.rules import anchor_problem
+
+    def t(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    assert anchor_problem(t(64, 32), t(48, 32), "kk", "cuda") is None
+    assert "K = 30" in anchor_problem(t(64, 30), t(48, 30), "kk", "cuda")
+    assert "N = 50" in anchor_problem(t(64, 32), t(50, 32), "kk", "cuda")
+    assert "float32" in anchor_problem(t(64, 32, dtype=torch.float32), t(48, 32, dtype=torch.float32), "kk", "cuda")
+    assert anchor_problem(t(64, 32, dtype=torch.float32), t(48, 32, dtype=torch.float32), "kk", "interpret") is None
+    # regression: a weight gradient dzᵀ @ x reads A = dz M-major, so M (an odd vocabulary: a tied LM
+    # head's 30522 or 50257 rows) must be a multiple of 8 too; it was anchored and failed at launch
+    dz, x = t(128, 50), t(128, 32)                                  # tokens x (M = 50), tokens x (N = 32)
+    assert "M = 50" in anchor_problem(dz, x, "mn", "cuda")
+    assert anchor_problem(t(128, 56), x, "mn", "cuda") is None
+    assert anchor_problem(dz, x, "mn", "interpret") is None

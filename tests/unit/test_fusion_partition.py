@@ -231,6 +231,35 @@ def test_the_kernel_limits_are_kept(method):
     assert violations(pg, {mm: chain + reds}, limits) != []
 
 
+def test_the_epilogue_buffers_stay_within_the_kernels_shared_memory(method):
+    """Regression: a chain of tile loads fitted the slot limit but not the GPU kernel's shared memory
+    (the greedy partition of BERT-large made an epilogue of 626 KB); the "cuda" limits keep the
+    buffers within the budget of every config config="auto" may launch."""
+    from coda_ext.fusion.partition import smem
+    from coda_ext.fusion.rules import SharedMemory, shared_memory
+
+    g = G()
+    x, w = g.input(), g.input()
+    mm = g.gemm(x, w)
+    h = mm
+    for _ in range(12):
+        h = g.math(h, g.input(), roles=["tile", "tile"])   # each member loads one more bf16 tile
+    g.other(h)
+    pg = g.graph()
+    budget = SharedMemory(budget=5 * 8192 * 2, tile=8192, store=4096, row=1024)   # five bf16 tiles' worth
+    limits = Limits(smem=budget)
+    got = groups_of(partition(pg, method=method, limits=limits))
+    assert violations(pg, got, limits) == []
+    # four members: four tiles (64 KB) and the stored result (8 KB); a fifth tile would need 88 KB
+    assert smem(pg, mm, got[mm], budget) == 4 * 16384 + 8192 and len(got[mm]) == 4
+    assert len(groups_of(partition(pg, method=method))[mm]) == 12        # no budget: all twelve join
+    cuda = Limits.of("cuda").smem
+    assert cuda == shared_memory() and Limits.of("interpret").smem is None
+    # the GPU's: two bf16 tiles of a ping-pong 64x32 subtile's four stages cost 32 KB; a 64x256 tile
+    # with two mainloop stages leaves the epilogue about 138 KB
+    assert cuda.cost("tile", 2) == 16384 and cuda.cost("store", 4) == 16384 and 120_000 < cuda.budget < 150_000
+
+
 def test_different_frames_do_not_fuse():
     g = G()
     x, w = g.input(), g.input()

@@ -3,6 +3,7 @@
     model = coda_ext.fusion.fuse(model)                # or torch.compile(model, backend="coda")
     loss = model(x).loss; loss.backward()              # the first call compiles
     print(coda_ext.fusion.report_of(model))            # what was fused, the bytes kept on chip, the rest
+    backend = coda_ext.fusion.plan(model, kwargs=batch) # the same, traced only: nothing compiles or runs
 
 Inside, one way: frontend (torch.compile backend, AOTAutograd joint graph) -> passes (decompositions,
 constant folding, CSE, transposes into operand layouts) -> analyze (the partitioner's graph) ->
@@ -17,6 +18,7 @@ from .frontend import (
            fuse,
            fuse_graph,
            kernel_items,
+           plan,
            register,
            report_of,
 )
@@ -25,4 +27,4 @@ from .report import FusionReport, GraphReport
 register()
 
 __all__ = ["CodaBackend", "CostModel", "FusionReport", "GraphReport", "Options", "coda_backend", "fuse", "fuse_graph",
-           "kernel_items", "register", "report_of"]
+           "kernel_items", "plan", "register", "report_of"]

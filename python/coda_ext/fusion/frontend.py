@@ -27,7 +27,7 @@ from . import fx_util, passes
 from .analyze import analyze
 from .cost import CostModel
 from .lowering import Lowered, lower
-from .partition import METHODS, partition
+from .partition import METHODS, Limits, partition
 from .report import FusionReport, GraphReport, graph_report
 
 FALLBACKS = ("auto", "inductor", "eager")
@@ -78,28 +78,40 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         return gm, rep, ()
     g = passes.run(gm)
     an = analyze(g, target, forward_outputs)
-    part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit)
-    fused, lowered = lower(g, an, part, options.execute)
+    part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit,
+                     limits=Limits.of(target))
+    fused, lowered = lower(g, an, part, options.execute, target)
     return fused, graph_report(name, an, part, lowered, options.cost), lowered
 
 
-def kernel_items(source: Any) -> list[tuple[Any, str, Any]]:
-    """(graph, dtype, KernelConfig) of every kernel config="auto" may launch for the fused epilogues of
-    `source` — a model returned by fuse(), a CodaBackend, or lowered epilogues — each distinct kernel
-    once: what coda_ext.prebuild builds in parallel (the backend does so itself on CUDA, before the
-    first step runs). 16-bit GEMMs only (fp32 ones run in the interpreter)."""
+def kernel_items(source: Any, sms: int | None = None, every_config: bool = False) -> list[tuple[Any, str, Any]]:
+    """(graph, dtype, KernelConfig) of the kernels the fused epilogues of `source` — a model returned by
+    fuse(), a CodaBackend, or lowered epilogues — launch, each once: what coda_ext.prebuild builds in
+    parallel (the backend does so itself on CUDA, before the first step runs). By default the config
+    config="auto" takes at each epilogue's GEMM shape on a GPU of `sms` SMs (this machine's GPU, else an
+    H100's); every_config=True: every config "auto" may take, at any shape. 16-bit GEMMs only (fp32 ones
+    run in the interpreter)."""
     from ..runtime.tuned import TunedOp
 
     if hasattr(source, "coda_backend"):
         source = source.coda_backend
     lowered = source.lowered if isinstance(source, CodaBackend) else source
-    items, seen = [], set()
+    if sms is None:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else None
+    items: dict[Any, tuple[Any, str, Any]] = {}
+    ops: dict[Any, TunedOp] = {}
     for low in lowered:
-        if low.site is None or low.site.kernel_key in seen or low.site.dtype not in ("bfloat16", "float16"):
+        site = low.site
+        if site is None or site.dtype not in ("bfloat16", "float16"):
             continue
-        seen.add(low.site.kernel_key)
-        items += TunedOp(low.site.graph, low.site.dtype, tune=False, major=low.site.major).prebuild_items()
-    return items
+        if site.kernel_key not in ops:
+            ops[site.kernel_key] = TunedOp(site.graph, site.dtype, tune=False, major=site.major)
+        op = ops[site.kernel_key]
+        configs = op.prebuild_items() if every_config or low.mnk is None else \
+            [(site.graph, op.dtype_name, op.config_for(*low.mnk, **({} if sms is None else {"sms": sms})))]
+        for item in configs:
+            items.setdefault((site.kernel_key, item[2].tag), item)
+    return list(items.values())
 
 
 def _eager(gm: fx.GraphModule, example_inputs: Any) -> Callable:
@@ -124,6 +136,14 @@ def _inductor(gm: fx.GraphModule, example_inputs: Any) -> Callable:
     return compile_fx_inner(decomposed, example_inputs)
 
 
+class Planned(Exception):
+    """Raised where plan() stops: the graph is fused and reported; nothing compiles or runs."""
+
+
+def _stop(gm: fx.GraphModule, example_inputs: Any) -> Callable:
+    raise Planned
+
+
 class CodaBackend:
     """A torch.compile backend: torch.compile(model, backend=CodaBackend(fallback="eager")). The registered
     backend "coda" is CodaBackend() with the default options."""
@@ -132,6 +152,7 @@ class CodaBackend:
         self.options = Options(**options)
         self.report = FusionReport()
         self.lowered: list[Lowered] = []
+        self.plan_only = False      # plan(): stop once the graph is fused (nothing compiles or runs)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
         from torch._functorch.aot_autograd import aot_module_simplified
@@ -143,14 +164,14 @@ class CodaBackend:
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
         target = opts.target if opts.target != "auto" else ("cuda" if on_cuda else "interpret")
         fallback = opts.fallback if opts.fallback != "auto" else ("inductor" if on_cuda else "eager")
-        compile_fn = _inductor if fallback == "inductor" else _eager
+        compile_fn = _stop if self.plan_only else _inductor if fallback == "inductor" else _eager
 
         def run(graph: fx.GraphModule, name: str, forward_outputs: int | None = None) -> fx.GraphModule:
             fused, rep, lowered = fuse_graph(graph, opts, target, f"{name} {len(self.report.graphs)}",
                                              forward_outputs)
             self.report.add(rep)
             self.lowered += lowered
-            if opts.prebuild and target == "cuda" and opts.execute == "auto":
+            if opts.prebuild and target == "cuda" and opts.execute == "auto" and not self.plan_only:
                 self._prebuild(lowered, rep)
             if opts.report or os.environ.get(REPORT_ENV, "") not in ("", "0"):
                 print(rep)
@@ -193,6 +214,26 @@ def fuse(model: Any, report: bool = False, **options: Any) -> Any:
     compiled.coda_report = backend.report
     compiled.coda_backend = backend
     return compiled
+
+
+def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str = "cuda", **options: Any
+         ) -> CodaBackend:
+    """What fuse(model) would fuse, without running anything: traces model(*args, **kwargs) — its training
+    graph, forward and backward, as the first call would — through the backend, under `target`'s kernel
+    rules ("cuda": the GPU kernel's, on any machine), and stops before anything compiles or runs. The
+    returned backend's `report` says what was fused and kernel_items(backend) lists the kernels to
+    prebuild. Inputs are tensors of the real shapes on any device (the CPU: attention and other
+    device-specific ops differ, and they are left to the fallback anyway); the parameters' values are
+    never read (torch.nn.Module.to_empty gives uninitialised ones). A model with a graph break is planned
+    up to its first graph."""
+    backend = CodaBackend(target=target, fallback="eager", execute="interpret", prebuild=False, **options)
+    backend.plan_only = True
+    try:
+        torch.compile(model, backend=backend, dynamic=False)(*args, **(kwargs or {}))
+    except Exception as e:   # Dynamo wraps what the backend raises
+        if not isinstance(getattr(e, "inner_exception", e), Planned):
+            raise
+    return backend
 
 
 def report_of(compiled: Any) -> FusionReport:

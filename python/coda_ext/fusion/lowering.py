@@ -21,7 +21,7 @@ from torch import fx
 from ..errors import CodaError
 from ..graph import Graph
 from ..graph.builder import Value
-from . import aten_ir, fx_util
+from . import aten_ir, fx_util, rules
 from .analyze import Analysis
 from .op import Output, Site
 from .partition import Group, Partition, io, recomputed
@@ -40,14 +40,17 @@ class Lowered:
     loads: tuple[fx.Node, ...] = ()
     outputs: tuple[fx.Node, ...] = ()     # the FX nodes the kernel's results replace, in order
     error: str | None = None
+    mnk: tuple[int, int, int] | None = None   # the GEMM's (M, N, K) as launched
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def build_site(an: Analysis, group: Group, execute: str = "auto", cons: list[list[int]] | None = None) -> Lowered:
-    """The coda_ext graph and call site of one epilogue."""
+def build_site(an: Analysis, group: Group, execute: str = "auto", cons: list[list[int]] | None = None,
+               target: str = "interpret") -> Lowered:
+    """The coda_ext graph and call site of one epilogue; on the "cuda" target, only if the kernel
+    config="auto" launches at its GEMM shape can be built (rules.kernel_problem)."""
     pg = an.pgraph
     cons = cons or pg.consumers()
     anchor = an.fx_nodes[group.anchor]
@@ -126,16 +129,20 @@ def build_site(an: Analysis, group: Group, execute: str = "auto", cons: list[lis
             out_nodes.append(node)
         graph = g.build()
     except CodaError as e:
-        return Lowered(group, None, error=f"{type(e).__name__}: {e}")
+        return Lowered(group, None, error=f"{type(e).__name__}: {e}", mnk=an.gemm_mnk(group.anchor))
+    mnk = an.gemm_mnk(group.anchor)
+    problem = rules.kernel_problem(graph, dtype, major, mnk) if target == "cuda" else None
+    if problem:
+        return Lowered(group, None, error=problem, mnk=mnk)
     site = Site(graph, dtype, major, tuple(roles), tuple(outputs), execute)
-    return Lowered(group, site, tuple(loads), tuple(out_nodes))
+    return Lowered(group, site, tuple(loads), tuple(out_nodes), mnk=mnk)
 
 
-def lower(gm: fx.GraphModule, an: Analysis, part: Partition, execute: str = "auto"
+def lower(gm: fx.GraphModule, an: Analysis, part: Partition, execute: str = "auto", target: str = "interpret"
           ) -> tuple[fx.GraphModule, tuple[Lowered, ...]]:
     """A new module with every epilogue a fusion_kernel call and the other GEMMs aten.mm again."""
     cons = an.pgraph.consumers()
-    lowered = tuple(build_site(an, grp, execute, cons) for grp in part.groups)
+    lowered = tuple(build_site(an, grp, execute, cons, target) for grp in part.groups)
     unit_of: dict[fx.Node, int] = {}            # member FX node -> index of its lowered epilogue
     for k, low in enumerate(lowered):
         if low.site is not None:

@@ -14,8 +14,10 @@ constraints each node in at most one epilogue; one GEMM anchors each epilogue (G
             an operand an epilogue cannot load (a bool tile, say) must be a member; a reduction ends an
             epilogue (no member reads a member reduction); a value that cannot be stored (bool) is read
             only inside its epilogue, or reads nothing from it (then what reads it outside recomputes
-            it); at most MAX_SLOTS inputs + outputs and MAX_REDUCTIONS reductions per kernel; and the
-            fused kernels form an acyclic graph across forward and backward.
+            it); at most MAX_SLOTS inputs + outputs and MAX_REDUCTIONS reductions per kernel; its tile
+            and row-vector loads and its stores within the kernel's shared memory (Limits.smem: the
+            "cuda" target's, rules.shared_memory); and the fused kernels form an acyclic graph across
+            forward and backward.
 
 Acyclicity. A candidate v of g is dropped up front when a node that cannot join g lies on a path from
 g to v (g's kernel would feed it and wait for it). The remaining cycles (through candidates left out,
@@ -42,7 +44,7 @@ import numpy as np
 
 from .cost import CostModel
 from .pgraph import PGraph
-from .rules import MAX_REDUCTIONS, MAX_SLOTS
+from .rules import MAX_REDUCTIONS, MAX_SLOTS, SharedMemory, shared_memory
 
 METHODS = ("ilp", "greedy")
 LOADED = ("tile", "row", "col", "scalar")
@@ -78,6 +80,12 @@ class Partition:
 class Limits:
     slots: int = MAX_SLOTS
     reductions: int = MAX_REDUCTIONS
+    smem: SharedMemory | None = None     # the epilogue buffers' shared-memory budget (None: none)
+
+    @classmethod
+    def of(cls, target: str) -> Limits:
+        """The limits of `target`'s kernel: the GPU kernel's shared memory on "cuda"."""
+        return cls(smem=shared_memory() if target == "cuda" else None)
 
 
 # --- candidates ----------------------------------------------------------------------------------
@@ -211,6 +219,21 @@ def slots(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]]
     return len(loads) + len(stores) + len(reductions)
 
 
+def itemsize(pg: PGraph, u: int, anchor: int) -> int:
+    """Bytes per element of node u, a value of the anchor's frame."""
+    M, N = pg[anchor].frame
+    return max(1, pg[u].nbytes // max(1, M * N))
+
+
+def smem(pg: PGraph, anchor: int, members: Iterable[int], budget: SharedMemory,
+         cons: list[list[int]] | None = None) -> int:
+    """Shared memory of the epilogue's buffers: its tile and row-vector loads and its stores (the GEMM's own
+    output is the main output D, whose staging the budget leaves out)."""
+    loads, stores, _ = io(pg, anchor, members, cons)
+    total = sum(budget.cost(role, itemsize(pg, t, anchor)) for t, role in loads)
+    return total + sum(budget.cost("store", itemsize(pg, u, anchor)) for u in stores if u != anchor)
+
+
 def _units(pg: PGraph, groups: dict[int, Iterable[int]]) -> list[int]:
     unit = list(range(len(pg)))
     for g, members in groups.items():
@@ -340,6 +363,9 @@ def violations(pg: PGraph, groups: dict[int, Iterable[int]], limits: Limits = Li
                 out.append(f"{n.name} cannot be stored, is read outside and reads its epilogue")
         if slots(pg, g, members, cons) > limits.slots:
             out.append(f"the epilogue of {pg[g].name} needs {slots(pg, g, members, cons)} slots (> {limits.slots})")
+        if limits.smem and smem(pg, g, members, limits.smem, cons) > limits.smem.budget:
+            out.append(f"the epilogue of {pg[g].name} needs {smem(pg, g, members, limits.smem, cons)} bytes of "
+                       f"shared memory (> {limits.smem.budget})")
         nred = sum(pg[v].op == "reduce" for v in members)
         if nred > limits.reductions:
             out.append(f"the epilogue of {pg[g].name} has {nred} reductions (> {limits.reductions})")
@@ -403,6 +429,7 @@ def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], lim
     for g, cs in cands.items():
         inside = set(cs) | {g}
         slot_row: dict[int, float] = {}
+        smem_row: dict[int, float] = {}
         for v in cs:
             n = pg[v]
             feeders = [u for u in pg.sources(v) if u in inside and pg[u].op != "reduce"]
@@ -450,6 +477,8 @@ def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], lim
                 if c in cs:
                     m.row({**base, x[c, g]: 1.0}, lo, np.inf)
             slot_row[need] = 1.0
+            if limits.smem and u != g:
+                smem_row[need] = limits.smem.cost("store", itemsize(pg, u, g))
         loads: dict[tuple[int, str], int] = {}
         for v in cs:                                               # loads
             for o in pg[v].operands:
@@ -459,11 +488,15 @@ def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], lim
                 if key not in loads:
                     loads[key] = m.var(0, 1, cost=cost.gain(pg[o.src].nbytes))
                     slot_row[loads[key]] = 1.0
+                    if limits.smem and limits.smem.cost(o.role, itemsize(pg, o.src, g)):
+                        smem_row[loads[key]] = limits.smem.cost(o.role, itemsize(pg, o.src, g))
                 row = {loads[key]: 1.0, x[v, g]: -1.0}
                 if o.src in cs:
                     row[x[o.src, g]] = 1.0
                 m.row(row, 0, np.inf)
         m.row(slot_row, -np.inf, limits.slots)
+        if smem_row:
+            m.row(smem_row, -np.inf, limits.smem.budget)
         reds = [x[v, g] for v in cs if pg[v].op == "reduce"]
         if len(reds) > limits.reductions:
             m.row(dict.fromkeys(reds, 1.0), -np.inf, limits.reductions)
@@ -583,7 +616,8 @@ def _greedy(pg: PGraph, cands: dict[int, tuple[int, ...]], limits: Limits) -> di
                 continue
             trial = members + [v]
             if slots(pg, g, trial, cons) > limits.slots or \
-                    sum(pg[u].op == "reduce" for u in trial) > limits.reductions:
+                    sum(pg[u].op == "reduce" for u in trial) > limits.reductions or \
+                    (limits.smem and smem(pg, g, trial, limits.smem, cons) > limits.smem.budget):
                 continue
             if not _closes_cycle(cons, unit, nodes_of, nodes_of[g] + [v]):
                 members = trial

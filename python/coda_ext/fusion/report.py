@@ -52,6 +52,8 @@ class GraphReport:
     kernels: list[KernelReport]
     left_out: list[LeftOut]
     note: str = ""
+    gemm_shapes: tuple[tuple[int, int, int], ...] = ()   # distinct (M, N, K) of every GEMM of the graph
+    pairs: tuple[str, ...] = ()       # GEMMs on one input whose outputs meet in an epilogue (SwiGLU)
 
     @property
     def bytes_kept(self) -> int:
@@ -61,9 +63,13 @@ class GraphReport:
     def distinct_kernels(self) -> int:
         return len({(k.kernel, k.dtype, k.major) for k in self.kernels if k.kernel})
 
+    @property
+    def fused_gemms(self) -> int:
+        return sum(1 for k in self.kernels if k.kernel)
+
     def __str__(self) -> str:
-        head = (f"coda fusion: {self.name}: {self.nodes} nodes, {self.gemms} GEMMs, "
-                f"{sum(1 for k in self.kernels if k.kernel)} fused into {self.distinct_kernels} distinct kernels; "
+        head = (f"coda fusion: {self.name}: {self.nodes} nodes, {self.gemms} GEMMs of {len(self.gemm_shapes)} shapes, "
+                f"{self.fused_gemms} fused into {self.distinct_kernels} distinct kernels; "
                 f"partition {self.method} ({self.status}) in {self.solve_s:.2f} s; "
                 f"{self.bytes_kept / 1e6:.3f} MB kept on chip")
         lines = [head]
@@ -85,6 +91,9 @@ class GraphReport:
             lines.append(f"    epilogue: {', '.join(k.members)}")
             lines.append(f"    loads: {', '.join(k.loads) or '-'}; stores: {', '.join(k.stores) or '-'}; "
                          f"reductions: {', '.join(k.reductions) or '-'}")
+        if self.pairs:
+            lines.append("  not fused across GEMMs:")
+            lines += [f"    {x}" for x in self.pairs]
         if self.left_out:
             lines.append("  left to the fallback:")
             counted = collections.Counter((x.target, x.reason) for x in self.left_out)
@@ -119,6 +128,15 @@ class FusionReport:
     @property
     def distinct_kernels(self) -> int:
         return len({(k.kernel, k.dtype, k.major) for k in self.kernels if k.kernel})
+
+    @property
+    def gemm_shapes(self) -> tuple[tuple[int, int, int], ...]:
+        """The distinct (M, N, K) of every GEMM of every graph."""
+        return tuple(sorted({s for g in self.graphs for s in g.gemm_shapes}))
+
+    @property
+    def solve_s(self) -> float:
+        return sum(g.solve_s for g in self.graphs)
 
     def __str__(self) -> str:
         if not self.graphs:
@@ -181,8 +199,36 @@ def graph_report(name: str, an: Analysis, part: Partition, lowered: tuple[Lowere
         else:
             reason = n.reason or "not epilogue math"
         left.append(LeftOut(n.name, n.target, reason))
-    gemms = sum(1 for n in pg.nodes if "fusion_gemm" in n.target)
-    return GraphReport(name, len(pg), gemms, part.method, part.status, part.solve_s, kernels, left)
+    gemm_ids = [n.id for n in pg.nodes if "fusion_gemm" in n.target]
+    shapes = tuple(sorted({an.gemm_mnk(i) for i in gemm_ids}))
+    return GraphReport(name, len(pg), len(gemm_ids), part.method, part.status, part.solve_s, kernels, left,
+                       gemm_shapes=shapes, pairs=tuple(gemm_pairs(an, part, lowered)))
+
+
+def gemm_pairs(an: Analysis, part: Partition, lowered: tuple[Lowered, ...]) -> list[str]:
+    """Epilogues that load the output of another GEMM on the same input (A stored tensor and layout): the
+    pair SwiGLU's separate gate and up projections make. One epilogue anchors one GEMM, so the other's
+    output is written and read again; a single GEMM over both weights interleaved (ops.linear_swiglu's
+    layout) would keep both on chip, and that rewrite is not derived automatically."""
+    pg = an.pgraph
+    owner = part.group_of()
+    out = []
+    for low in lowered:
+        if low.site is None:
+            continue
+        g = low.group.anchor
+        a, _, major = an.fx_nodes[g].args
+        for t, role in io(pg, g, low.group.members)[0]:
+            h = t if pg[t].op == "gemm" else owner.get(t)
+            if role != "tile" or h is None or h == g or "fusion_gemm" not in pg[h].target:
+                continue
+            a2, _, major2 = an.fx_nodes[h].args
+            if a2 is a and major2[0] == major[0]:
+                out.append(f"{pg[g].name} and {pg[h].name} read the same input ({a.name}): {pg[g].name}'s epilogue "
+                           f"loads {pg[t].name} from {pg[h].name}'s ({pg[t].nbytes / 1e6:.3f} MB written and read "
+                           "again); one GEMM of their interleaved weights (ops.linear_swiglu's layout) would keep "
+                           "both on chip: not derived automatically")
+    return out
 
 
 def _free(n) -> bool:

@@ -1,0 +1,95 @@
+"""benchmarks/bench_autofusion.py end to end on CPU (tiny configs, coda's kernels in the interpreter): the
+results file has issue 25's shape, max-autotune is skipped with its reason, the plan (traced, nothing run)
+and the prebuild list every kernel a model launches."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from benchmarks import bench_autofusion as bench
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    import torch
+
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_cpu_tiny_run_writes_the_issue_shaped_results(tmp_path, capsys):
+    out = tmp_path / "autofusion.json"
+    argv = ["--device", "cpu", "--tiny", "--steps", "2", "--reps", "1", "--warmup", "0", "--models", "mlp", "llama-1b",
+            "--compile-backend", "aot_eager", "--out", str(out)]
+    assert bench.main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc) >= {"gpu", "models", "goals"} and set(doc["models"]) == {"mlp", "llama-1b"}
+    for name, entry in doc["models"].items():
+        v = entry["variants"]
+        assert set(v) == set(bench.VARIANTS)
+        for variant in ("eager", "compile", "coda"):
+            assert set(v[variant]) >= {"step_ms", "peak_gb", "loss"}, (name, variant, v[variant])
+            assert len(v[variant]["loss"]) == 2 and v[variant]["step_ms"] > 0
+            assert v[variant]["peak_gb"] is None                       # no GPU: no peak memory
+        assert "GPU only" in v["compile_max_autotune"]["skipped"]
+        coda = v["coda"]
+        assert set(coda) >= {"kernels", "fused_bytes_saved", "solve_s", "gemm_shapes", "graph_breaks"}
+        assert coda["kernels"] >= 1 and coda["fused_bytes_saved"] > 0 and coda["graph_breaks"] == 0
+        assert coda["kernels"] <= 3 * coda["gemm_shapes"]
+        # the same weights and batches: the first step's loss is eager's to the loss's precision
+        assert abs(coda["loss"][0] - v["eager"]["loss"][0]) <= 0.01 * abs(v["eager"]["loss"][0])
+    assert "coda_hand" in doc["models"]["llama-1b"]["variants"] and \
+        "loss" in doc["models"]["llama-1b"]["variants"]["coda_hand"]
+    assert "Llama models only" in doc["models"]["mlp"]["variants"]["coda_hand"]["skipped"]
+    assert any("distinct kernels" in g for g in doc["goals"])
+    reports = json.loads((tmp_path / "autofusion_reports.json").read_text())
+    assert "coda fusion: joint graph" in reports["mlp"]["coda"]
+    assert (tmp_path / "autofusion.png").stat().st_size > 0
+    # a second run merges model by model
+    assert bench.main(argv[:-4] + ["--models", "mlp", "--variants", "eager", "--out", str(out)]) == 0
+    doc2 = json.loads(out.read_text())
+    assert set(doc2["models"]) == {"mlp", "llama-1b"} and set(doc2["models"]["mlp"]["variants"]) == {"eager"}
+    capsys.readouterr()
+
+
+def test_a_failing_variant_records_its_error_and_the_others_run(tmp_path, monkeypatch):
+    real = bench.make_variant
+
+    def broken(variant, base, args):
+        if variant == "compile":
+            raise RuntimeError("compiler exploded")
+        return real(variant, base, args)
+
+    monkeypatch.setattr(bench, "make_variant", broken)
+    out = tmp_path / "r.json"
+    bench.main(["--device", "cpu", "--tiny", "--steps", "1", "--reps", "1", "--warmup", "0", "--models", "mlp",
+                "--variants", "eager", "compile", "--out", str(out)])
+    v = json.loads(out.read_text())["models"]["mlp"]["variants"]
+    assert "compiler exploded" in v["compile"]["error"] and v["eager"]["step_ms"] > 0
+
+
+@pytest.mark.slow
+def test_plan_and_prebuild_list_every_kernel_without_running(monkeypatch):
+    """--plan traces each model with the GPU kernel's rules (coda_ext.fusion.plan: nothing runs);
+    --prebuild builds what it lists (here: recorded, not built)."""
+    from coda_ext.config import KernelConfig
+
+    args = bench.parse(["--tiny", "--models", "gpt2", "llama-1b", "--prebuild-only"])
+    done = bench.plan(args)
+    for name in ("gpt2", "llama-1b"):
+        stats = done["models"][name]
+        assert stats["kernels"] >= 1 and stats["gemms_fused"] <= stats["gemms"] and stats["solve_s"] >= 0
+    assert all(isinstance(c, KernelConfig) and d == "bfloat16" for _, d, c in done["items"])
+    # the hand-written Llama path's kernels are listed too (its fixed kernel set)
+    assert done["models"]["llama-1b"]["kernel_items"] > done["models"]["llama-1b"]["kernels"]
+    built = []
+    import coda_ext.runtime
+
+    monkeypatch.setattr(coda_ext.runtime, "prebuild", lambda items, jobs=None, binding=False: built.extend(items))
+    assert bench.main(["--tiny", "--models", "gpt2", "--prebuild-only"]) == 0
+    assert built and len({(g.digest(), d, c.tag) for g, d, c in built}) == len(built)   # each kernel once
