@@ -50,12 +50,7 @@ def step(model, *args, **kwargs):
     return loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def test_mlp_fp32_matches_eager():

@@ -11,14 +11,7 @@ pytest.importorskip("transformers")
 
 from benchmarks import bench_autofusion as bench
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    import torch
-
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 @pytest.mark.slow

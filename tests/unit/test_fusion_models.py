@@ -18,13 +18,7 @@ pytest.importorskip("transformers")
 
 from benchmarks.bench_autofusion import MODELS, build_model, make_batch
 
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def step(model, batch):
