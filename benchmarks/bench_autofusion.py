@@ -232,18 +232,6 @@ def train_step(model, opt, batches):
     return step
 
 
-def time_cpu(steps: dict, reps: int, warmup: int) -> dict[str, list[float]]:
-    """common.time_interleaved's rounds on the CPU (wall clock, ms)."""
-    names = list(steps)
-    times: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(warmup + reps):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            steps[name](r % 2)
-            if r >= warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return times
-
 
 def coda_stats(backend) -> dict:
     """What the coda backend's report says: kernels, GEMMs, bytes kept on chip, partition time."""
@@ -363,7 +351,7 @@ def _time(steps: dict, args, device: str, entry: dict) -> dict[str, list[float]]
     def timer(fns):
         if device == "cuda":
             return common.time_interleaved(fns, args.reps, warmup=args.warmup, flush_l2=False)
-        return time_cpu(fns, args.reps, args.warmup)
+        return common.time_interleaved_cpu(fns, args.reps, args.warmup)
 
     if not steps:
         return {}

@@ -233,22 +233,11 @@ def loss_curve(variant: dict, initial: dict, data: list[dict]) -> list[float]:
 # --- timing and memory ---------------------------------------------------------------------------------------
 
 
-def time_cpu(fns: dict, reps: int, warmup: int) -> dict[str, list[float]]:
-    """common.time_interleaved's rounds on the CPU (wall clock)."""
-    names, times = list(fns), {k: [] for k in fns}
-    for r in range(warmup + reps):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            fns[name](r % 2)
-            if r >= warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
-    return times
-
 
 def time_rounds(fns: dict, reps: int, warmup: int, device: str) -> dict[str, list[float]]:
     if device == "cuda":
         return common.time_interleaved(fns, reps, warmup=warmup)
-    return time_cpu(fns, reps, warmup)
+    return common.time_interleaved_cpu(fns, reps, warmup)
 
 
 def step_flops(cfg, batch: int, seq: int) -> float:

@@ -114,6 +114,19 @@ def time_interleaved(variants: dict, reps: int, warmup: int = 5, flush_l2: bool 
     return times
 
 
+def time_interleaved_cpu(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:
+    """time_interleaved's rounds on the CPU: the same rotation, wall-clock ms per call."""
+    names = list(variants)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(warmup + reps):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            variants[name](r % 2)
+            if r >= warmup:
+                times[name].append((time.perf_counter() - start) * 1e3)
+    return times
+
+
 def summarize(times: dict[str, list[float]], baseline: str) -> dict:
     out = {}
     for name, ts in times.items():
