@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..config import MAJORS
 from ..graph import interpret, ir
 from ..graph.canonical import as_ir
 
@@ -36,6 +37,8 @@ EXECUTE = ("auto", "interpret")
 def operands(a: torch.Tensor, w: torch.Tensor, major: str) -> tuple[torch.Tensor, torch.Tensor]:
     """A (M, K) and W (N, K) as views of the stored a and w: major[0] 'k' takes a as stored, 'm' its
     transpose; major[1] 'k' takes w as stored, 'n' its transpose."""
+    if major not in MAJORS:
+        raise ValueError(f"coda_ext fusion: major must be one of {MAJORS}, got {major!r}")
     return (a if major[0] == "k" else a.t()), (w if major[1] == "k" else w.t())
 
 
