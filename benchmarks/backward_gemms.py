@@ -5,7 +5,8 @@ operand layouts the step launches them (coda_ext.models.functions), each with it
 
     swiglu_backward_linear          dy @ W_down            (tokens, F, d)   "kn"  dSwiGLU, y, ZdZ
     rms_norm_backward_linear_dx_in  dz1 @ W_gate_up        (tokens, d, 2F)  "kn"  RMSNorm backward + dx_in (MLP)
-    rms_norm_backward_linear        dz @ W_qkv             (tokens, d, Nq)  "kn"  RMSNorm backward (attention)
+    rms_norm_backward_linear        dz @ W_qkv             (tokens, d, Nq)  "kn"  RMSNorm backward + dx_in (attention:
+                                                                                  the residual's gradient from the MLP)
     linear_dx                       dx1 @ W_o              (tokens, Do, d)  "kn"
     linear_residual                 y1 @ W_downᵀ + x1      (tokens, d, F)   "kk"  (a forward op)
     weight_grad_{down,gate_up,o,qkv}  dzᵀ @ x              (N, K, tokens)   "mn"
@@ -65,7 +66,7 @@ class Gemm:
     @property
     def accumulates(self) -> bool:
         """Whether the epilogue reads a tile it adds (dx_in, accumulate, the running dx)."""
-        return self.op.endswith(("_dx_in", "accumulate"))
+        return self.op.endswith(("_dx_in", "accumulate")) or self.op == "rms_norm_backward_linear"
 
     @property
     def pass_name(self) -> str:
@@ -81,7 +82,7 @@ def kernel(op: str) -> tuple[Callable[..., Any], tuple, str]:
 
     return {"swiglu_backward_linear": (graphs.swiglu_backward_linear, (), "kn"),
             "rms_norm_backward_linear_dx_in": (graphs.rms_norm_backward_linear, (True,), "kn"),
-            "rms_norm_backward_linear": (graphs.rms_norm_backward_linear, (False,), "kn"),
+            "rms_norm_backward_linear": (graphs.rms_norm_backward_linear, (True,), "kn"),
             "linear_dx": (graphs.linear, (False,), "kn"),
             "linear_residual": (graphs.linear, (True,), "kk"),
             "weight_grad_accumulate": (graphs.linear, (True,), "mn"),

@@ -251,7 +251,7 @@ def breakdown_fns(s: Shape, device, dtype) -> dict:
         "qkv_rope_backward (-)": lambda i: ops.qkv_rope_backward(S(i)["dqkv"], S(i)["qkv"], pos, freqs, s.n_heads,
                                                                  s.n_kv_heads),
         "rms_norm_backward_linear (qkv.dx)": lambda i: ops.rms_norm_backward_linear(
-            S(i)["dz"], S(i)["w_qkv"], S(i)["x"], S(i)["rstd"], S(i)["g"], S(i)["zdz"]),
+            S(i)["dz"], S(i)["w_qkv"], S(i)["x"], S(i)["rstd"], S(i)["g"], S(i)["zdz"], dx_in=S(i)["dx2"]),
         "weight_grad (qkv.dw)": lambda i: ops.weight_grad(S(i)["dz"], S(i)["h"]),
     }
 

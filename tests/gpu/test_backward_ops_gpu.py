@@ -75,12 +75,15 @@ def build_items(sms: int | None = None) -> list:
                 gemms.append((_MODULE[op].graph(*args), major, mnk))
         if dtype == "bfloat16":
             gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.gemms(M, V, d, True, LM_CHUNK_BYTES)]
+            gemms += [g for M, V, d in LM_SHAPES for s in (False, True)
+                      for g in lm_head_ce.gemms(M, V, d, s, train=True, train_chunk_bytes=LM_TRAIN_CHUNK_BYTES)]
         items += auto_items(gemms, dtype, sms)
     return items
 
 
 LM_SHAPES = ((333, 32000, 2048), (1024, 128256, 2048))   # (M, V, d)
 LM_CHUNK_BYTES = 8 * 2**20
+LM_TRAIN_CHUNK_BYTES = 16 * 2**20      # the training path in chunks of 256 (V 32000) and 128 rows (V 128256)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -240,3 +243,63 @@ def test_lm_head_cross_entropy_backward(shape, report, monkeypatch):
     ref = grads(x.float(), w.float(), rstd, torch_loss)
     base = grads(x, w, rstd, torch_loss)
     _check(f"lm_head_ce_backward-M{M}-V{V}", got, ref, base, report)
+
+
+def _lm_head_case(shape, scale_rstd=1.0):
+    M, V, d = shape
+    gen = rand.generator(shape, "train", device=DEVICE)
+    x = rand.randn(gen, M, d, dtype=torch.bfloat16, scale=2.0)
+    w = rand.randn(gen, V, d, dtype=torch.bfloat16, scale=d ** -0.5)
+    rstd = rand.positive(gen, M) * scale_rstd
+    return x, w, rstd, rand.targets(gen, M, vocab=V)
+
+
+def _lm_head_grads(x, w, rstd, target, loss_fn):
+    """Gradients of the mean loss w.r.t. x, W (and rstd when given) by torch.autograd."""
+    leaves = [t.detach().requires_grad_() for t in (x, w) + ((rstd,) if rstd is not None else ())]
+    loss = loss_fn(*leaves, *([None] if rstd is None else []))
+    return torch.autograd.grad(loss, leaves)
+
+
+def _torch_lm_loss(target):
+    def fn(xx, ww, rr):
+        logits = xx @ ww.t()
+        logits = logits if rr is None else logits * rr.to(xx.dtype)[:, None]
+        return F.cross_entropy(logits, target)
+    return fn
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "rstd"])
+@pytest.mark.parametrize("shape", LM_SHAPES, ids=lambda s: f"M{s[0]}-V{s[1]}-d{s[2]}")
+def test_lm_head_train_gradients(shape, scaled, report, monkeypatch):
+    """ops.lm_head_cross_entropy_loss's training path (gradients with the loss, three GEMMs, rows in chunks with
+    a partial last one) against fp32 autograd, with the rule; the loss equals the statistics op's."""
+    monkeypatch.setattr(lm_head_ce, "TRAIN_CHUNK_BYTES", LM_TRAIN_CHUNK_BYTES)
+    x, w, rstd, target = _lm_head_case(shape)
+    rstd = rstd if scaled else None
+    fused = lambda a, b, c: ops.lm_head_cross_entropy_loss(a, b, target, c)   # noqa: E731
+    with nan_memory():
+        got = _lm_head_grads(x, w, rstd, target, fused)
+    torch.cuda.synchronize()
+    ref = _lm_head_grads(x.float(), w.float(), rstd, target, _torch_lm_loss(target))
+    base = _lm_head_grads(x, w, rstd, target, _torch_lm_loss(target))
+    _check(f"lm_head_train-{'x'.join(map(str, shape))}-{'rstd' if scaled else 'plain'}", got, ref, base, report)
+    loss_train = ops.lm_head_cross_entropy_loss(x, w.detach().requires_grad_(), target, rstd)
+    loss_stats, _ = ops.lm_head_cross_entropy(x, w, target, rstd)
+    assert abs(loss_train.item() - loss_stats.item()) <= 1e-5 * abs(loss_stats.item())
+
+
+def test_lm_head_train_out_of_range_takes_the_exact_path(report, monkeypatch):
+    """Logits ~ 100 (lse beyond LSE_RANGE): exp(logits) cannot be held in bf16 with its row scale, so the op
+    computes the gradients on the exact (recompute) path, and they still follow the rule."""
+    monkeypatch.setattr(lm_head_ce, "TRAIN_CHUNK_BYTES", LM_TRAIN_CHUNK_BYTES)
+    monkeypatch.setattr(lm_head_ce, "CHUNK_BYTES", LM_CHUNK_BYTES)
+    shape = LM_SHAPES[0]
+    x, w, rstd, target = _lm_head_case(shape, scale_rstd=12.0)
+    _, lse = ops.lm_head_cross_entropy(x, w, target, rstd)
+    assert lse.abs().max().item() > lm_head_ce.LSE_RANGE
+    fused = lambda a, b, c: ops.lm_head_cross_entropy_loss(a, b, target, c)   # noqa: E731
+    got = _lm_head_grads(x, w, rstd, target, fused)
+    ref = _lm_head_grads(x.float(), w.float(), rstd, target, _torch_lm_loss(target))
+    base = _lm_head_grads(x, w, rstd, target, _torch_lm_loss(target))
+    _check("lm_head_train-out-of-range", got, ref, base, report)

@@ -127,6 +127,20 @@ def test_nan_memory_hands_out_nan():
         assert all(torch.isnan(t).all() for t in (small, large, half))
 
 
+def test_nan_memory_gives_memory_back():
+    """Outputs that outlive the block, many times over (as every test that checks them after it does):
+    the memory reserved stays bounded instead of growing ~1 GiB a use until a later test runs out."""
+    torch.cuda.empty_cache()
+    start = torch.cuda.memory_reserved()
+    for _ in range(12):
+        with nan_memory():
+            out = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        out.fill_(1)
+        del out
+    grown = torch.cuda.memory_reserved() - start
+    assert grown < (3 << 30), f"memory reserved grew by {grown / 2**30:.1f} GiB over 12 uses"
+
+
 @pytest.mark.parametrize("case", ops_cases.CASES, ids=lambda c: c.id)
 def test_op_matches_reference(case, report):
     args, kwargs = make_inputs(case)

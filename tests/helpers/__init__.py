@@ -8,4 +8,5 @@ imports benchmarks or a test module):
     bad_inputs       the bad-argument matrix of a compiled op
     custom_op_calls  records the coda_ext custom-op calls a function makes
     stubs            a do-nothing kernel library and CPU tensors passing for a GPU's (pytest fixtures)
+    autograd_graph   where autograd sums gradients (inputs of the backward graph fed twice)
 """

@@ -57,7 +57,13 @@ def nan_outputs(op: Any, M: int, N: int, device: Any = "cuda") -> dict[str, torc
 @contextlib.contextmanager
 def nan_memory(nbytes: int = 1 << 30):
     """Allocations inside come from a fresh CUDA memory pool whose free memory is all NaN (0xFF bytes:
-    NaN in every float dtype): a large block and many small-pool blocks are taken and given back."""
+    NaN in every float dtype): a large block and many small-pool blocks are taken and given back.
+
+    The cache is emptied first. A pool whose tensors outlive the block (the outputs a test checks after
+    it) keeps its free memory cached once they die, and the allocator does not release cached private-pool
+    memory to retry an allocation that fails while a pool is in use (pytorch/pytorch#159674): without
+    this, every earlier use leaves ~1 GiB cached and a later large test runs out of memory."""
+    torch.cuda.empty_cache()
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
         large = torch.full((nbytes,), 255, dtype=torch.uint8, device="cuda")

@@ -203,3 +203,18 @@ def test_compile_time_baseline_tree_replaces_only_the_project_include_dirs(tmp_p
     assert f"-I{csrc_dir()}" not in other
     assert [a for a in other if not a.startswith("-I")] == [a for a in cmd if not a.startswith("-I")]
     assert len(other) == len(cmd) and compile_time.with_csrc(cmd, None) == cmd
+
+
+def test_lm_head_bench_prebuild_items_and_plot(tmp_path):
+    """bench_lm_head's kernels (the training path's chunks and the recompute path, both heads) and its plot from
+    a results document (no GPU)."""
+    from benchmarks import bench_lm_head
+
+    items = bench_lm_head.build_items(16384)
+    names = {g.name if hasattr(g, "name") else type(g).__name__ for g, _, _ in items}
+    assert len(items) >= 2 * 3 and names
+    doc = {"env": {"gpu": "test"}, "shapes": {n: {"M": 16384, "V": V, "d": d, "variants": {
+        v: {"median_ratio_to_cublas_3": 1.0 + 0.1 * k} for k, v in enumerate(bench_lm_head.VARIANTS)}}
+        for n, (V, d) in bench_lm_head.SHAPES.items()}}
+    bench_lm_head.plot(doc, tmp_path / "lm_head.png")
+    assert (tmp_path / "lm_head.png").stat().st_size > 10_000

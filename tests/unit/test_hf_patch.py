@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from coda_ext import ops  # noqa: E402  (after the importorskip)
 from coda_ext.hf import apply_coda_to_llama  # noqa: E402  (after the importorskip)
+from tests.helpers.autograd_graph import summed_gradients  # noqa: E402
 
 B, S, V = 2, 16, 256
 RTOL = 2e-5
@@ -122,6 +123,27 @@ def test_gradient_checkpointing():
     patched(ids, labels=labels).loss.backward()
     assert all(layer.gradient_checkpointing for layer in patched.model.layers)
     check_grads(patched, ref)
+
+
+def test_layers_sum_no_gradient_of_the_residual_stream():
+    """Through the patched layers the residual stream has one consumer per layer: autograd sums none of
+    its gradients (the QKV dX GEMM adds the residual's), and the input's gradient is the original
+    layers'."""
+    ref, patched = pair()
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(B, S, 128, generator=gen)
+    dy = torch.randn(B, S, 128, generator=gen)
+    pos = torch.arange(S)[None]
+    grads = []
+    for model in (ref, patched):
+        xx = h = x.clone().requires_grad_()
+        emb = model.model.rotary_emb(h, pos)
+        for layer in model.model.layers:
+            h = layer(h, position_ids=pos, position_embeddings=emb)
+        assert (summed_gradients(h.grad_fn) == []) == (model is patched)   # transformers' layers sum x's
+        h.backward(dy)
+        grads.append(xx.grad)
+    close(grads[1], grads[0], "gradient of the layers' input")
 
 
 def test_num_items_in_batch_as_transformers():

@@ -7,6 +7,7 @@ the training demo's CPU smoke run passes.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import io
 
@@ -24,6 +25,8 @@ from coda_ext.models import (
     LlamaConfig,
     shift_labels,
 )
+from coda_ext.models.llama import attention
+from tests.helpers.autograd_graph import summed_gradients
 
 CFG = LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                   num_hidden_layers=2, vocab_size=256, rms_norm_eps=1e-5, rope_theta=10000.0)
@@ -222,7 +225,78 @@ def test_layer_attention_mask_replaces_causal():
     assert_close(layer(x, pos, attention_mask=mask), ref(x, pos, mask), "layer output with a mask")
 
 
+def old_data_flow(layer, x, pos):
+    """The layer as it ran before QKVRoPE handed x on: x fed to both Functions, so autograd sums x's two
+    gradients in a pass of its own."""
+    qkv, _ = layer.project_qkv(x, pos, "reference")
+    return layer.output_and_mlp(attention(*layer.split_heads(qkv)), x, "reference")
+
+
+def test_residual_gradient_is_added_in_the_qkv_dx_gemm():
+    """The layer's gradients (input and every parameter) equal the old data flow's, where autograd
+    summed the two gradients of x; the new backward graph sums none (the QKV dX GEMM adds MLPBlock's dx
+    in its epilogue), the old one summed x's."""
+    gen = torch.Generator().manual_seed(6)
+    layer = randomize(CodaLlamaDecoderLayer(CFG, impl="reference"), seed=6)
+    x = torch.randn(B, S, CFG.hidden_size, generator=gen)
+    dy = torch.randn(B, S, CFG.hidden_size, generator=gen)
+    pos = torch.arange(S).expand(B, S)
+    runs = {}
+    for flow, run in (("new", lambda x: layer(x, pos)), ("old", lambda x: old_data_flow(layer, x, pos))):
+        layer.zero_grad()
+        xx = x.clone().requires_grad_()
+        out = run(xx)
+        sums = summed_gradients(out.grad_fn)
+        out.backward(dy)
+        runs[flow] = (out, sums, [xx.grad] + [p.grad for p in layer.parameters()])
+    (new, new_sums, new_grads), (old, old_sums, old_grads) = runs["new"], runs["old"]
+    assert new_sums == [] and old_sums == ["torch::autograd::AccumulateGrad[0]"]   # x's two gradients
+    assert torch.equal(new, old)
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+    for name, g, want in zip(names, new_grads, old_grads, strict=True):
+        assert_close(g, want, f"gradient of {name}")
+
+
+def test_qkv_rope_hands_x_on_whichever_output_reaches_the_loss():
+    """QKVRoPE returns x as it took it; x's gradient is the QKV path's plus the handed-on x's, and either
+    output alone reaching the loss works (the other's gradient is None, not zeros)."""
+    gen = torch.Generator().manual_seed(10)
+    layer = randomize(CodaLlamaDecoderLayer(CFG, impl="reference"), seed=10)
+    x = torch.randn(B, S, CFG.hidden_size, generator=gen)
+    dq = torch.randn(B, S, CFG.qkv_size, generator=gen)
+    dr = torch.randn(B, S, CFG.hidden_size, generator=gen)
+    pos = torch.arange(S).expand(B, S)
+
+    def grad_of_x(use_qkv: bool, use_x: bool) -> torch.Tensor:
+        xx = x.clone().requires_grad_()
+        qkv, out = layer.project_qkv(xx, pos, "reference")
+        assert torch.equal(out, x)
+        terms = ([(qkv * dq).sum()] if use_qkv else []) + ([(out * dr).sum()] if use_x else [])
+        sum(terms).backward()
+        return xx.grad
+
+    only_qkv, both = grad_of_x(True, False), grad_of_x(True, True)
+    assert torch.equal(grad_of_x(False, True), dr)
+    assert only_qkv.abs().max() > 0.1
+    assert_close(both, only_qkv + dr, "gradient of x through both outputs")
+
+
 # --- the model ---------------------------------------------------------------------------------------------
+
+
+def test_model_sums_no_gradient_of_the_residual_stream(ref_model):
+    """Across layers too: each layer's output has one consumer (the next layer's QKVRoPE), so nothing in
+    the residual stream's backward graph receives two gradients."""
+    x = coda_from(ref_model).model.residual_stream(tokens()[0])
+    assert summed_gradients(x.grad_fn) == []
+    seen, todo = set(), [x.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn not in seen:
+            seen.add(fn)
+            todo += [f for f, _ in fn.next_functions if f is not None]
+    names = collections.Counter(fn.name() for fn in seen)   # the graph walked is every layer's
+    assert names["QKVRoPEBackward"] == names["MLPBlockBackward"] == CFG.num_hidden_layers
 
 
 def test_loss_and_every_gradient(ref_model):

@@ -5,7 +5,7 @@ the tests and the benchmarks — so the graph an op runs, the kernel libcoda shi
 IO model describes are one graph.
 
     forward     the forward ops: linear_residual_norm, rms_linear, linear_swiglu, qkv_rope,
-                lm_head_cross_entropy
+                lm_head_cross_entropy (and its training form, lm_head_cross_entropy_train)
     backward    the backward GEMMs: linear (linear_residual, linear_dx, weight_grad),
                 rms_norm_backward_linear, swiglu_backward_linear, lm_head_cross_entropy_backward
     epilogues   the README/demo example, the benchmark families and the ablation's graphs
@@ -29,12 +29,21 @@ from .epilogues import (
     store_rowsum,
     swiglu,
 )
-from .forward import ACTIVATIONS, linear_residual_norm, linear_swiglu, lm_head_cross_entropy, qkv_rope, rms_linear
+from .forward import (
+    ACTIVATIONS,
+    linear_residual_norm,
+    linear_swiglu,
+    lm_head_cross_entropy,
+    lm_head_cross_entropy_train,
+    qkv_rope,
+    rms_linear,
+)
 
 __all__ = [
     "ACTIVATIONS", "acc_aux", "acc_bias", "acc_rowsum", "bias_gelu", "bias_silu", "binary", "design", "example",
     "identity", "linear", "linear_residual_norm", "linear_swiglu", "lm_head_cross_entropy",
-    "lm_head_cross_entropy_backward", "pair_gates", "qkv_rope", "reductions", "rms_linear",
+    "lm_head_cross_entropy_backward", "lm_head_cross_entropy_train", "pair_gates", "qkv_rope", "reductions",
+    "rms_linear",
     "rms_norm_backward_linear", "rstd_scale", "rstd_swiglu", "silu_acc", "silu_aux_bias", "store_rowsum", "swiglu",
     "swiglu_backward_linear", "unary_a", "unary_b",
 ]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from ..errors import GraphError
 from ..graph.builder import Graph, Value
-from ..graph.math import eq, fma, gelu, relu, rotate_pairs, rsqrt, segment_reduce, silu, swiglu_pairs, turns, where
+from ..graph.math import eq, exp, fma, gelu, relu, rotate_pairs, rsqrt, segment_reduce, silu, swiglu_pairs, turns, where
 
 #: rms_linear's activations: name -> its epilogue function (None: no activation; "gelu" is the erf form).
 ACTIVATIONS: dict[str | None, Callable[[Value], Value]] = {
@@ -93,4 +93,22 @@ def lm_head_cross_entropy(scaled: bool) -> Graph:
     g.row_reduce("lse", logits, "logsumexp")
     picked = where(eq(g.col_index(), g.col_vector("target", "int32")), logits, 0.0)
     g.row_reduce("target_logit", picked, "sum")
+    return g
+
+
+def lm_head_cross_entropy_train(scaled: bool) -> Graph:
+    """The training LM head's logits GEMM (rows chunk by chunk): lm_head_cross_entropy's statistics, and the
+    unnormalized softmax written for the gradients that follow in the same pass:
+
+        logits       = acc [⊙row rstd]
+        D "e"        = exp(logits)                            (16-bit: the op keeps |lse| in range)
+        lse          = logsumexp_n(logits)
+        target_logit = Σ_n where(n == target[m], logits, 0)"""
+    g = Graph()
+    logits = g.accumulator()
+    if scaled:
+        logits = logits * g.col_vector("rstd", "float32")
+    g.output(exp(logits), name="e")
+    g.row_reduce("lse", logits, "logsumexp")
+    g.row_reduce("target_logit", where(eq(g.col_index(), g.col_vector("target", "int32")), logits, 0.0), "sum")
     return g

@@ -10,6 +10,8 @@ rows gate₀, up₀, gate₁, up₁, … (coda_ext.ops.interleave_gate_up). `sta
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
 
 import torch
 
@@ -119,6 +121,21 @@ def _move_last(state_dict, key: str) -> None:
         state_dict[key] = state_dict.pop(key)
 
 
+def _placed_like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """t with ref's mesh and placements when ref is a DTensor (a parameter sharded by FSDP2 or
+    tensor parallelism), else t: a converted weight stays sharded as its parameter is (no full copy
+    per rank), and a plain tensor loaded into a sharded parameter is sharded first."""
+    if not torch.distributed.is_available():
+        return t
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(ref, DTensor):
+        return t
+    if isinstance(t, DTensor):
+        return t.redistribute(ref.device_mesh, ref.placements)
+    return distribute_tensor(t.to(ref.device), ref.device_mesh, ref.placements)
+
+
 def _save_hook(fused: str, hf_names: tuple[str, ...], split, after: str):
     """A state-dict hook: the fused parameter `fused` written as the Hugging Face tensors `hf_names`
     (then `after`, to keep Hugging Face's order)."""
@@ -127,7 +144,7 @@ def _save_hook(fused: str, hf_names: tuple[str, ...], split, after: str):
         with torch.no_grad():
             parts = split(module.config, w.detach())
         for name, t in zip(hf_names, parts):
-            state_dict[prefix + name] = t
+            state_dict[prefix + name] = _placed_like(t, w)
         _move_last(state_dict, prefix + after)
     return hook
 
@@ -150,8 +167,19 @@ def _load_hook(fused: str, hf_names: tuple[str, ...], join, shapes):
             error_msgs.append(f"size mismatch for {prefix}{hf_names}: the checkpoint has {got}, the model {want}")
             return
         with torch.no_grad():
-            state_dict[prefix + fused] = join(module.config, *(state_dict.pop(k) for k in keys))
+            joined = join(module.config, *(state_dict.pop(k) for k in keys))
+            state_dict[prefix + fused] = _placed_like(joined, getattr(module, fused))
     return hook
+
+
+def _name_hf_weights(module: torch.nn.Module, hf_names: tuple[str, ...]) -> None:
+    """Lets torch.distributed.checkpoint's get/set_model_state_dict resolve the Hugging Face keys
+    `hf_names` the hooks write (it follows each key's attributes from the model, and a module's
+    `_fqn_modifiers` mapping, written for state-dict hooks that rename keys, to an object holding
+    them): `<prefix>q_proj.weight` resolves through `module._hf_weights.q_proj.weight` (None)."""
+    names = tuple(n.split(".")[0] for n in hf_names)
+    module._hf_weights = types.SimpleNamespace(**{n: types.SimpleNamespace(weight=None) for n in names})
+    module._fqn_modifiers = functools.partial(dict, dict.fromkeys(names, "_hf_weights"))
 
 
 def install_qkv_hooks(module: torch.nn.Module) -> None:
@@ -161,6 +189,7 @@ def install_qkv_hooks(module: torch.nn.Module) -> None:
             [(c.num_key_value_heads * c.head_dim, c.hidden_size)] * 2
     module._register_state_dict_hook(_save_hook("qkv_weight", _QKV, qkv_to_hf, "o_proj.weight"))
     module._register_load_state_dict_pre_hook(_load_hook("qkv_weight", _QKV, qkv_from_hf, shapes), with_module=True)
+    _name_hf_weights(module, _QKV)
 
 
 def install_gate_up_hooks(module: torch.nn.Module) -> None:
@@ -171,3 +200,4 @@ def install_gate_up_hooks(module: torch.nn.Module) -> None:
         _save_hook("gate_up_weight", _GU, lambda c, w: ops.split_gate_up(w), "down_proj.weight"))
     module._register_load_state_dict_pre_hook(
         _load_hook("gate_up_weight", _GU, lambda c, g, u: ops.interleave_gate_up(g, u), shapes), with_module=True)
+    _name_hf_weights(module, _GU)

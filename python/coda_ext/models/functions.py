@@ -1,17 +1,22 @@
 """The two autograd Functions of a Llama decoder layer, with the CODA fusions in their backward:
 
-    QKVRoPE   x -> qkv                 input RMSNorm (statistic and h = x ⊙ γ in one element-wise pass,
+    QKVRoPE   x -> (qkv, x)            input RMSNorm (statistic and h = x ⊙ γ in one element-wise pass,
                                        ops.rms_norm_input; rstd folded into the QKV GEMM) + QKV
-                                       projection + RoPE
+                                       projection + RoPE; x handed on unchanged (the residual stream)
     (attention: torch SDPA under ordinary autograd)
     MLPBlock  (y0, x) -> x2            output projection + residual + post-attention RMSNorm, gate/up
                                        GEMM + SwiGLU, down projection + residual
 
+The residual stream runs through both: MLPBlock takes the x that QKVRoPE handed on, so x has one
+consumer in the autograd graph and its two gradients are never summed by autograd in a pass of their
+own: MLPBlock's dx comes back to QKVRoPE's backward, whose QKV dX GEMM adds it in its epilogue.
+
 Backward of MLPBlock, given dx2 (CODA): the SwiGLU backward runs in the down projection's dX GEMM
 (which also yields the ZdZ statistic of the gate/up GEMM), the post-attention norm's backward in
-the gate/up dX GEMM (accumulating the residual gradient dx2); QKVRoPE's backward rotates dqkv back
-(element-wise, with its ZdZ) and finishes the input norm's backward in the QKV dX GEMM. Saved:
-QKVRoPE x, rstd, qkv; MLPBlock y0, x1, rstd1, z1 (h, n, y1 are recomputed in epilogues).
+the gate/up dX GEMM (accumulating the residual gradient dx2). QKVRoPE's backward, given dqkv and the
+residual's gradient dx1 (MLPBlock's dx): rotates dqkv back (element-wise, with its ZdZ) and finishes
+the input norm's backward in the QKV dX GEMM, accumulating dx1 there. Saved: QKVRoPE x, rstd, qkv;
+MLPBlock y0, x1, rstd1, z1 (h, n, y1 are recomputed in epilogues).
 
 Each Function takes `impl`: "fused" runs coda_ext.ops (16-bit CUDA tensors on an SM90 GPU),
 "reference" runs the same data flow with every op's fp32 reference (any device; outputs cast to
@@ -122,34 +127,40 @@ def _grad(needed: bool, fn):
 
 
 class QKVRoPE(torch.autograd.Function):
-    """qkv = RoPE(RMSNorm(x) @ W_qkvᵀ), RMSNorm(x) = x·rstd ⊙ γ: rstd in torch (fp32), h = x ⊙ γ, and
-    the QKV GEMM scales its rows by rstd. Returns (..., (n_heads + 2 n_kv_heads)·head_dim)."""
+    """(qkv, x): qkv = RoPE(RMSNorm(x) @ W_qkvᵀ), RMSNorm(x) = x·rstd ⊙ γ: rstd in torch (fp32), h = x ⊙ γ,
+    and the QKV GEMM scales its rows by rstd; qkv (..., (n_heads + 2 n_kv_heads)·head_dim). x comes
+    back as it went in (autograd makes it a view whose gradient returns here): give it to MLPBlock, and
+    the residual's gradient is added in this backward's QKV dX GEMM (dx_in) instead of by autograd."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
-                freqs: torch.Tensor, n_heads: int, n_kv_heads: int, eps: float, impl: str) -> torch.Tensor:
+                freqs: torch.Tensor, n_heads: int, n_kv_heads: int, eps: float, impl: str):
         be = BACKENDS[impl]
         h, rstd = ops.rms_norm_input(x, norm_weight, eps)     # one element-wise pass on a GPU
         qkv = be.qkv_rope(h, w_qkv.to(x.dtype), positions, freqs, n_heads, n_kv_heads, rstd=rstd)
         ctx.save_for_backward(x, norm_weight, w_qkv, positions, freqs, rstd, qkv)
         ctx.heads, ctx.impl = (n_heads, n_kv_heads), impl
-        return qkv
+        ctx.set_materialize_grads(False)   # an output that does not reach the loss gets None, not zeros
+        return qkv, x
 
     @staticmethod
-    def backward(ctx, dqkv: torch.Tensor):
+    def backward(ctx, dqkv: torch.Tensor | None, dx_res: torch.Tensor | None):
         x, norm_weight, w_qkv, positions, freqs, rstd, qkv = ctx.saved_tensors
         be, dt = BACKENDS[ctx.impl], x.dtype
+        dx_in = None if dx_res is None else dx_res.to(dt).contiguous()
+        if dqkv is None:   # only the handed-on x reached the loss
+            return dx_in, None, None, None, None, None, None, None, None
         dz, zdz = be.qkv_rope_backward(dqkv.to(dt).contiguous(), qkv, positions, freqs, *ctx.heads)
         w = w_qkv.to(dt)
-        dx, n, dgamma = be.rms_norm_backward_linear(dz, w, x, rstd, norm_weight.to(dt), zdz)
+        dx, n, dgamma = be.rms_norm_backward_linear(dz, w, x, rstd, norm_weight.to(dt), zdz, dx_in=dx_in)
         need = ctx.needs_input_grad
         dw = _grad(need[2], lambda: be.weight_grad(dz, n).to(w_qkv.dtype))
         return dx, dgamma.to(norm_weight.dtype), dw, None, None, None, None, None, None
 
 
 class MLPBlock(torch.autograd.Function):
-    """x2 = x1 + SwiGLU(RMSNorm(x1) @ W_guᵀ) @ W_downᵀ with x1 = y0 @ W_oᵀ + x. W_gu rows interleaved
-    gate/up. Returns x2 (..., d)."""
+    """x2 = x1 + SwiGLU(RMSNorm(x1) @ W_guᵀ) @ W_downᵀ with x1 = y0 @ W_oᵀ + x (x: the residual stream as
+    QKVRoPE handed it on). W_gu rows interleaved gate/up. Returns x2 (..., d)."""
 
     @staticmethod
     def forward(ctx, y0: torch.Tensor, x: torch.Tensor, w_o: torch.Tensor, norm_weight: torch.Tensor,
@@ -180,8 +191,10 @@ class MLPBlock(torch.autograd.Function):
 def lm_head_loss(h: torch.Tensor, w_lm: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
                  ignore_index: int, impl: str, reduction: str = "mean") -> torch.Tensor:
     """Cross-entropy of logits = [rstd ⊙row] (h @ W_lmᵀ) against target ('mean' over the targets that
-    are not ignore_index, or 'sum'), without the M × V logits (fused: the op's vocabulary-chunked
-    backward; reference: fp32 torch)."""
+    are not ignore_index, or 'sum'), without the M × V logits (fused: ops.lm_head_cross_entropy_loss, the
+    gradients with the loss in three GEMMs when training in bf16; reference: fp32 torch)."""
+    if impl == "fused":
+        return ops.lm_head_cross_entropy_loss(h, w_lm.to(h.dtype), target, rstd, ignore_index, reduction)
     loss, _ = BACKENDS[impl].lm_head_cross_entropy(h, w_lm.to(h.dtype), target, rstd, ignore_index, reduction)
     return loss
 
@@ -208,9 +221,10 @@ def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool
         (linear_grad.graph(False), "mn", (2 * F_, d, M)),
         (linear_grad.graph(False), "kn", (M, Do, d)),
         (linear_grad.graph(False), "mn", (d, Do, M)),
-        (norm_backward.graph(False), "kn", (M, d, Nq)),               # QKVRoPE backward
+        (norm_backward.graph(True), "kn", (M, d, Nq)),                # QKVRoPE backward (+ MLPBlock's dx)
         (linear_grad.graph(False), "mn", (Nq, d, M)),
     ]
     if lm_head:
-        gemms += lm_head_ce.gemms(M, config.vocab_size, d, lm_head_rstd)
+        gemms += lm_head_ce.gemms(M, config.vocab_size, d, lm_head_rstd,
+                                  train=dtype == "bfloat16" and config.vocab_size % 8 == 0)
     return auto_items(gemms, dtype, sms)

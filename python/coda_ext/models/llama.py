@@ -5,7 +5,9 @@
     model:  embed_tokens ─ layers ─ norm          causal LM: + LM head + cross-entropy (no M × V logits)
 
 Each layer runs two autograd Functions (coda_ext.models.functions: QKVRoPE before attention,
-MLPBlock after it) so the RMSNorm and SwiGLU backward run in the dX GEMMs' epilogues. Weights are
+MLPBlock after it) so the RMSNorm and SwiGLU backward run in the dX GEMMs' epilogues; the residual
+stream x passes through QKVRoPE into MLPBlock, so its gradient from MLPBlock is added in the QKV dX
+GEMM's epilogue (autograd sums no two gradients of x). Weights are
 stored in the fused layouts and speak Hugging Face's names and layouts through state_dict() and
 load_state_dict() (coda_ext.models.config). `impl`: "fused" (SM90 GPU, bf16/fp16), "reference"
 (the ops' fp32 references, any device) or "auto" (fused on CUDA tensors, reference elsewhere).
@@ -129,8 +131,9 @@ class CodaLlamaDecoderLayer(nn.Module):
                              "; use impl='reference'")
         return impl
 
-    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor, impl: str) -> torch.Tensor:
-        """[Q | K | V] (B, S, qkv_size) of the input RMSNorm of x, RoPE applied to Q and K."""
+    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(qkv, x): [Q | K | V] (B, S, qkv_size) of the input RMSNorm of x, RoPE applied to Q and K, and x
+        handed on: give that x to output_and_mlp (its gradient then returns through QKVRoPE's backward)."""
         c = self.config
         return QKVRoPE.apply(x, self.input_layernorm.weight, self.self_attn.qkv_weight, positions, self.rope_freqs,
                              c.num_attention_heads, c.num_key_value_heads, c.rms_norm_eps, impl)
@@ -142,7 +145,7 @@ class CodaLlamaDecoderLayer(nn.Module):
         return qkv.unflatten(-1, (nq + 2 * nkv, hd)).split([nq, nkv, nkv], dim=-2)
 
     def output_and_mlp(self, y0: torch.Tensor, x: torch.Tensor, impl: str) -> torch.Tensor:
-        """x1 = x + y0 @ W_oᵀ, then x1 + MLP(RMSNorm(x1))."""
+        """x1 = x + y0 @ W_oᵀ, then x1 + MLP(RMSNorm(x1)); x as project_qkv handed it on."""
         return MLPBlock.apply(y0.contiguous(), x, self.self_attn.o_proj.weight, self.post_attention_layernorm.weight,
                               self.mlp.gate_up_weight, self.mlp.down_proj.weight, self.config.rms_norm_eps, impl)
 
@@ -150,7 +153,7 @@ class CodaLlamaDecoderLayer(nn.Module):
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """attention_mask: an SDPA attn_mask (B or 1, 1 or heads, S, S) replacing the causal mask."""
         impl = self._impl(x)
-        qkv = self.project_qkv(x, default_positions(x, positions), impl)
+        qkv, x = self.project_qkv(x, default_positions(x, positions), impl)
         y0 = attention(*self.split_heads(qkv), mask=attention_mask)
         return self.output_and_mlp(y0, x, impl)
 

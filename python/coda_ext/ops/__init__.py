@@ -5,6 +5,7 @@ autograd, each written with coda_ext's public graph builder, each with its fp32 
     y            = linear_swiglu(h, W_gate_up, rstd)                        # RMSNorm-scaled up-proj + SwiGLU
     qkv          = qkv_rope(h, W_qkv, positions, freqs, n_heads, n_kv_heads, rstd)
     loss, lse    = lm_head_cross_entropy(h, W_lm, target, rstd)             # no logits in memory
+    loss         = lm_head_cross_entropy_loss(h, W_lm, target, rstd)        # training: gradients with the loss
 
 and the backward half: the GEMMs read their operands as stored (no transposed copies), and the
 RMSNorm and SwiGLU backward run in the dX GEMMs' epilogues:
@@ -17,7 +18,7 @@ RMSNorm and SwiGLU backward run in the dX GEMMs' epilogues:
 from . import linear_grad, lm_head_ce, norm_backward, qkv, residual_norm, rms_scale, swiglu, swiglu_backward
 from .layouts import interleave_gate_up, pairs_to_rotate_half, rotate_half_to_pairs, split_gate_up
 from .linear_grad import linear_dx, linear_residual, weight_grad
-from .lm_head_ce import lm_head_cross_entropy
+from .lm_head_ce import lm_head_cross_entropy, lm_head_cross_entropy_loss
 from .norm_backward import rms_norm_backward_linear
 from .norm_input import rms_norm_input
 from .qkv import default_inv_freq, qkv_rope, rope_frequencies, split_qkv
@@ -34,7 +35,8 @@ BACKWARD_MODULES = (linear_grad, norm_backward, swiglu_backward)
 
 __all__ = [
     "BACKWARD_MODULES", "MODULES", "default_inv_freq", "interleave_gate_up", "linear_dx", "linear_residual",
-    "linear_residual_norm", "linear_swiglu", "linear_swiglu_train", "lm_head_cross_entropy", "pairs_to_rotate_half",
+    "linear_residual_norm", "linear_swiglu", "linear_swiglu_train", "lm_head_cross_entropy",
+    "lm_head_cross_entropy_loss", "pairs_to_rotate_half",
     "qkv_rope", "qkv_rope_backward", "rms_linear", "rms_norm_backward_linear", "rms_norm_input", "rope_frequencies",
     "rotate_half_to_pairs", "split_gate_up", "split_qkv", "swiglu_backward_linear", "weight_grad",
 ]

@@ -127,9 +127,16 @@ def chunk_columns(M: int, V: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     return min(cols, (V + 7) // 8 * 8)
 
 
-def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None) -> list:
+def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None, train: bool = False,
+          train_chunk_bytes: int | None = None) -> list:
     """(graph, major, (M, N, K) as launched) of every GEMM a forward + backward of M tokens launches
-    (for prebuild: coda_ext.runtime.auto_items). chunk_bytes: the backward's chunk budget (CHUNK_BYTES)."""
+    (for prebuild: coda_ext.runtime.auto_items). chunk_bytes: the backward's chunk budget (CHUNK_BYTES).
+    train: lm_head_cross_entropy_loss's training path (bf16, 'mean'/'sum'; chunk budget train_chunk_bytes,
+    default TRAIN_CHUNK_BYTES): its coda_ext GEMM per chunk of rows (the other two are cuBLAS's); the exact
+    path it falls back to on out-of-range logits builds on use."""
+    if train:
+        rows = train_chunk_rows(M, V, train_chunk_bytes)
+        return [(train_graph(scaled), "kk", (m, V, d)) for m in sorted({rows, M % rows} - {0})]
     c = chunk_columns(M, V, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
     out = [(graph(scaled), "kk", (M, V, d))]
     for cols in sorted({c, V % c} - {0}):   # per chunk width: dlogits, dx, dx accumulated, dW
@@ -143,6 +150,11 @@ def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None) 
 def _op_backward(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
                  lse: torch.Tensor, coef: torch.Tensor, g: torch.Tensor,
                  chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _recompute_gradients(x, weight, target, rstd, lse, coef, g, chunk)
+
+
+def _recompute_gradients(x, weight, target, rstd, lse, coef, g, chunk):
+    """(dx, dW, drstd) with the logits recomputed one vocabulary chunk at a time (the backward's four-GEMM path)."""
     dtype = common.dtype_name(x.dtype)
     M, V = x.shape[0], weight.shape[0]
     scaled = rstd is not None
@@ -194,4 +206,170 @@ def _backward(ctx, dloss, dlse):
 _op.register_autograd(_backward, setup_context=_setup_context)
 
 
-BUILDS = [(graph, (s,), "kk") for s in (False, True)] + [(backward_graph, (s,), "kk") for s in (False, True)]
+# ---- Training: the gradients in the forward pass, three GEMMs in all -------------------------------------------
+#
+# lm_head_cross_entropy + its backward launch four GEMMs: the backward recomputes the logits. In training the
+# gradients can come with the loss instead, rows chunk by chunk (a chunk's rows see the whole vocabulary, so
+# their lse is final when the chunk's GEMM ends):
+#
+#     GEMM 1 (coda_ext, train_graph)  e = exp(logits) (16-bit, C × V), lse, target_logit
+#     M-element fix-up                e[m, target[m]] = (p_target − 1) · exp(lse)      (p = softmax)
+#                                     so that dlogits = g · exp(−lse) ⊙row e, with no pass over e
+#     GEMM 2 (cuBLAS, fp32 out)       dx = a ⊙row (e @ W),            a = g · exp(−lse) [· rstd]
+#     GEMM 3 (cuBLAS, fp32 accum)     dW += eᵀ @ (a ⊙row x)           (fp32 accumulator across chunks)
+#                                     drstd = g · exp(−lse) · Σ_k x ⊙ (e @ W)
+#
+# g is each row's loss gradient for dloss = 1 (1/n_valid for 'mean'); the backward scales by dloss. exp(logits)
+# is not normalized, so it needs |lse| ≤ LSE_RANGE (logits of a trained LM are far inside); a call with a row
+# outside runs the exact four-GEMM path instead (one host sync per call to decide), as does a call under
+# CUDA-graph capture (no sync possible).
+
+train_graph = graphs.lm_head_cross_entropy_train
+#: Bytes of the one exp(logits) chunk the training forward holds (chunk rows × V, 16-bit).
+TRAIN_CHUNK_BYTES = 512 * 2**20
+#: The training forward's exp(logits) path needs every counted row's |lse| ≤ this (bf16: e ≤ exp(lse) and
+#: the row scale exp(−lse) · g stay normal floats, and e @ W stays finite in fp32).
+LSE_RANGE = 60.0
+
+
+def train_chunk_rows(M: int, V: int, chunk_bytes: int | None = None) -> int:
+    """Rows per chunk of the training forward: the chunk × V exp(logits) fit chunk_bytes (multiple of 128)."""
+    budget = TRAIN_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    return min(M, max(128, budget // max(1, 2 * V) // 128 * 128))
+
+
+def train_eligible(x: torch.Tensor, weight: torch.Tensor, reduction: str) -> bool:
+    """Whether lm_head_cross_entropy_loss takes the three-GEMM training path: bf16 (exp(logits) needs its
+    range), a reduced loss (the per-row gradient is known before the backward), V a multiple of 8."""
+    return x.dtype == torch.bfloat16 and reduction in ("sum", "mean") and weight.shape[0] % 8 == 0
+
+
+def _mm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in fp32 from 16-bit operands (cuBLAS with an fp32 output on a GPU)."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+def _addmm_f32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b, acc fp32, a and b 16-bit (cuBLAS accumulating in place on a GPU)."""
+    if acc.is_cuda:
+        torch.addmm(acc, a, b, out_dtype=torch.float32, out=acc)
+    else:
+        acc += a.float() @ b.float()
+
+
+def _train_gemm(x, weight, target, rstd, reduction):
+    """The training forward's GEMM as common.check_gemm takes it (the whole rows; chunks are slices of them)."""
+    return {**_gemm(x, weight, target, rstd, reduction), "build": train_graph}
+
+
+def _logits_chunk(x, weight, target, rstd):
+    """(e, lse, target_logit) of one chunk of rows: the train_graph GEMM."""
+    inputs = {"target": target.to(torch.int32)}
+    if rstd is not None:
+        inputs["rstd"] = rstd
+    r = common.graph_op(train_graph, common.dtype_name(x.dtype), "auto", rstd is not None).run(x, weight, inputs, {})
+    return r.e, r.lse, r.target_logit
+
+
+def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, chunk: int, logits_chunk=None):
+    """(loss, lse, dx, dW fp32, drstd) for dloss = 1, rows `chunk` at a time (the algorithm above).
+    logits_chunk(x_c, weight, target_c, rstd_c) -> (e, lse, target_logit): the GEMM (default the kernel;
+    the CPU tests pass a reference)."""
+    step = logits_chunk or _logits_chunk
+    M = x.shape[0]
+    _, g = row_gradients(torch.ones((), device=x.device), None, target, ignore_index, reduction)
+    valid = target != ignore_index
+    lse, tl = (torch.empty(M, dtype=torch.float32, device=x.device) for _ in range(2))
+    dx, drstd = torch.empty_like(x), torch.zeros(M, dtype=torch.float32, device=x.device)
+    dW = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+    for m0 in range(0, M, chunk):
+        rows = slice(m0, m0 + chunk)
+        xc, tc, vc = x[rows], target[rows], valid[rows]
+        rc = rstd[rows] if rstd is not None else None
+        e, lse[rows], tl[rows] = step(xc, weight, tc, rc)
+        lc, tlc = lse[rows], tl[rows]
+        # dlogits = g · (p − onehot) = g · exp(−lse) · e once e's target entry is (p_t − 1) · exp(lse)
+        idx = torch.arange(xc.shape[0], device=x.device)
+        col = torch.where(vc, tc, torch.zeros_like(tc)).long()
+        fixed = torch.expm1(tlc - lc) * torch.exp(lc)
+        e[idx, col] = torch.where(vc, fixed, e[idx, col].float()).to(e.dtype)
+        gs = g[rows] * torch.exp(-lc)
+        a = gs if rc is None else gs * rc
+        ew = _mm_f32(e, weight)
+        dx[rows] = (a[:, None] * ew).to(x.dtype)
+        if rc is not None:
+            drstd[rows] = gs * (xc.float() * ew).sum(-1)
+        _addmm_f32_(dW, e.t(), (a[:, None] * xc.float()).to(x.dtype))
+    return finish(lse, tl, target, ignore_index, reduction), lse, dx, dW, drstd
+
+
+@torch.library.custom_op("coda_ext::lm_head_cross_entropy_train", mutates_args=())
+def _op_train(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
+              ignore_index: int, reduction: str,
+              chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    common.check_gemm(NAME, **_train_gemm(x, weight, target, rstd, reduction))
+    if common.readable(x):
+        loss, lse, dx, dW, drstd = train_gradients(x, weight, target, rstd, ignore_index, reduction, chunk)
+        out_of_range = ((lse.abs() > LSE_RANGE) & (target != ignore_index)).any()
+        if not out_of_range.item():
+            return loss, dx, dW.to(weight.dtype), drstd
+    # the exact path: statistics, then the logits recomputed per vocabulary chunk
+    r = common.run_gemm(NAME, **_gemm(x, weight, target, rstd, reduction))
+    loss = finish(r.lse, r.target_logit, target, ignore_index, reduction)
+    coef, g = row_gradients(torch.ones((), device=x.device), None, target, ignore_index, reduction)
+    dx, dW, drstd = _recompute_gradients(x, weight, target, rstd, r.lse, coef, g, chunk_columns(x.shape[0],
+                                                                                                 weight.shape[0]))
+    return loss, dx, dW, drstd
+
+
+@_op_train.register_fake
+def _fake_train(x, weight, target, rstd, ignore_index, reduction, chunk):
+    common.check_gemm(NAME, **_train_gemm(x, weight, target, rstd, reduction))
+    return (x.new_empty((), dtype=torch.float32), torch.empty_like(x), torch.empty_like(weight),
+            x.new_empty(x.shape[0], dtype=torch.float32))
+
+
+def _setup_train(ctx, inputs, output):
+    _, dx, dW, drstd = output
+    ctx.save_for_backward(dx, dW, drstd)
+    ctx.scaled = inputs[3] is not None
+
+
+def _backward_train(ctx, dloss, *_):
+    dx, dW, drstd = ctx.saved_tensors
+    s = dloss.float()   # 0-dim: bf16 * s stays bf16, computed in fp32
+    return dx * s, dW * s, None, (drstd * s) if ctx.scaled else None, None, None, None
+
+
+_op_train.register_autograd(_backward_train, setup_context=_setup_train)
+
+
+def lm_head_cross_entropy_loss(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                               rstd: torch.Tensor | None = None, ignore_index: int = -100,
+                               reduction: str = "mean") -> torch.Tensor:
+    """The loss of lm_head_cross_entropy (same arguments), for training: when a gradient is needed and the
+    call is eligible (bf16, 'mean' or 'sum', V a multiple of 8), the gradients of x, weight and rstd are
+    computed with the loss, rows chunk by chunk, in three GEMMs (the backward only scales them by dloss);
+    otherwise lm_head_cross_entropy's loss, whose backward recomputes the logits."""
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, rstd))
+    if not (needs_grad and train_eligible(x, weight, reduction)):
+        return lm_head_cross_entropy(x, weight, target, rstd, ignore_index, reduction)[0]
+    common.check_linear(NAME, x, weight)
+    lead = tuple(x.shape[:-1])
+    common.check_rows(NAME, "target", target, lead, None, None, x.device)
+    _check_head(weight, target, reduction)
+    if rstd is not None:
+        common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, x.device)
+        rstd = rstd.reshape(-1)
+    xr = common.rows(x)
+    chunk = train_chunk_rows(xr.shape[0], weight.shape[0])
+    loss, *_ = torch.ops.coda_ext.lm_head_cross_entropy_train(xr, weight, target.reshape(-1), rstd, int(ignore_index),
+                                                              reduction, chunk)
+    return loss
+
+
+BUILDS = [(graph, (s,), "kk") for s in (False, True)] + [(backward_graph, (s,), "kk") for s in (False, True)] + \
+    [(train_graph, (s,), "kk") for s in (False, True)]

@@ -1,0 +1,172 @@
+"""The LM head + cross-entropy of a training step, forward and backward, against the three bare GEMMs it needs.
+
+    python -m benchmarks.bench_lm_head                   # Llama-3 1B and 8B heads at 16384 tokens (GPU)
+    python -m benchmarks.bench_lm_head --tokens 8192 --reps 10
+
+Variants (the gradients of x and W of the 'mean' loss; one process, interleaved, L2 flushed, inputs rotated):
+  cublas_3   the floor: logits = x @ Wᵀ, dx = logits @ W, dW = logitsᵀ @ x, bare cuBLAS GEMMs (bf16)
+  coda       ops.lm_head_cross_entropy_loss: the gradients with the loss, rows in chunks, three GEMMs
+  coda_recompute  ops.lm_head_cross_entropy: statistics forward, logits recomputed in the backward (four GEMMs)
+  liger      liger_kernel's fused linear cross-entropy (skipped, with the reason, when it does not import)
+  torch      logits in bf16, F.cross_entropy (eager)
+Per variant: median ms, the median of per-round ratios to cublas_3, peak memory beyond the inputs.
+Results: lm_head_h100.json (on an H100) in the results folder, and a PNG beside it.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from benchmarks import common
+
+SHAPES = {"llama-1b": (128256, 2048), "llama-8b": (128256, 4096)}    # (V, d)
+VARIANTS = ("cublas_3", "coda", "coda_recompute", "liger", "torch")
+GOAL = 1.05
+
+
+def build_items(tokens: int = 16384) -> list:
+    """(graph, dtype, config) of coda's kernels for every shape (for prebuild, on any machine with nvcc)."""
+    from coda_ext.ops import lm_head_ce
+    from coda_ext.runtime import auto_items
+
+    gemms = []
+    for V, d in SHAPES.values():
+        gemms += lm_head_ce.gemms(tokens, V, d, False, train=True) + lm_head_ce.gemms(tokens, V, d, False)
+    return auto_items(gemms, "bfloat16")
+
+
+def _liger():
+    """Liger's fused linear cross-entropy as fn(x, W, target) -> loss, or the reason it is unavailable."""
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except Exception as e:  # noqa: BLE001  (any import failure: the variant is skipped with its reason)
+        return f"liger_kernel does not import: {type(e).__name__}: {e}"
+    return lambda x, w, t: liger_fused_linear_cross_entropy(x, w, t)
+
+
+def variants(M: int, V: int, d: int) -> tuple[dict, dict]:
+    """({name: fn(i)}, {name: reason skipped}) on two input sets (i = 0, 1)."""
+    import torch
+    import torch.nn.functional as F
+
+    from coda_ext import ops
+    from tests.helpers import rand
+
+    sets = []
+    for i in range(2):
+        gen = rand.generator("bench_lm_head", M, V, d, i, device="cuda")
+        x = rand.randn(gen, M, d, dtype=torch.bfloat16)
+        w = rand.randn(gen, V, d, dtype=torch.bfloat16, scale=d ** -0.5)
+        sets.append((x, w, rand.targets(gen, M, vocab=V)))
+
+    def grads(loss_fn):
+        def run(i):
+            x, w, t = sets[i]
+            xx, ww = x.detach().requires_grad_(), w.detach().requires_grad_()
+            return torch.autograd.grad(loss_fn(xx, ww, t), (xx, ww))
+        return run
+
+    def cublas_3(i):
+        x, w, _ = sets[i]
+        logits = x @ w.t()
+        return logits @ w, logits.t() @ x
+
+    out = {
+        "cublas_3": cublas_3,
+        "coda": grads(lambda x, w, t: ops.lm_head_cross_entropy_loss(x, w, t)),
+        "coda_recompute": grads(lambda x, w, t: ops.lm_head_cross_entropy(x, w, t)[0]),
+        "torch": grads(lambda x, w, t: F.cross_entropy(x @ w.t(), t)),
+    }
+    skipped = {}
+    liger = _liger()
+    if isinstance(liger, str):
+        skipped["liger"] = liger
+    else:
+        out["liger"] = grads(liger)
+    return out, skipped
+
+
+def check(M: int, V: int, d: int) -> dict:
+    """Max |error| of coda's gradients against fp32 autograd, beside bf16 torch's (a sanity check, not the rule)."""
+    import torch
+    import torch.nn.functional as F
+
+    from coda_ext import ops
+    from tests.helpers import rand
+
+    gen = rand.generator("bench_lm_head_check", M, V, d, device="cuda")
+    x = rand.randn(gen, M, d, dtype=torch.bfloat16)
+    w = rand.randn(gen, V, d, dtype=torch.bfloat16, scale=d ** -0.5)
+    t = rand.targets(gen, M, vocab=V)
+
+    def g(fn, a, b):
+        a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
+        return torch.autograd.grad(fn(a, b), (a, b))
+
+    ref = g(lambda a, b: F.cross_entropy(a @ b.t(), t), x.float(), w.float())
+    got = g(lambda a, b: ops.lm_head_cross_entropy_loss(a, b, t), x, w)
+    base = g(lambda a, b: F.cross_entropy(a @ b.t(), t), x, w)
+    err = {f"{n}_coda": (c.double() - r.double()).abs().max().item() for n, c, r in zip(("dx", "dW"), got, ref)}
+    err.update({f"{n}_torch_bf16": (c.double() - r.double()).abs().max().item() for n, c, r in zip(("dx", "dW"), base,
+                                                                                                ref)})
+    return err
+
+
+def plot(doc: dict, path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(doc["shapes"])
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(VARIANTS)
+    for k, v in enumerate(VARIANTS):
+        vals = [doc["shapes"][n]["variants"].get(v, {}).get("median_ratio_to_cublas_3", 0) for n in names]
+        bars = ax.bar([i + k * width for i in range(len(names))], vals, width, label=v)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(GOAL, color="k", ls="--", lw=0.8, label=f"goal {GOAL}x")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))],
+                  [f"{n}\n{doc['shapes'][n]['M']}x{doc['shapes'][n]['V']}x{doc['shapes'][n]['d']}" for n in names])
+    ax.set_ylabel("time / three bare cuBLAS GEMMs (median ratio)")
+    ax.set_title(f"LM head + cross-entropy, forward + backward ({doc['env']['gpu']})", fontsize=9)
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+
+    import torch
+
+    env = common.gpu_info()
+    doc = {"env": env, "goal_ratio_to_cublas_3": GOAL, "shapes": {}}
+    for name in args.shapes:
+        V, d = SHAPES[name]
+        M = args.tokens
+        fns, skipped = variants(M, V, d)
+        times = common.time_interleaved(fns, args.reps)
+        row = {"M": M, "V": V, "d": d, "skipped": skipped, "errors": check(min(M, 4096), V, d), "variants": {}}
+        for v, ts in times.items():
+            ratios = [t / b for t, b in zip(ts, times["cublas_3"])]
+            peak, _ = common.peak_memory_gb(fns[v])
+            row["variants"][v] = {"median_ms": statistics.median(ts),
+                                  "median_ratio_to_cublas_3": statistics.median(ratios), "peak_gb": peak}
+            print(f"{name} {v:15s} {statistics.median(ts):8.3f} ms  x{statistics.median(ratios):.3f} of 3 GEMMs  "
+                  f"peak {peak:.2f} GB", flush=True)
+        doc["shapes"][name] = row
+        del fns
+        torch.cuda.empty_cache()
+    out = args.out or common.RESULTS / f"lm_head_{'h100' if 'H100' in env['gpu'] else 'gpu'}.json"
+    path = common.write_json(out, doc)
+    plot(doc, path.with_suffix(".png"))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

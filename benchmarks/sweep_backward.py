@@ -1,0 +1,142 @@
+"""The backward epilogue GEMMs of the training step (benchmarks/backward_gemms.py: dSwiGLU, the RMSNorm backward
+with and without dx_in, the plain dX) under several kernel configs, against the bare cuBLAS GEMM of the same
+shape and the plain GEMM in the same config and layout (the mainloop's share), interleaved: the measurements
+behind the heuristic's choices for operands read N-major ("kn").
+
+    python -m coda_ext prebuild benchmarks/sweep_backward.py -j 16
+    python -m benchmarks.sweep_backward [--models 1B 8B] [--tokens 16384] [--reps 10]
+
+Each op runs as the ready op runs it, with its graph compiled in the swept config instead of "auto".
+Results: sweep_backward_h100.json (on an H100) in the results folder.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+
+from benchmarks import backward_gemms, common
+
+MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
+OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_backward_linear", "linear_dx")
+
+
+def configs(major: str = "kn") -> list:
+    import coda_ext as ce
+
+    K = ce.KernelConfig
+    return [K((128, 128, 64), (1, 1), "pingpong", swizzle=4, major=major),
+            K((128, 128, 64), (2, 1), "pingpong", swizzle=8, major=major),
+            K((128, 192, 64), (1, 1), "pingpong", swizzle=8, major=major),
+            K((128, 192, 64), (2, 1), "pingpong", swizzle=8, major=major),
+            K((64, 256, 64), (1, 1), "pingpong", swizzle=8, major=major),
+            K((128, 256, 64), (2, 1), "cooperative", swizzle=4, major=major),
+            K((128, 128, 64), (1, 1), "cooperative", swizzle=4, major=major),
+            K((256, 128, 64), (1, 1), "cooperative", swizzle=4, major=major)]
+
+
+def fits(graph, cfg) -> bool:
+    """Whether the graph's epilogue fits the config (shared memory, segments): configs that do not are skipped."""
+    import coda_ext as ce
+
+    try:
+        ce.kernel_source(graph, "bfloat16", cfg)
+    except ce.UnsupportedError:
+        return False
+    return True
+
+
+def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
+    return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops)
+
+
+def build_items(models=tuple(MODELS), tokens: int = 16384) -> list:
+    """(graph, dtype, config) of every op graph and its plain twin (identity) in every swept config."""
+    from coda_ext import graphs
+
+    items, seen = [], set()
+    for g in rows(models, tokens):
+        for cfg in configs(g.major):
+            if not fits(g.graph(), cfg):
+                continue
+            for graph in (g.graph(), graphs.identity()):
+                key = (graph.build().digest(), cfg.tag)
+                if key not in seen:
+                    seen.add(key)
+                    items.append((graph, "bfloat16", cfg))
+    return items
+
+
+@contextlib.contextmanager
+def fixed_config(cfg):
+    """The ready ops compile their graph in `cfg` instead of "auto" while inside."""
+    from coda_ext.ops import common as ops_common
+    from coda_ext.runtime.api import compile as compile_graph
+
+    cache = {}
+    original = ops_common.graph_op
+
+    def graph_op(build, dtype, config, *args, major="kk"):
+        key = (build, dtype, args, major)
+        if key not in cache:
+            cache[key] = compile_graph(build(*args), dtype, cfg, major=major)
+        return cache[key]
+
+    ops_common.graph_op = graph_op
+    try:
+        yield
+    finally:
+        ops_common.graph_op = original
+
+
+def sweep(g, reps: int) -> dict:
+    import torch
+
+    import coda_ext as ce
+    from coda_ext import graphs
+
+    sets = [backward_gemms.inputs(g, i) for i in range(2)]
+    variants = {"cublas": lambda i: torch.mm(*(lambda a, w: (a, w.t()))(*backward_gemms.operands(g, sets[i])))}
+    for cfg in configs(g.major):
+        if not fits(g.graph(), cfg):
+            continue
+
+        def fused(i, cfg=cfg):
+            with fixed_config(cfg):
+                return backward_gemms.call(g, sets[i])
+        plain = ce.compile(graphs.identity(), "bfloat16", cfg)
+        variants[f"op_{cfg.tag}"] = fused
+        variants[f"plain_{cfg.tag}"] = lambda i, p=plain: p(*backward_gemms.operands(g, sets[i]))
+    times = common.time_interleaved(variants, reps)
+    out = {}
+    for name, ts in times.items():
+        out[name] = {"median_ms": statistics.median(ts),
+                     "ratio_to_cublas": statistics.median(t / b for t, b in zip(ts, times["cublas"]))}
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+
+    env = common.gpu_info()
+    doc = {"env": env, "rows": []}
+    for g in rows(args.models, args.tokens, args.ops):
+        res = sweep(g, args.reps)
+        doc["rows"].append({"op": g.op, "model": g.model, "M": g.M, "N": g.N, "K": g.K, "major": g.major,
+                            "variants": res})
+        best = min((v for v in res if v.startswith("op_")), key=lambda v: res[v]["ratio_to_cublas"])
+        print(f"{g.model} {g.op} {g.M}x{g.N}x{g.K}: best {best} {res[best]['ratio_to_cublas']:.3f}", flush=True)
+        for v, r in res.items():
+            print(f"    {v:45s} {r['median_ms']:8.3f} ms  x{r['ratio_to_cublas']:.3f}", flush=True)
+    out = args.out or common.RESULTS / f"sweep_backward_{'h100' if 'H100' in env['gpu'] else 'gpu'}.json"
+    print(f"wrote {common.write_json(out, doc)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The LM head's training path on the CPU (ops.lm_head_cross_entropy_loss; coda_ext::lm_head_cross_entropy_train):
+the three-GEMM algorithm of lm_head_ce.train_gradients with a reference logits GEMM in place of the kernel, and
+the custom op's autograd and fake with a CPU kernel registered for the test only. The kernel itself runs in
+tests/gpu/test_backward_ops_gpu.py."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from coda_ext import ops
+from coda_ext.ops import common, lm_head_ce
+from tests.helpers import rand
+
+M, V, D, CHUNK = 37, 64, 24, 16        # three chunks of rows, the last one partial
+
+
+def reference_step(x, weight, target, rstd):
+    """What the train_graph GEMM returns for one chunk: (e = exp(logits) in x's dtype, lse, target_logit)."""
+    logits = x.double() @ weight.double().t()
+    if rstd is not None:
+        logits = logits * rstd.double()[:, None]
+    hit = torch.arange(weight.shape[0])[None, :] == target[:, None]
+    return (logits.exp().to(x.dtype), torch.logsumexp(logits, -1).float(),
+            torch.where(hit, logits, 0.0).sum(-1).float())
+
+
+def _inputs(dtype, scaled, seed=0):
+    gen = rand.generator(("lm_head_train", str(dtype), scaled, seed))
+    x = rand.randn(gen, M, D, dtype=dtype, scale=2.0)
+    w = rand.randn(gen, V, D, dtype=dtype, scale=D ** -0.5)
+    rstd = rand.positive(gen, M) if scaled else None
+    target = rand.targets(gen, M, vocab=V)
+    target[::5] = -100                  # tokens that do not count
+    return x, w, target, rstd
+
+
+def _reference_grads(x, w, target, rstd, reduction):
+    """(loss, dx, dW, drstd) by fp64 autograd."""
+    leaves = [t.detach().double().requires_grad_() if t is not None else None for t in (x, w, rstd)]
+    xx, ww, rr = leaves
+    logits = xx @ ww.t()
+    if rr is not None:
+        logits = logits * rr[:, None]
+    loss = F.cross_entropy(logits, target, ignore_index=-100, reduction=reduction)
+    grads = torch.autograd.grad(loss, [t for t in leaves if t is not None])
+    return loss.detach(), *grads, *([None] if rr is None else [])
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_train_gradients_match_fp64_autograd(scaled, reduction):
+    """fp32 operands: the algorithm (exp(logits) with its target entry replaced, the row scales, the fp32
+    weight-gradient accumulator across chunks) equals fp64 autograd to fp32 round-off."""
+    x, w, target, rstd = _inputs(torch.float32, scaled)
+    loss, lse, dx, dW, drstd = lm_head_ce.train_gradients(x, w, target, rstd, -100, reduction, CHUNK,
+                                                          logits_chunk=reference_step)
+    want = _reference_grads(x, w, target, rstd, reduction)
+    assert dx.dtype == torch.float32 and dW.dtype == torch.float32
+    for name, got, ref in zip(("loss", "dx", "dW", "drstd"), (loss, dx, dW, drstd), want):
+        if ref is None:
+            continue
+        scale = max(1.0, ref.abs().max().item())
+        torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5 * scale, msg=lambda m, n=name: f"{n}: {m}")
+    assert torch.equal(dx[target == -100], torch.zeros_like(dx[target == -100]))
+    assert torch.allclose(lse.double(), (x.double() @ w.double().t() * (rstd.double()[:, None] if scaled else 1))
+                          .logsumexp(-1), atol=1e-5)
+
+
+def test_train_gradients_bf16_within_rounding():
+    """bf16 operands: every gradient within bf16 rounding of the fp64 answer (e and the scaled rows are 16-bit)."""
+    x, w, target, rstd = _inputs(torch.bfloat16, True)
+    _, _, dx, dW, drstd = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK,
+                                                     logits_chunk=reference_step)
+    want = _reference_grads(x, w, target, rstd, "mean")
+    for name, got, ref in zip(("dx", "dW", "drstd"), (dx, dW, drstd), want[1:]):
+        err = (got.double() - ref).abs().max().item()
+        assert err <= 2 ** -7 * ref.abs().max().item(), (name, err)
+
+
+def test_train_chunk_rows_and_gemms():
+    assert lm_head_ce.train_chunk_rows(16384, 128256) == 2048          # 512 MiB of bf16 exp(logits)
+    assert lm_head_ce.train_chunk_rows(100, 128256) == 100             # never more rows than there are
+    assert lm_head_ce.train_chunk_rows(16384, 2**24 - 8) == 128        # at least 128 rows
+    launched = lm_head_ce.gemms(5000, 128256, 2048, False, train=True)
+    assert [shape for _, _, shape in launched] == [(904, 128256, 2048), (2048, 128256, 2048)]
+    assert all(major == "kk" for _, major, _ in launched)
+
+
+# --- the custom op, with a CPU kernel that runs the algorithm on the reference GEMM ----------------------------
+
+
+def _has_cpu_kernel() -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key("coda_ext::lm_head_cross_entropy_train", "CPU")
+
+
+@pytest.fixture
+def cpu_train_kernel(monkeypatch):
+    """coda_ext::lm_head_cross_entropy_train on CPU tensors runs train_gradients with reference_step, for this
+    test only (the fake's check of the kernel's operands stays on: bf16 rows pass it)."""
+    monkeypatch.setattr(common, "check_gemm", lambda *args, **kwargs: None)
+    assert not _has_cpu_kernel()
+    lib = torch.library.Library("coda_ext", "FRAGMENT")
+    calls = []
+
+    def kernel(x, weight, target, rstd, ignore_index, reduction, chunk):
+        calls.append(chunk)
+        loss, _, dx, dW, drstd = lm_head_ce.train_gradients(x, weight, target, rstd, ignore_index, reduction, chunk,
+                                                            logits_chunk=reference_step)
+        return loss, dx, dW.to(weight.dtype), drstd
+
+    torch.library.impl("coda_ext::lm_head_cross_entropy_train", "cpu", kernel, lib=lib)
+    yield calls
+    del lib
+    gc.collect()
+    assert not _has_cpu_kernel()
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_loss_autograd_through_the_op(cpu_train_kernel, scaled):
+    """loss.backward() gives the gradients the forward computed, scaled by dloss (here 3: (3 · loss).backward())."""
+    x, w, target, rstd = _inputs(torch.bfloat16, scaled, seed=1)
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    rr = rstd.clone().requires_grad_() if scaled else None
+    loss = ops.lm_head_cross_entropy_loss(xx.reshape(1, M, D), ww, target.reshape(1, M), rr.reshape(1, M) if scaled
+                                          else None)
+    (3 * loss).backward()
+    assert cpu_train_kernel == [M]              # one call, one chunk of all 37 rows
+    want = _reference_grads(x, w, target, rstd, "mean")
+    assert abs(loss.item() - want[0].item()) <= 1e-2 * abs(want[0].item())
+    for name, got, ref in zip(("dx", "dW", "drstd"), (xx.grad, ww.grad, rr.grad if scaled else None), want[1:]):
+        if ref is None:
+            continue
+        assert got.dtype == (torch.float32 if name == "drstd" else torch.bfloat16)
+        err = (got.double() - 3 * ref).abs().max().item()
+        assert err <= 3 * 2 ** -7 * ref.abs().max().item(), (name, err)
+
+
+def test_opcheck(cpu_train_kernel):
+    x, w, target, rstd = _inputs(torch.bfloat16, True, seed=2)
+    args = (x, w.requires_grad_(), target, rstd, -100, "mean", CHUNK)
+    torch.library.opcheck(torch.ops.coda_ext.lm_head_cross_entropy_train.default, args)
+
+
+def test_no_grad_and_ineligible_calls_take_the_statistics_op(monkeypatch):
+    """Without a gradient to compute, or in fp16 / with reduction='none', the loss comes from
+    lm_head_cross_entropy (whose backward recomputes the logits): the training path never runs."""
+    seen = []
+    monkeypatch.setattr(lm_head_ce, "lm_head_cross_entropy", lambda *a: seen.append(a[5]) or (torch.zeros(()), None))
+    x, w, target, _ = _inputs(torch.bfloat16, False, seed=3)
+    ops.lm_head_cross_entropy_loss(x, w, target)                                    # nothing requires grad
+    ops.lm_head_cross_entropy_loss(x, w.requires_grad_(), target, reduction="none")
+    ops.lm_head_cross_entropy_loss(x.half(), w.half().requires_grad_(), target, reduction="sum")
+    assert seen == ["mean", "none", "sum"]
