@@ -75,7 +75,7 @@ BLOCK_STEPS = {
     "bwd gate/up dW": (linear_grad, (False,)),
     "bwd O-proj dX": (linear_grad, (False,)),
     "bwd O-proj dW": (linear_grad, (False,)),
-    "bwd QKV dX + RMSNorm bwd": (norm_backward, (False,)),
+    "bwd QKV dX + RMSNorm bwd + dx": (norm_backward, (True,)),
     "bwd QKV dW": (linear_grad, (False,)),
 }
 

@@ -508,3 +508,23 @@ def test_demo_smoke(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "loss curves match" in out and "tokens/s" in out
+
+
+def test_demo_builds_the_fused_kernels_first(monkeypatch):
+    """With the fused impl, the demo hands training_kernels' list to coda_ext.prebuild before the first step
+    (regression: it called the prebuild tool's module instead of the function)."""
+    from coda_ext import runtime
+    from coda_ext.tools import train_demo
+
+    class Built(Exception):
+        pass
+
+    def prebuild(items, jobs=None):
+        assert items and all(len(item) == 3 for item in items)
+        raise Built
+
+    monkeypatch.setattr(runtime, "prebuild", prebuild)
+    monkeypatch.setattr(train_demo, "resolve_impl", lambda impl, x: "fused")
+    with pytest.raises(Built):
+        train_demo.main(["--device", "cpu", "--impl", "reference", "--dtype", "bfloat16", "--steps", "1",
+                         "--hidden", "128", "--layers", "1", "--seq", "32", "--batch", "2", "--vocab", "64"])

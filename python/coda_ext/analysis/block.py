@@ -64,12 +64,12 @@ def graph_steps(L: LayerShape) -> list[tuple[str, str, Callable[[], Graph], tupl
     execution order (the steps listed by hand are left out). Each builder is a coda_ext.graphs function
     with the arguments coda_ext.models runs the op with: the forward's rstd-scaled QKV + RoPE (no QK-norm),
     residual norm and SwiGLU train; the backward's norm backward (accumulating the residual gradient in
-    the gate/up dX GEMM only) and plain GEMMs (identity: linear_dx and weight_grad, read as stored)."""
+    the gate/up dX GEMM, and MLPBlock's gradient of the residual stream in the QKV dX GEMM) and plain GEMMs
+    (identity: linear_dx and weight_grad, read as stored)."""
     T = L.tokens
     qkv = functools.partial(graphs.qkv_rope, True, False, L.head_dim)
     swiglu = functools.partial(graphs.linear_swiglu, True, True)
     norm_bwd = functools.partial(graphs.rms_norm_backward_linear, True)
-    norm_bwd_qkv = functools.partial(graphs.rms_norm_backward_linear, False)
     plain = graphs.identity
     return [("fwd QKV + RoPE (K4)", "forward", qkv, (T, L.qkv, L.d)),
             ("fwd O-proj + residual + norm stats (K1)", "forward", graphs.linear_residual_norm, (T, L.d, L.q)),
@@ -80,7 +80,7 @@ def graph_steps(L: LayerShape) -> list[tuple[str, str, Callable[[], Graph], tupl
             ("bwd gate/up dW", "backward", plain, (2 * L.F, L.d, T)),
             ("bwd O-proj dX", "backward", plain, (T, L.q, L.d)),
             ("bwd O-proj dW", "backward", plain, (L.d, L.q, T)),
-            ("bwd QKV dX + RMSNorm bwd", "backward", norm_bwd_qkv, (T, L.d, L.qkv)),
+            ("bwd QKV dX + RMSNorm bwd + dx", "backward", norm_bwd, (T, L.d, L.qkv)),
             ("bwd QKV dW", "backward", plain, (L.qkv, L.d, T))]
 
 
@@ -173,7 +173,7 @@ def layer_steps(L: LayerShape, dtype: Any = "bfloat16", gpu: str | GPU = "H100 S
     d, spec = dtype_name(dtype), gpu_spec(gpu)
     steps = [_graph_step(name, phase, build, shape, d, spec) for name, phase, build, shape in graph_steps(L)]
     names = [s.name for s in steps]   # the hand-listed steps go in where they run (the later one first)
-    steps.insert(names.index("bwd QKV dX + RMSNorm bwd"), _rope_backward_step(L, d, spec))
+    steps.insert(names.index("bwd QKV dX + RMSNorm bwd + dx"), _rope_backward_step(L, d, spec))
     steps.insert(names.index("bwd down dW"), _dswiglu_step(L, d, spec))
     return steps
 

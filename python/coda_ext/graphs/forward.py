@@ -97,18 +97,19 @@ def lm_head_cross_entropy(scaled: bool) -> Graph:
 
 
 def lm_head_cross_entropy_train(scaled: bool) -> Graph:
-    """The training LM head's logits GEMM (rows chunk by chunk): lm_head_cross_entropy's statistics, and the
-    unnormalized softmax written for the gradients that follow in the same pass:
+    """The training LM head's logits GEMM (rows chunk by chunk): the unnormalized softmax written for the
+    gradients that follow in the same pass, and the row statistics of the loss:
 
         logits       = acc [⊙row rstd]
         D "e"        = exp(logits)                            (16-bit: the op keeps |lse| in range)
-        lse          = logsumexp_n(logits)
+        sumexp       = Σ_n exp(logits)                        (lse = log sumexp: one exp per element)
         target_logit = Σ_n where(n == target[m], logits, 0)"""
     g = Graph()
     logits = g.accumulator()
     if scaled:
         logits = logits * g.col_vector("rstd", "float32")
-    g.output(exp(logits), name="e")
-    g.row_reduce("lse", logits, "logsumexp")
+    e = exp(logits)
+    g.output(e, name="e")
+    g.row_reduce("sumexp", e, "sum")
     g.row_reduce("target_logit", where(eq(g.col_index(), g.col_vector("target", "int32")), logits, 0.0), "sum")
     return g

@@ -212,7 +212,7 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 # gradients can come with the loss instead, rows chunk by chunk (a chunk's rows see the whole vocabulary, so
 # their lse is final when the chunk's GEMM ends):
 #
-#     GEMM 1 (coda_ext, train_graph)  e = exp(logits) (16-bit, C × V), lse, target_logit
+#     GEMM 1 (coda_ext, train_graph)  e = exp(logits) (16-bit, C × V), Σ_n e (lse = its log), target_logit
 #     M-element fix-up                e[m, target[m]] = (p_target − 1) · exp(lse)      (p = softmax)
 #                                     so that dlogits = g · exp(−lse) ⊙row e, with no pass over e
 #     GEMM 2 (cuBLAS, fp32 out)       dx = a ⊙row (e @ W),            a = g · exp(−lse) [· rstd]
@@ -270,7 +270,7 @@ def _logits_chunk(x, weight, target, rstd):
     if rstd is not None:
         inputs["rstd"] = rstd
     r = common.graph_op(train_graph, common.dtype_name(x.dtype), "auto", rstd is not None).run(x, weight, inputs, {})
-    return r.e, r.lse, r.target_logit
+    return r.e, torch.log(r.sumexp), r.target_logit
 
 
 def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, chunk: int, logits_chunk=None):
@@ -283,7 +283,7 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
     valid = target != ignore_index
     lse, tl = (torch.empty(M, dtype=torch.float32, device=x.device) for _ in range(2))
     dx, drstd = torch.empty_like(x), torch.zeros(M, dtype=torch.float32, device=x.device)
-    dW = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+    dW = None
     for m0 in range(0, M, chunk):
         rows = slice(m0, m0 + chunk)
         xc, tc, vc = x[rows], target[rows], valid[rows]
@@ -301,7 +301,11 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
         dx[rows] = (a[:, None] * ew).to(x.dtype)
         if rc is not None:
             drstd[rows] = gs * (xc.float() * ew).sum(-1)
-        _addmm_f32_(dW, e.t(), (a[:, None] * xc.float()).to(x.dtype))
+        y = (a[:, None] * xc.float()).to(x.dtype)
+        if dW is None:
+            dW = _mm_f32(e.t(), y)
+        else:
+            _addmm_f32_(dW, e.t(), y)
     return finish(lse, tl, target, ignore_index, reduction), lse, dx, dW, drstd
 
 
@@ -312,7 +316,7 @@ def _op_train(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd:
     common.check_gemm(NAME, **_train_gemm(x, weight, target, rstd, reduction))
     if common.readable(x):
         loss, lse, dx, dW, drstd = train_gradients(x, weight, target, rstd, ignore_index, reduction, chunk)
-        out_of_range = ((lse.abs() > LSE_RANGE) & (target != ignore_index)).any()
+        out_of_range = (~(lse.abs() <= LSE_RANGE) & (target != ignore_index)).any()   # NaN counts as out
         if not out_of_range.item():
             return loss, dx, dW.to(weight.dtype), drstd
     # the exact path: statistics, then the logits recomputed per vocabulary chunk

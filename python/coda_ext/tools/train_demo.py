@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{cfg.num_key_value_heads} heads of {cfg.head_dim}, ffn {cfg.intermediate_size}, vocab {cfg.vocab_size}; "
           f"batch {args.batch} x seq {args.seq}; {args.dtype} on {device}; coda impl {impl}")
     if impl == "fused":
-        from . import prebuild
+        from ..runtime import prebuild
 
         items = training_kernels(cfg, tokens, str(args.dtype).removeprefix("torch."))
         print(f"building {len(items)} kernels in parallel (cached after the first run) ...", flush=True)
