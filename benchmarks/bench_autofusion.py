@@ -19,7 +19,8 @@ coda_ext.hf.apply_coda_to_llama path).
 Per model and variant: the loss of each of --steps training steps from the same weights on the same
 batches; the step time (median over interleaved rounds, common.time_interleaved on the GPU); peak
 memory of one step beyond what was allocated before it; graph breaks; for coda the fusion report's
-distinct kernels, GEMMs and distinct GEMM shapes, HBM bytes kept on chip and partition solve time.
+distinct kernels, GEMMs and distinct GEMM shapes, HBM bytes kept on chip and moved (the IO model's count
+of the whole graph under the partition), layer norms folded into their GEMMs and partition solve time.
 A variant that fails records its error and the others go on. Results merge into --out model by
 model (each model entry keeps the environment it ran in; --fresh starts over), written after every
 model; the plot and every coda report (reports.json) go beside it.
@@ -234,16 +235,18 @@ def train_step(model, opt, batches):
 
 
 def coda_stats(backend) -> dict:
-    """What the coda backend's report says: kernels, GEMMs, bytes kept on chip, partition time."""
+    """What the coda backend's report says: kernels, GEMMs, bytes kept on chip and moved, partition time."""
     rep = backend.report
     left: dict[tuple[str, str], int] = {}
     for g in rep.graphs:
         for x in g.left_out:
             left[x.target, x.reason] = left.get((x.target, x.reason), 0) + 1
-    return {"kernels": rep.distinct_kernels, "fused_bytes_saved": rep.bytes_kept, "solve_s": rep.solve_s,
+    return {"kernels": rep.distinct_kernels, "fused_bytes_saved": rep.bytes_kept, "bytes_moved": rep.bytes_moved,
+            "solve_s": rep.solve_s,
             "graphs": len(rep.graphs), "gemms": sum(g.gemms for g in rep.graphs),
             "gemms_fused": sum(g.fused_gemms for g in rep.graphs), "gemm_shapes": len(rep.gemm_shapes),
             "gemm_pairs_unfused": sum(len(g.pairs) for g in rep.graphs),
+            "layer_norms_folded": sum(len(g.folded) for g in rep.graphs),
             "partition": [f"{g.method}: {g.status}" for g in rep.graphs],
             "notes": [g.note for g in rep.graphs if g.note],
             "left_out": [[n, t, r] for (t, r), n in sorted(left.items(), key=lambda kv: -kv[1])][:15]}

@@ -7,7 +7,7 @@ behind the heuristic's choices for operands read N-major ("kn").
     python -m benchmarks.sweep_backward [--models 1B 8B] [--tokens 16384] [--reps 10]
 
 Each op runs as the ready op runs it, with its graph compiled in the swept config instead of "auto".
-Results: sweep_backward_h100.json (on an H100) in the results folder.
+Results: a JSON file in the results folder, named after the sweep and the GPU (`--out` to choose).
 """
 from __future__ import annotations
 

@@ -31,8 +31,10 @@ def test_cpu_tiny_run_writes_the_issue_shaped_results(tmp_path, capsys):
             assert v[variant]["peak_gb"] is None                       # no GPU: no peak memory
         assert "GPU only" in v["compile_max_autotune"]["skipped"]
         coda = v["coda"]
-        assert set(coda) >= {"kernels", "fused_bytes_saved", "solve_s", "gemm_shapes", "graph_breaks"}
+        assert set(coda) >= {"kernels", "fused_bytes_saved", "bytes_moved", "layer_norms_folded", "solve_s",
+                             "gemm_shapes", "graph_breaks"}
         assert coda["kernels"] >= 1 and coda["fused_bytes_saved"] > 0 and coda["graph_breaks"] == 0
+        assert coda["bytes_moved"] > 0
         assert coda["kernels"] <= 3 * coda["gemm_shapes"]
         # the same weights and batches: the first step's loss is eager's to the loss's precision
         assert abs(coda["loss"][0] - v["eager"]["loss"][0]) <= 0.01 * abs(v["eager"]["loss"][0])

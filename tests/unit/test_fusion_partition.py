@@ -291,3 +291,78 @@ def test_the_ilp_is_at_least_as_good_as_greedy_and_both_are_valid():
     for p in (ilp, greedy):
         assert violations(pg, groups_of(p)) == []
     assert ilp.objective >= greedy.objective > 0
+
+
+# --- layer norm between GEMMs: what the folded and recomputed normalisation needs -------------------
+
+def test_math_only_the_epilogue_reads_joins_from_its_loads(method):
+    """A folded layer norm's μ ⊗ s: an (M, N) product of a column and a row vector that only the
+    epilogue reads joins it (loading the two vectors), so no one writes the outer product; the same
+    product read elsewhere too is no candidate of a forward GEMM (the epilogue would store it)."""
+    g = G()
+    x, w, mean, s = g.input(), g.input(), g.input(nbytes=256), g.input(nbytes=512)
+    mm = g.gemm(x, w)
+    outer = g.math(mean, s, roles=["col", "row"])
+    centred = g.math(mm, outer)
+    g.other(centred)
+    pg = g.graph()
+    assert candidates(pg)[mm] == (outer, centred)
+    assert groups_of(partition(pg, method=method)) == {mm: [outer, centred]}
+    assert io(pg, mm, [outer, centred])[0] == [(mean, "col"), (s, "row")]
+    g.other(outer, name="elsewhere")
+    assert candidates(g.graph())[mm] == (centred,)
+
+
+def test_a_backward_gemm_recomputes_and_stores_what_only_the_backward_reads():
+    """The dX GEMM of a folded layer norm: x̂ = (x − μ)·rstd, which no forward node reads any more, joins
+    the epilogue that reduces dy·x̂ (as before the fold), and so does y = x̂·γ + β, computed from x̂ for
+    the weight gradient dzᵀ @ y: the epilogue stores it, nothing writes x̂."""
+    needs_scipy()
+    g = G()
+    x, mean, rstd, w, gamma, beta = (g.input(nbytes=n) for n in (B, 256, 256, B, 256, 256))
+    xc = g.math(x, mean, roles=["tile", "col"], forward=False)
+    xhat = g.math(xc, rstd, roles=["tile", "col"], forward=False)
+    y = g.math(g.math(xhat, gamma, roles=["tile", "row"], forward=False), beta, roles=["tile", "row"],
+               forward=False)
+    dz = g.input(backward=True, forward=False)
+    dy = g.gemm(dz, w, backward=True, forward=False)
+    r = g.reduce(g.math(dy, xhat, backward=True, forward=False), backward=True, forward=False)
+    g.other(r)
+    g.gemm(dz, y, backward=True, forward=False, name="dW")
+    pg = g.graph()
+    cands = candidates(pg)[dy]
+    assert {xc, xhat, y} <= set(cands)
+    got = groups_of(partition(pg))
+    assert {xc, xhat, y} <= set(got[dy]) and violations(pg, got) == []
+    _, stores, _ = io(pg, dy, got[dy])
+    assert y in stores and xhat not in stores
+
+
+def test_what_reads_a_reduction_of_the_gemms_values_is_no_candidate():
+    """r = Σ acc, then v = acc − r: r in the epilogue ends it, r outside waits for it; v can never join
+    (and the candidate sets of a long backward chain stay per layer, the program in small parts)."""
+    g = G()
+    x, w = g.input(), g.input()
+    mm = g.gemm(x, w)
+    r = g.reduce(mm)
+    v = g.math(mm, r, roles=["tile", "col"])
+    after = g.math(v)
+    g.other(after)
+    assert candidates(g.graph())[mm] == (r,)
+
+
+def test_the_ilp_keeps_a_small_epilogue_beside_a_large_one():
+    """The program is solved exactly (relative gap 0), part by part: HiGHS's default gap, 1e-4 of the
+    objective, dropped a tiny ViT's classifier-head log-sum-exp (test_fusion_models); here the small
+    epilogue shares its part with one a million times larger."""
+    needs_scipy()
+    g = G()
+    x, w = g.input(), g.input()
+    big = g.gemm(x, w, nbytes=10**9)
+    g.other(g.math(g.math(big, nbytes=10**9), nbytes=10**9))
+    small = g.gemm(g.input(), g.input(), nbytes=256)
+    r = g.reduce(small)
+    g.other(r)
+    g.other(g.math(big, small, nbytes=256))          # a candidate of both: one program part
+    got = groups_of(partition(g.graph()))
+    assert r in got.get(small, []) and len(got[big]) >= 2

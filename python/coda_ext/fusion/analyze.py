@@ -3,7 +3,8 @@
 analyze(gm, target) classifies every node — GEMM anchor (coda_ext::fusion_gemm that the target's kernel
 accepts), epilogue math, reduction, input or other (with the reason) — finds each node's frame and how
 each of its operands would be read by an epilogue (tile, row or column vector, scalar, constant,
-column index), follows views that keep rows and columns to the value they show, and marks the
+column index), follows views that keep rows and columns (and conversions of 16-bit values to fp32,
+which an epilogue does as it loads) to the value they show, and marks the
 backward part of a joint graph (what depends on a tangent), what the forward pass needs (what feeds a
 forward output: it cannot wait for a backward kernel) and the graph's outputs.
 """
@@ -19,6 +20,7 @@ from torch import fx
 
 from ..analysis.costs import DTYPE_BYTES
 from . import aten_ir, fx_util, rules
+from .aten_ir import alias_root, is_alias
 from .passes import GEMM
 from .pgraph import Operand, PGraph, PNode
 
@@ -73,27 +75,14 @@ def shape_role(shape: tuple[int, ...], out: tuple[int, ...]) -> str | None:
     return None
 
 
-def is_alias(node: Any) -> bool:
-    """A view (or copy) that keeps the value's rows and columns: it is its source."""
-    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in aten_ir.VIEWS):
-        return False
-    if node.target is torch.ops.aten.expand.default:
-        return False
-    src = node.args[0]
-    s, d = fx_util.shape(src), fx_util.shape(node)
-    return isinstance(src, fx.Node) and bool(s) and bool(d) and s[-1] == d[-1] and math.prod(s) == math.prod(d)
-
-
-def alias_root(node: fx.Node) -> fx.Node:
-    while is_alias(node):
-        node = node.args[0]
-    return node
-
-
 def _load(x: fx.Node, out: tuple[int, ...]) -> tuple[str | None, fx.Node]:
     """The role x plays in a value of shape `out` and the node to load for it: a vector broadcast by a
-    view or expand is loaded as the vector it came from."""
+    view or expand is loaded as the vector it came from, a tile as the value its aliases show, and a
+    16-bit value widened to fp32 as stored (the epilogue widens it)."""
     role = shape_role(fx_util.shape(x), out)
+    x = alias_root(x) if role == "tile" else x
+    while aten_ir.is_widening(x):
+        x = x.args[0]
     while isinstance(x, fx.Node) and x.op == "call_function" and x.target in aten_ir.VIEWS:
         src = x.args[0]
         if not isinstance(src, fx.Node):
@@ -104,6 +93,8 @@ def _load(x: fx.Node, out: tuple[int, ...]) -> tuple[str | None, fx.Node]:
             x, role = src, inner
         else:
             break
+        while aten_ir.is_widening(x):
+            x = x.args[0]
     dtype = fx_util.dtype(x)
     if role is None or dtype is None or not rules.loadable(role, dtype):
         return None, x

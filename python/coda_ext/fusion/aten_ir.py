@@ -8,6 +8,7 @@ value is rounded once, when it is stored, to the dtype of the FX node it replace
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -139,6 +140,50 @@ MATH: dict[Any, MathRule] = {
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default,
          aten.detach.default, aten.alias.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default,
          aten.unsqueeze.default, aten.expand.default}
+
+#: Float conversions (prims' and ATen's).
+CONVERTS = {prims.convert_element_type.default, aten._to_copy.default}
+
+
+def is_widening(node: Any) -> bool:
+    """A conversion of a 16-bit float value to fp32: exact, so an epilogue reads the 16-bit value and
+    widens it (its math is fp32) rather than load an fp32 copy someone would have to write."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in CONVERTS):
+        return False
+    src = node.args[0]
+    if not isinstance(src, fx.Node) or set(node.kwargs) - {"dtype", "layout", "device"}:
+        return False
+    v, s = node.meta.get("val"), src.meta.get("val")
+    return isinstance(v, torch.Tensor) and isinstance(s, torch.Tensor) and v.dtype == torch.float32 \
+        and s.dtype in (torch.bfloat16, torch.float16) and v.shape == s.shape and v.device == s.device
+
+
+def is_alias(node: Any) -> bool:
+    """A view (or copy) that keeps the value's rows and columns, or a widening conversion (is_widening):
+    as far as an epilogue reads it, it is its source."""
+    if is_widening(node):
+        return True
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target in VIEWS):
+        return False
+    if node.target is aten.expand.default:
+        return False
+    src = node.args[0]
+    if not isinstance(src, fx.Node):
+        return False
+    s, d = _shape(src), _shape(node)
+    return bool(s) and bool(d) and s[-1] == d[-1] and math.prod(s) == math.prod(d)
+
+
+def alias_root(node: fx.Node) -> fx.Node:
+    while is_alias(node):
+        node = node.args[0]
+    return node
+
+
+def _shape(node: fx.Node) -> tuple[int, ...]:
+    v = node.meta.get("val")
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else ()
+
 
 #: Reductions an epilogue runs (over the last dim: a row reduction; over every other dim: a column one).
 REDUCTIONS = {aten.sum.dim_IntList: "sum", aten.amax.default: "max", aten.logsumexp.default: "logsumexp"}

@@ -26,11 +26,15 @@ from ..errors import CodaError
 from . import fx_util, passes
 from .analyze import analyze
 from .cost import CostModel
-from .lowering import Lowered, lower
+from .lowering import Lowered, lower, missed_folds
 from .partition import METHODS, Limits, partition
+from .passes.norm_fold import META as NORM_FOLDS
 from .report import FusionReport, GraphReport, graph_report
 
 FALLBACKS = ("auto", "inductor", "eager")
+#: Rounds of folding layer norms again without those whose fold math no kernel took, before none is folded.
+MAX_FOLD_ROUNDS = 3
+
 REPORT_ENV = "CODA_FUSION_REPORT"
 
 
@@ -76,12 +80,27 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         rep = graph_report(name, an, empty, (), options.cost, predict=False)
         rep.note = "the graph has symbolic shapes (a dynamic recompilation); it runs unfused"
         return gm, rep, ()
-    g = passes.run(gm)
-    an = analyze(g, target, forward_outputs)
-    part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit,
-                     limits=Limits.of(target))
-    fused, lowered = lower(g, an, part, options.execute, target)
-    return fused, graph_report(name, an, part, lowered, options.cost), lowered
+    unfolded: set[str] = set()
+    solve_s, rounds = 0.0, 0
+    while True:   # layer norms whose folded math no kernel took are folded again without it (norm_fold)
+        g = passes.run(gm, target, unfolded, options.cost)
+        an = analyze(g, target, forward_outputs)
+        part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit,
+                         limits=Limits.of(target))
+        solve_s += part.solve_s
+        fused, lowered = lower(g, an, part, options.execute, target)
+        missed = missed_folds(g, an, lowered)
+        if not missed:
+            break
+        rounds += 1
+        unfolded |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
+    rep = graph_report(name, an, part, lowered, options.cost)
+    rep.solve_s = solve_s
+    rep.folded = tuple(f"{f.norm} into {', '.join(gemm for gemm, _ in f.gemms)}" for f in g.meta[NORM_FOLDS])
+    if unfolded:
+        rep.note = (rep.note + "; " if rep.note else "") + ("layer norms not folded, as their GEMM's kernel did "
+                                                            f"not take the fold's math: {', '.join(sorted(unfolded))}")
+    return fused, rep, lowered
 
 
 def kernel_items(source: Any, sms: int | None = None, every_config: bool = False) -> list[tuple[Any, str, Any]]:

@@ -130,6 +130,25 @@ def replace_outputs(node: fx.Node, values: list[fx.Node | None]) -> None:
             replace(user, values[user.args[1]])
 
 
+#: The meta key AOTAutograd's default partition reads: "is_forward" on nodes the forward traced, the
+#: forward being every node up to the last so tagged (the rest runs in the backward).
+PARTITIONER_TAG = "partitioner_tag"
+
+
+def pass_tag(node: fx.Node) -> dict[str, Any]:
+    """The partitioner tag of a node, as meta for the nodes that replace it."""
+    return {PARTITIONER_TAG: node.meta[PARTITIONER_TAG]} if PARTITIONER_TAG in node.meta else {}
+
+
+def retag_backward(gm: fx.GraphModule) -> None:
+    """Drops the forward tag of nodes that now depend on a tangent (a backward kernel computes what they
+    read): a forward-tagged node after the backward's first nodes would make the default partition
+    count those as forward."""
+    for node in tangent_dependent(gm):
+        if node.meta.get(PARTITIONER_TAG) == "is_forward":
+            del node.meta[PARTITIONER_TAG]
+
+
 def tangent_dependent(gm: fx.GraphModule) -> set[fx.Node]:
     """Nodes that depend on a tangent input of an AOTAutograd joint graph: the backward part."""
     out: set[fx.Node] = set()

@@ -26,6 +26,7 @@ from .analyze import Analysis
 from .op import Output, Site
 from .partition import Group, Partition, io, recomputed
 from .passes import GEMM
+from .passes.norm_fold import META as NORM_FOLDS
 
 aten = torch.ops.aten
 KERNEL = torch.ops.coda_ext.fusion_kernel.default
@@ -207,15 +208,37 @@ def lower(gm: fx.GraphModule, an: Analysis, part: Partition, execute: str = "aut
     if emitted != len(needed):
         raise RuntimeError("fusion lowering: the fused graph has a cycle (a partition bug: please report it)")
     out = fx.GraphModule(gm, graph)
+    fx_util.retag_backward(out)
     return fx_util.finish(out), lowered
 
 
+def missed_folds(gm: fx.GraphModule, an: Analysis, lowered: tuple[Lowered, ...]) -> set[str]:
+    """The layer norms passes.norm_fold folded (gm.meta) whose folded GEMM is not a lowered kernel with
+    all of the fold's math in its epilogue (then the fallback would subtract μ ⊗ s from a rounded
+    product): the frontend folds again without them."""
+    pid = {node.name: i for i, node in enumerate(an.fx_nodes)}
+    owner: dict[int, int] = {}
+    for low in lowered:
+        if low.site is not None:
+            owner.update(dict.fromkeys((low.group.anchor,) + low.group.members, low.group.anchor))
+    missed = set()
+    for fold in gm.meta.get(NORM_FOLDS, ()):
+        for gemm, math in fold.gemms:
+            g = pid.get(gemm)
+            if g is None or owner.get(g) != g or any(owner.get(pid.get(m, -1)) != g for m in math):
+                missed.add(fold.norm)
+    return missed
+
+
 def _emit_kernel(graph: fx.Graph, env: dict[fx.Node, fx.Node], an: Analysis, low: Lowered) -> None:
-    a, w, _ = an.fx_nodes[low.group.anchor].args
+    anchor = an.fx_nodes[low.group.anchor]
+    a, w, _ = anchor.args
     call = fx_util.call(graph, KERNEL, low.site.spec(), [env[a], env[w], *[env[x] for x in low.loads]])
+    call.meta.update(fx_util.pass_tag(anchor))
     for k, node in enumerate(low.outputs):
         env[node] = fx_util.call(graph, operator.getitem, call, k)
         env[node].meta.update({key: node.meta[key] for key in ("stack_trace", "nn_module_stack") if key in node.meta})
+        env[node].meta.update(fx_util.pass_tag(anchor))
 
 
 def _emit_mm(graph: fx.Graph, env: dict[fx.Node, fx.Node], node: fx.Node) -> fx.Node:
@@ -225,4 +248,5 @@ def _emit_mm(graph: fx.Graph, env: dict[fx.Node, fx.Node], node: fx.Node) -> fx.
     B = fx_util.call(graph, aten.t.default, env[w]) if major[1] == "k" else env[w]
     out = fx_util.call(graph, aten.mm.default, A, B)
     out.meta.update({key: node.meta[key] for key in ("stack_trace", "nn_module_stack") if key in node.meta})
+    out.meta.update(fx_util.pass_tag(node))
     return out

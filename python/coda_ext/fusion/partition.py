@@ -18,9 +18,12 @@ constraints each node in at most one epilogue; one GEMM anchors each epilogue (G
             and row-vector loads and its stores within the kernel's shared memory (Limits.smem: the
             "cuda" target's, rules.shared_memory); and the fused kernels form an acyclic graph across
             forward and backward.
+solving     part by part: the variables no row joins (different layers' epilogues, mostly) are separate
+            programs, each solved exactly (relative gap MIP_GAP = 0).
 
 Acyclicity. A candidate v of g is dropped up front when a node that cannot join g lies on a path from
-g to v (g's kernel would feed it and wait for it). The remaining cycles (through candidates left out,
+g to v (g's kernel would feed it and wait for it), or a reduction of g's values does (it ends the
+epilogue, or waits for it). The remaining cycles (through candidates left out,
 or between epilogues) are cut lazily: the program is solved, every cycle of the contracted graph
 (epilogues as nodes) gets a cut — not all of the memberships that close it, unless a node outside
 the epilogues on it joins one — and it is solved again, until the solution is acyclic.
@@ -28,8 +31,12 @@ the epilogues on it joins one — and it is solved again, until the solution is 
 Candidates of g: element-wise math and reductions in g's frame (rows x columns) that g's pass can run —
 a forward GEMM never takes a node that depends on a tangent, a backward GEMM never one the forward
 needs — reached from g through such math, plus the math producers of operands that cannot be loaded
-(comparisons feeding where) and, for a backward GEMM, the math that only the backward reads (an
-activation's derivative: computed where it is used rather than saved by the forward).
+(comparisons feeding where), math that only candidates read (computed from what the epilogue loads:
+the outer product μ·s of a folded layer norm, a layer norm's output recomputed where a residual add
+reads it) and, for a backward GEMM, the math that only the backward reads (an activation's derivative,
+a layer norm's normalised input: computed where it is used rather than saved by the forward) and the
+math that only the backward reads of that (a folded layer norm's output, stored there for the weight
+gradient).
 
 method="greedy" (or a program not solved within `time_limit` seconds) takes the GEMMs in order and adds
 each candidate whose addition keeps every rule, acyclicity included.
@@ -50,6 +57,9 @@ METHODS = ("ilp", "greedy")
 LOADED = ("tile", "row", "col", "scalar")
 #: Solves of the lazy cycle-cut loop before the greedy fallback takes over.
 MAX_SOLVES = 50
+#: HiGHS's relative MIP gap: 0, an optimal solution (its default, 1e-4, of an objective of gigabytes
+#: would leave out any epilogue keeping less than 0.01 % of the total on chip).
+MIP_GAP = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,24 +133,33 @@ def candidates(pg: PGraph) -> dict[int, tuple[int, ...]]:
             return n.op in ("math", "reduce") and n.frame == a.frame and phase
 
         cand: set[int] = set()
-        todo = [g]
-        while todo:                       # forward: math fed by the GEMM or by candidates
-            u = todo.pop()
-            for c in cons[u]:
-                if c not in cand and fits(c):
-                    cand.add(c)
-                    if pg[c].op == "math":
-                        todo.append(c)
-        todo = list(cand)
-        while todo:                       # backward: producers of operands that cannot be loaded, and
-            v = todo.pop()                # for a backward GEMM what only the backward reads
-            for o in pg[v].operands:
-                u = o.src
-                if u is None or u == g or u in cand or not fits(u) or pg[u].op != "math":
-                    continue
-                if o.role is None or (pg[g].backward and not pg[u].forward and not pg[u].backward):
-                    cand.add(u)
-                    todo.append(u)
+
+        def only_backward(v: int) -> bool:     # the backward reads it; it depends on no tangent
+            return not pg[v].forward and not pg[v].backward
+
+        def grow(todo: list[int], cand=cand, fits=fits, only=lambda v: True) -> None:
+            while todo:                   # forward: math fed by the GEMM or by candidates
+                u = todo.pop()
+                for c in cons[u]:
+                    if c not in cand and fits(c) and only(c):
+                        cand.add(c)
+                        if pg[c].op == "math":
+                            todo.append(c)
+
+        grow([g])
+        added = True
+        while added:                      # backward: producers of operands that cannot be loaded, math
+            added = []                    # only candidates read, and for a backward GEMM what only the
+            for v in sorted(cand):        # backward reads (and then what only the backward reads of it)
+                for o in pg[v].operands:
+                    u = o.src
+                    if u is None or u == g or u in cand or not fits(u) or pg[u].op != "math":
+                        continue
+                    if o.role is None or (pg[g].backward and only_backward(u)) or all(c in cand for c in cons[u]):
+                        cand.add(u)
+                        added.append(u)
+            if pg[g].backward:
+                grow([u for u in added if only_backward(u)], only=only_backward)
         changed = True
         while changed:
             changed = False
@@ -153,6 +172,9 @@ def candidates(pg: PGraph) -> dict[int, tuple[int, ...]]:
                 low = w & -w
                 blocked |= desc[low.bit_length() - 1]
                 w ^= low
+            for r in cand:                # what follows a reduction of g's values: that reduction is a
+                if pg[r].op == "reduce" and (desc[g] >> r) & 1:   # member (and ends the epilogue) or
+                    blocked |= desc[r]    # outside (and waits for the kernel)
             for v in sorted(cand):
                 n = pg[v]
                 drop = (blocked >> v) & 1
@@ -165,6 +187,16 @@ def candidates(pg: PGraph) -> dict[int, tuple[int, ...]]:
                 if drop:
                     cand.discard(v)
                     changed = True
+            reached, todo = {g}, [g]      # connected to g through candidates (a producer whose readers
+            while todo:                   # were dropped is not)
+                u = todo.pop()
+                for w in cons[u] + pg.sources(u):
+                    if w in cand and w not in reached:
+                        reached.add(w)
+                        todo.append(w)
+            if cand - reached:
+                cand &= reached
+                changed = True
         out[g] = tuple(sorted(cand))
     return out
 
@@ -394,21 +426,69 @@ class _Model:
     def row(self, coefs: dict[int, float], lo: float, hi: float) -> None:
         self.rows.append((coefs, lo, hi))
 
-    def solve(self, time_limit: float):
+    def components(self) -> list[tuple[list[int], list[int]]]:
+        """(variables, rows) of each independent part of the program (no row joins two parts): the
+        epilogues of different layers, forward and backward, mostly are."""
+        parent = list(range(len(self.c)))
+
+        def root(j: int) -> int:
+            while parent[j] != j:
+                parent[j] = parent[parent[j]]
+                j = parent[j]
+            return j
+
+        for coefs, _, _ in self.rows:
+            js = list(coefs)
+            for j in js[1:]:
+                a, b = root(js[0]), root(j)
+                if a != b:
+                    parent[b] = a
+        parts: dict[int, tuple[list[int], list[int]]] = {}
+        for j in range(len(self.c)):
+            parts.setdefault(root(j), ([], []))[0].append(j)
+        for i, (coefs, _, _) in enumerate(self.rows):
+            if coefs:
+                parts[root(next(iter(coefs)))][1].append(i)
+        return list(parts.values())
+
+    def solve_part(self, cols: list[int], rows: list[int], time_limit: float):
+        """milp on the variables `cols` and the rows `rows` (which read no other variable)."""
         from scipy.optimize import Bounds, LinearConstraint, milp
         from scipy.sparse import coo_matrix
 
+        index = {j: k for k, j in enumerate(cols)}
         r, c, v = [], [], []
-        for i, (coefs, _, _) in enumerate(self.rows):
-            for j, a in coefs.items():
-                r.append(i)
-                c.append(j)
+        for k, i in enumerate(rows):
+            for j, a in self.rows[i][0].items():
+                r.append(k)
+                c.append(index[j])
                 v.append(a)
-        A = coo_matrix((v, (r, c)), shape=(len(self.rows), len(self.c))).tocsr()
-        cons = [LinearConstraint(A, [lo for _, lo, _ in self.rows], [hi for _, _, hi in self.rows])] \
-            if self.rows else []
-        return milp(np.array(self.c), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
-                    constraints=cons, options={"time_limit": max(time_limit, 0.01), "disp": False})
+        A = coo_matrix((v, (r, c)), shape=(len(rows), len(cols))).tocsr()
+        cons = [LinearConstraint(A, [self.rows[i][1] for i in rows], [self.rows[i][2] for i in rows])] if rows else []
+        return milp(np.array([self.c[j] for j in cols]), integrality=np.array([self.integer[j] for j in cols]),
+                    bounds=Bounds([self.lb[j] for j in cols], [self.ub[j] for j in cols]), constraints=cons,
+                    options={"time_limit": max(time_limit, 0.01), "disp": False, "mip_rel_gap": MIP_GAP})
+
+    def solve(self, time_limit: float, known: dict[frozenset[int], np.ndarray] | None = None
+              ) -> tuple[np.ndarray | None, str]:
+        """(the values of every variable, "") of an optimal solution, each independent part solved alone
+        (exactly: HiGHS's relative gap is 0); (None, why) if a part has none in time. `known`: solutions of
+        parts already solved (by their variables), reused and updated."""
+        known = {} if known is None else known
+        deadline = time.perf_counter() + time_limit
+        out = np.zeros(len(self.c))
+        for cols, rows in self.components():
+            key = frozenset(cols)
+            if key not in known:
+                if not rows:                                  # free variables: each at its better bound
+                    known[key] = np.array([self.ub[j] if self.c[j] < 0 else self.lb[j] for j in cols])
+                else:
+                    res = self.solve_part(cols, rows, deadline - time.perf_counter())
+                    if res.x is None or res.status != 0:
+                        return None, f"HiGHS: {res.message}"
+                    known[key] = res.x
+            out[cols] = known[key]
+        return out, ""
 
 
 def _program(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], limits: Limits
@@ -526,11 +606,12 @@ def _ilp(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], limits:
     m, x = _program(pg, cost, cands, limits)
     deadline = time.perf_counter() + time_limit
     ncuts = 0
+    known: dict[frozenset[int], np.ndarray] = {}       # parts solved (a cut re-solves only the parts it joins)
     for solve in range(1, MAX_SOLVES + 1):
-        res = m.solve(deadline - time.perf_counter())
-        if res.x is None or res.status != 0:
-            return None, f"HiGHS: {res.message} (solve {solve}, {ncuts} cycle cuts)"
-        groups = {g: [v for v in cs if res.x[x[v, g]] > 0.5] for g, cs in cands.items()}
+        values, why = m.solve(deadline - time.perf_counter(), known)
+        if values is None:
+            return None, f"{why} (solve {solve}, {ncuts} cycle cuts)"
+        groups = {g: [v for v in cs if values[x[v, g]] > 0.5] for g, cs in cands.items()}
         groups = {g: vs for g, vs in groups.items() if vs}
         found = cycles(pg, groups)
         if not found:
@@ -539,6 +620,8 @@ def _ilp(pg: PGraph, cost: CostModel, cands: dict[int, tuple[int, ...]], limits:
             row, most = _cut(cyc, groups, cands, x)
             m.row(row, -np.inf, most)
             ncuts += 1
+            for key in [k for k in known if not k.isdisjoint(row)]:
+                del known[key]
         if time.perf_counter() >= deadline:
             break
     return None, f"no acyclic solution after {solve} solves and {ncuts} cycle cuts"

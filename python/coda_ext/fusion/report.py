@@ -54,6 +54,8 @@ class GraphReport:
     note: str = ""
     gemm_shapes: tuple[tuple[int, int, int], ...] = ()   # distinct (M, N, K) of every GEMM of the graph
     pairs: tuple[str, ...] = ()       # GEMMs on one input whose outputs meet in an epilogue (SwiGLU)
+    folded: tuple[str, ...] = ()      # layer norms folded into the GEMMs that read them (passes/norm_fold.py)
+    bytes_moved: int = 0              # HBM bytes the graph moves under this partition (bytes_moved())
 
     @property
     def bytes_kept(self) -> int:
@@ -71,7 +73,7 @@ class GraphReport:
         head = (f"coda fusion: {self.name}: {self.nodes} nodes, {self.gemms} GEMMs of {len(self.gemm_shapes)} shapes, "
                 f"{self.fused_gemms} fused into {self.distinct_kernels} distinct kernels; "
                 f"partition {self.method} ({self.status}) in {self.solve_s:.2f} s; "
-                f"{self.bytes_kept / 1e6:.3f} MB kept on chip")
+                f"{self.bytes_kept / 1e6:.3f} MB kept on chip, {self.bytes_moved / 1e6:.3f} MB moved")
         lines = [head]
         if self.note:
             lines.append(f"  note: {self.note}")
@@ -91,6 +93,10 @@ class GraphReport:
             lines.append(f"    epilogue: {', '.join(k.members)}")
             lines.append(f"    loads: {', '.join(k.loads) or '-'}; stores: {', '.join(k.stores) or '-'}; "
                          f"reductions: {', '.join(k.reductions) or '-'}")
+        if self.folded:
+            lines.append("  layer norms folded into the GEMMs that read them (x @ (W⊙γ)ᵀ, then rstd ⊙ (· − μ s) + W β "
+                         "in the epilogue):")
+            lines += [f"    {x}" for x in self.folded]
         if self.pairs:
             lines.append("  not fused across GEMMs:")
             lines += [f"    {x}" for x in self.pairs]
@@ -137,6 +143,10 @@ class FusionReport:
     @property
     def solve_s(self) -> float:
         return sum(g.solve_s for g in self.graphs)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(g.bytes_moved for g in self.graphs)
 
     def __str__(self) -> str:
         if not self.graphs:
@@ -202,7 +212,28 @@ def graph_report(name: str, an: Analysis, part: Partition, lowered: tuple[Lowere
     gemm_ids = [n.id for n in pg.nodes if "fusion_gemm" in n.target]
     shapes = tuple(sorted({an.gemm_mnk(i) for i in gemm_ids}))
     return GraphReport(name, len(pg), len(gemm_ids), part.method, part.status, part.solve_s, kernels, left,
-                       gemm_shapes=shapes, pairs=tuple(gemm_pairs(an, part, lowered)))
+                       gemm_shapes=shapes, pairs=tuple(gemm_pairs(an, part, lowered)),
+                       bytes_moved=bytes_moved(pg, [low.group for low in lowered if low.site is not None], cons))
+
+
+def bytes_moved(pg, groups, cons: list[list[int]] | None = None) -> int:
+    """The HBM bytes a graph moves with these epilogues fused, as the IO model counts them: each fused
+    kernel its GEMM's operands, loads, stores and reductions; every other node its operands and its
+    result, as if it ran alone (what the partition objective counts against; the fallback's own fusion
+    moves less). Comparable across rewrites of the graph (a layer norm folded or not), where the bytes
+    kept on chip are not: those count against the nodes of each graph."""
+    cons = cons or pg.consumers()
+    fused: set[int] = set()
+    total = 0
+    for grp in groups:
+        fused.update((grp.anchor,) + tuple(grp.members))
+        loads, stores, reductions = io(pg, grp.anchor, grp.members, cons)
+        total += sum(pg[u].nbytes for u in pg.sources(grp.anchor)) + sum(pg[t].nbytes for t, _ in loads)
+        total += sum(pg[u].nbytes for u in stores) + sum(pg[r].nbytes for r in reductions)
+    for n in pg.nodes:
+        if n.id not in fused and n.op != "input" and not _free(n):
+            total += sum(pg[u].nbytes for u in pg.sources(n.id)) + n.nbytes
+    return total
 
 
 def gemm_pairs(an: Analysis, part: Partition, lowered: tuple[Lowered, ...]) -> list[str]:

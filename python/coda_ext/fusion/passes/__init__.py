@@ -2,21 +2,28 @@
 pipeline that runs them in order (run)."""
 from __future__ import annotations
 
+from collections.abc import Collection
+from typing import Any
+
 from torch import fx
 
 from .cse import cse
 from .decompose import decompose
 from .fold import fold
 from .layout import GEMM, layout
+from .norm_fold import norm_fold
+from .norm_stats import norm_stats
 
-PIPELINE = (decompose, fold, cse, layout)
+PIPELINE = (decompose, norm_stats, fold, cse, layout, norm_fold)
 
 
-def run(gm: fx.GraphModule) -> fx.GraphModule:
-    """decompose -> fold -> cse -> layout."""
+def run(gm: fx.GraphModule, target: str = "interpret", unfolded: Collection[str] = (), cost: Any = None
+        ) -> fx.GraphModule:
+    """decompose -> norm_stats -> fold -> cse -> layout -> norm_fold (for `target`'s kernel and the cost
+    model `cost`, leaving the layer norms named in `unfolded` as they are)."""
     for p in PIPELINE:
-        gm = p(gm)
+        gm = norm_fold(gm, target, unfolded, cost) if p is norm_fold else p(gm)
     return gm
 
 
-__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "layout", "run"]
+__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "layout", "norm_fold", "norm_stats", "run"]

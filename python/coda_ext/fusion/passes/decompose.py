@@ -3,7 +3,9 @@ reductions an epilogue runs (aten_ir.MATH, aten_ir.REDUCTIONS).
 
 - addmm / linear: a GEMM (mm) and a bias add;
 - layer norm and RMSNorm, forward and backward: row statistics, then element-wise math (two passes
-  over the row, as PyTorch computes them: the variance of the centred values);
+  over the row, as PyTorch computes them: the variance of the centred values; norm_stats makes it one
+  where a GEMM epilogue can take it); the backward reads the forward's fp32 statistics (PyTorch's CPU
+  kernel rounds them to a 16-bit input's dtype, its CUDA kernel does not);
 - GELU (erf and tanh), SiLU, sigmoid, tanh and ReLU backward: their derivatives as element-wise math
   (SwiGLU is silu(gate) * up: its parts decompose);
 - softmax / log-softmax and their backward; mean;
@@ -98,10 +100,21 @@ def _layer_norm(node: fx.Node, b: Emit) -> list | None:
     return [b.to(y, _out_dtype(node, 0)), b.to(mean, _out_dtype(node, 1)), b.to(rstd, _out_dtype(node, 2))]
 
 
+def _as_computed(stat: Any) -> Any:
+    """A statistic as the forward computed it: PyTorch's CPU layer norm rounds a 16-bit input's mean and
+    rstd to its dtype (its CUDA kernel keeps them in fp32); the backward reads the fp32 values, as on
+    CUDA, so it shares the forward's normalised values."""
+    if isinstance(stat, fx.Node) and stat.target is prims.convert_element_type.default \
+            and fx_util.dtype(stat) in (torch.bfloat16, torch.float16) and fx_util.dtype(stat.args[0]) == torch.float32:
+        return stat.args[0]
+    return stat
+
+
 def _layer_norm_backward(node: fx.Node, b: Emit) -> list | None:
     dy, x, shape, mean, rstd, w, bias, mask = node.args[:8]
     if len(shape) != 1:
         return None
+    mean, rstd = _as_computed(mean), _as_computed(rstd)
     n = shape[0]
     dyf, xf = b.wide(dy), b.wide(x)
     xhat = b.mul(b.sub(xf, mean), rstd)

@@ -23,11 +23,14 @@ def _number(x: Any) -> bool:
 class Emit:
     """Adds nodes at the graph's current insertion point."""
 
-    def __init__(self, graph: fx.Graph):
+    def __init__(self, graph: fx.Graph, meta: dict[str, Any] | None = None):
         self.graph = graph
+        self.meta = meta or {}      # given to every node added (the partitioner tag of the node replaced)
 
     def __call__(self, target: Any, *args: Any, **kwargs: Any) -> fx.Node:
-        return fx_util.call(self.graph, target, *args, **kwargs)
+        node = fx_util.call(self.graph, target, *args, **kwargs)
+        node.meta.update(self.meta)
+        return node
 
     def _binary(self, name: str, x: Any, y: Any) -> fx.Node:
         op = getattr(aten, name)
