@@ -45,13 +45,19 @@ SMALL = train_demo.model_config(train_demo.parse_args(DEMO_ARGS + ["--device", "
 SMALL_BS = (2, 256)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernels():
-    """Every kernel the tests launch, built in parallel (cached builds load in milliseconds)."""
+def build_items() -> list:
+    """Every kernel the tests launch (`python -m coda_ext prebuild tests/gpu/test_llama_gpu.py` builds them
+    ahead, on any machine with nvcc)."""
     items = training_kernels(LAYER, LAYER_BS[0] * LAYER_BS[1], lm_head=False)
     items += training_kernels(SMALL, SMALL_BS[0] * SMALL_BS[1])
     items += training_kernels(SMALL, SMALL_BS[0] * SMALL_BS[1], lm_head_rstd=False)   # the HF patch's loss
-    ce.prebuild(items, jobs=os.cpu_count())
+    return items
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():
+    """Every kernel the tests launch, built in parallel (cached builds load in milliseconds)."""
+    ce.prebuild(build_items(), jobs=os.cpu_count())
 
 
 

@@ -154,3 +154,29 @@ def test_no_grad_and_ineligible_calls_take_the_statistics_op(monkeypatch):
     ops.lm_head_cross_entropy_loss(x, w.requires_grad_(), target, reduction="none")
     ops.lm_head_cross_entropy_loss(x.half(), w.half().requires_grad_(), target, reduction="sum")
     assert seen == ["mean", "none", "sum"]
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_logits_chunk_is_the_graph_and_the_target_dot_products(monkeypatch, scaled):
+    """_logits_chunk (what the kernel path runs per chunk) with the train graph run by the reference
+    interpreter: e, lse = log Σ e and the target logits (M dot products outside the GEMM) equal the
+    reference step's (e within bf16 rounding, the statistics within fp32 round-off)."""
+    import types
+
+    import coda_ext as ce
+
+    def graph_op(build, dtype, config, *args, major="kk"):
+        def run(x, w, inputs, outs):
+            r = ce.interpret(build(*args), x, w, **inputs)
+            return types.SimpleNamespace(e=r.e.to(x.dtype), sumexp=r.sumexp)
+        return types.SimpleNamespace(run=run)
+
+    monkeypatch.setattr(common, "graph_op", graph_op)
+    x, w, target, rstd = _inputs(torch.bfloat16, scaled, seed=4)
+    e, lse, tl = lm_head_ce._logits_chunk(x, w, target, rstd)
+    e_ref, lse_ref, tl_ref = reference_step(x, w, target, rstd)
+    valid = target != -100
+    assert e.dtype == torch.bfloat16 and e.shape == (M, V)
+    torch.testing.assert_close(e.float(), e_ref.float(), rtol=2 ** -8, atol=0)
+    torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tl[valid], tl_ref[valid], rtol=1e-5, atol=1e-5)

@@ -98,12 +98,12 @@ def lm_head_cross_entropy(scaled: bool) -> Graph:
 
 def lm_head_cross_entropy_train(scaled: bool) -> Graph:
     """The training LM head's logits GEMM (rows chunk by chunk): the unnormalized softmax written for the
-    gradients that follow in the same pass, and the row statistics of the loss:
+    gradients that follow in the same pass, and its row sum (the op takes the target logit from a dot
+    product of M rows, outside the GEMM):
 
-        logits       = acc [⊙row rstd]
-        D "e"        = exp(logits)                            (16-bit: the op keeps |lse| in range)
-        sumexp       = Σ_n exp(logits)                        (lse = log sumexp: one exp per element)
-        target_logit = Σ_n where(n == target[m], logits, 0)"""
+        logits  = acc [⊙row rstd]
+        D "e"   = exp(logits)                 (16-bit: the op keeps |lse| in range)
+        sumexp  = Σ_n exp(logits)             (lse = log sumexp: one exp per element)"""
     g = Graph()
     logits = g.accumulator()
     if scaled:
@@ -111,5 +111,4 @@ def lm_head_cross_entropy_train(scaled: bool) -> Graph:
     e = exp(logits)
     g.output(e, name="e")
     g.row_reduce("sumexp", e, "sum")
-    g.row_reduce("target_logit", where(eq(g.col_index(), g.col_vector("target", "int32")), logits, 0.0), "sum")
     return g

@@ -212,7 +212,8 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 # gradients can come with the loss instead, rows chunk by chunk (a chunk's rows see the whole vocabulary, so
 # their lse is final when the chunk's GEMM ends):
 #
-#     GEMM 1 (coda_ext, train_graph)  e = exp(logits) (16-bit, C × V), Σ_n e (lse = its log), target_logit
+#     GEMM 1 (coda_ext, train_graph)  e = exp(logits) (16-bit, C × V), Σ_n e (lse = its log); the target logits
+#                                     as M dot products beside it
 #     M-element fix-up                e[m, target[m]] = (p_target − 1) · exp(lse)      (p = softmax)
 #                                     so that dlogits = g · exp(−lse) ⊙row e, with no pass over e
 #     GEMM 2 (cuBLAS, fp32 out)       dx = a ⊙row (e @ W),            a = g · exp(−lse) [· rstd]
@@ -261,16 +262,19 @@ def _addmm_f32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
 
 def _train_gemm(x, weight, target, rstd, reduction):
     """The training forward's GEMM as common.check_gemm takes it (the whole rows; chunks are slices of them)."""
-    return {**_gemm(x, weight, target, rstd, reduction), "build": train_graph}
+    _check_head(weight, target, reduction)
+    inputs = {} if rstd is None else {"rstd": rstd}
+    return dict(build=train_graph, args=(rstd is not None,), A=x, W=weight, inputs=inputs)
 
 
 def _logits_chunk(x, weight, target, rstd):
-    """(e, lse, target_logit) of one chunk of rows: the train_graph GEMM."""
-    inputs = {"target": target.to(torch.int32)}
-    if rstd is not None:
-        inputs["rstd"] = rstd
+    """(e, lse, target_logit) of one chunk of rows: the train_graph GEMM, and the target logits as dot products
+    of the rows with their target's weight row (fp32; any value where the target is ignored)."""
+    inputs = {} if rstd is None else {"rstd": rstd}
     r = common.graph_op(train_graph, common.dtype_name(x.dtype), "auto", rstd is not None).run(x, weight, inputs, {})
-    return r.e, torch.log(r.sumexp), r.target_logit
+    picked = weight[target.clamp(0, weight.shape[0] - 1)]
+    tl = (x.float() * picked.float()).sum(-1)
+    return r.e, torch.log(r.sumexp), tl if rstd is None else tl * rstd
 
 
 def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, chunk: int, logits_chunk=None):
