@@ -218,3 +218,19 @@ def test_lm_head_bench_prebuild_items_and_plot(tmp_path):
         for n, (V, d) in bench_lm_head.SHAPES.items()}}
     bench_lm_head.plot(doc, tmp_path / "lm_head.png")
     assert (tmp_path / "lm_head.png").stat().st_size > 10_000
+
+
+def test_ptxas_usage_reads_the_gemm_entry_of_ptxas_output():
+    """The last entry function's line is the GEMM's (the finalize kernel's comes first)."""
+    from benchmarks import ptxas_usage
+
+    out = """ptxas info    : Compiling entry function 'finalize' for 'sm_90a'
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 38 registers, used 1 barriers, 4224 bytes smem
+ptxas info    : Compiling entry function 'gemm' for 'sm_90a'
+    136 bytes stack frame, 168 bytes spill stores, 180 bytes spill loads
+ptxas info    : Used 168 registers, used 2 barriers, 136 bytes cumulative stack size"""
+    assert ptxas_usage.parse(out) == {"registers": 168, "spill_stores": 168, "spill_loads": 180, "stack": 136}
+    with pytest.raises(ValueError, match="no 'Used N registers'"):
+        ptxas_usage.parse("nothing here")
+    assert len(ptxas_usage.cases()) == 8
