@@ -9,4 +9,6 @@ imports benchmarks or a test module):
     custom_op_calls  records the coda_ext custom-op calls a function makes
     stubs            a do-nothing kernel library and CPU tensors passing for a GPU's (pytest fixtures)
     autograd_graph   where autograd sums gradients (inputs of the backward graph fed twice)
+    titan_llama      a stand-in for torchtitan's Llama 3 (the converter's tests)
+    hf_llama         a tiny transformers Llama with random weights (the HF patch's and distributed tests')
 """

@@ -41,10 +41,11 @@ from coda_ext.hf import apply_coda_to_llama  # noqa: E402  (after the importorsk
 from coda_ext.models import CodaLlamaForCausalLM, LlamaConfig  # noqa: E402
 from coda_ext.models.torchtitan import convert_torchtitan_llama  # noqa: E402
 from tests.helpers import titan_llama  # noqa: E402
+from tests.helpers.hf_llama import VOCAB, tiny_llama  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-WORLD, ROWS, S, V = 2, 4, 16, 256
+WORLD, ROWS, S, V = 2, 4, 16, VOCAB
 STEPS = 3
 TIMEOUT_S = 300   # both processes, every scenario; a collective that never completes fails after 120 s
 RTOL = 2e-5
@@ -57,17 +58,7 @@ CFG = LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4,
 
 
 def hf_model(seed=0):
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(hidden_size=128, intermediate_size=256, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=64, num_hidden_layers=2, vocab_size=V,
-                                   max_position_embeddings=256, rms_norm_eps=1e-5)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.float32)
-    model.config._attn_implementation = "sdpa"
-    with torch.no_grad():   # norms away from 1, so a γ mistake shows
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.2 * torch.randn_like(p))
-    return model
+    return tiny_llama(seed)
 
 
 def coda_hf(seed=0):

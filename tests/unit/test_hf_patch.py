@@ -16,24 +16,14 @@ transformers = pytest.importorskip("transformers")
 from coda_ext import ops  # noqa: E402  (after the importorskip)
 from coda_ext.hf import apply_coda_to_llama  # noqa: E402  (after the importorskip)
 from tests.helpers.autograd_graph import summed_gradients  # noqa: E402
+from tests.helpers.hf_llama import VOCAB, tiny_llama  # noqa: E402
 
-B, S, V = 2, 16, 256
+B, S, V = 2, 16, VOCAB
 RTOL = 2e-5
 
 
 def hf_model(seed=0, **overrides):
-    torch.manual_seed(seed)
-    kw = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-              num_hidden_layers=2, vocab_size=V, max_position_embeddings=256, rms_norm_eps=1e-5)
-    kw.update(overrides)
-    cfg = transformers.LlamaConfig(**kw)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.float32)
-    model.config._attn_implementation = "sdpa"
-    with torch.no_grad():   # norms away from 1, so a γ mistake shows
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.2 * torch.randn_like(p))
-    return model
+    return tiny_llama(seed, **overrides)
 
 
 def pair(**overrides):

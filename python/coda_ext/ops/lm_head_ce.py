@@ -94,12 +94,9 @@ def _fake(x, weight, target, rstd, ignore_index, reduction):
     return loss, x.new_empty(M, dtype=torch.float32)
 
 
-def lm_head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                          rstd: torch.Tensor | None = None, ignore_index: int = -100,
-                          reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, lse): the cross-entropy of logits = [rstd ⊙row] x @ weightᵀ against target, and the
-    per-token log-sum-exp (fp32, for the backward pass). x (..., d), weight (V, d), target (...) int32/int64
-    with ignore_index for tokens that do not count; reduction 'none' (per token), 'sum' or 'mean'."""
+def _check_call(x, weight, target, rstd, reduction) -> tuple[tuple[int, ...], torch.Tensor | None]:
+    """The public functions' checks of their arguments (x (..., d), target and rstd per row); returns the
+    leading shape and rstd as one row of values."""
     common.check_linear(NAME, x, weight)
     lead = tuple(x.shape[:-1])
     common.check_rows(NAME, "target", target, lead, None, None, x.device)
@@ -107,6 +104,16 @@ def lm_head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.T
     if rstd is not None:
         common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, x.device)
         rstd = rstd.reshape(-1)
+    return lead, rstd
+
+
+def lm_head_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                          rstd: torch.Tensor | None = None, ignore_index: int = -100,
+                          reduction: str = "mean") -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse): the cross-entropy of logits = [rstd ⊙row] x @ weightᵀ against target, and the
+    per-token log-sum-exp (fp32, for the backward pass). x (..., d), weight (V, d), target (...) int32/int64
+    with ignore_index for tokens that do not count; reduction 'none' (per token), 'sum' or 'mean'."""
+    lead, rstd = _check_call(x, weight, target, rstd, reduction)
     loss, lse = torch.ops.coda_ext.lm_head_cross_entropy(common.rows(x), weight, target.reshape(-1), rstd,
                                                          int(ignore_index), reduction)
     return (loss.reshape(lead) if reduction == "none" else loss), lse.reshape(lead)
@@ -365,13 +372,7 @@ def lm_head_cross_entropy_loss(x: torch.Tensor, weight: torch.Tensor, target: to
         t is not None and t.requires_grad for t in (x, weight, rstd))
     if not (needs_grad and train_eligible(x, weight, reduction)):
         return lm_head_cross_entropy(x, weight, target, rstd, ignore_index, reduction)[0]
-    common.check_linear(NAME, x, weight)
-    lead = tuple(x.shape[:-1])
-    common.check_rows(NAME, "target", target, lead, None, None, x.device)
-    _check_head(weight, target, reduction)
-    if rstd is not None:
-        common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, x.device)
-        rstd = rstd.reshape(-1)
+    _, rstd = _check_call(x, weight, target, rstd, reduction)
     xr = common.rows(x)
     chunk = train_chunk_rows(xr.shape[0], weight.shape[0])
     loss, *_ = torch.ops.coda_ext.lm_head_cross_entropy_train(xr, weight, target.reshape(-1), rstd, int(ignore_index),
