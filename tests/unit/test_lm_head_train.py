@@ -180,3 +180,38 @@ def test_logits_chunk_is_the_graph_and_the_target_dot_products(monkeypatch, scal
     torch.testing.assert_close(e.float(), e_ref.float(), rtol=2 ** -8, atol=0)
     torch.testing.assert_close(lse, lse_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(tl[valid], tl_ref[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_torch_compile_fullgraph_matches_eager(cpu_train_kernel):
+    """The training loss under torch.compile(fullgraph=True): one graph, the same loss and gradients."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x, w, target, rstd = _inputs(torch.bfloat16, True, seed=5)
+
+    def grads(fn):
+        xx, ww, rr = (t.clone().requires_grad_() for t in (x, w, rstd))
+        loss = fn(xx, ww, target, rr)
+        return (loss.detach(), *torch.autograd.grad(loss, (xx, ww, rr)))
+
+    want = grads(ops.lm_head_cross_entropy_loss)
+    got = grads(torch.compile(ops.lm_head_cross_entropy_loss, fullgraph=True, backend="aot_eager"))
+    torch._dynamo.reset()
+    for g, w_ in zip(got, want):
+        assert torch.equal(g, w_)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x, w, t, r: (x, w, t.float(), r), "target has dtype torch.float32; use integer class indices"),
+    (lambda x, w, t, r: (x, w, t[:-1], r), "target"),
+    (lambda x, w, t, r: (x, w, t, r[:-1]), "rstd"),
+    (lambda x, w, t, r: (x, w[:, :-1], t, r), r"x's last dimension \(24\) must equal weight.shape\[1\]"),
+    (lambda x, w, t, r: (x, w, t, r.double()), "rstd"),
+])
+def test_bad_inputs_are_refused_before_the_training_path(bad, message):
+    """Each mistake raises, naming it, before the training path's custom op runs (no kernel is registered on
+    the CPU here: reaching it would fail differently)."""
+    x, w, target, rstd = _inputs(torch.bfloat16, True, seed=6)
+    args = bad(x, w.requires_grad_(), target, rstd)
+    with pytest.raises((TypeError, ValueError), match=message):
+        ops.lm_head_cross_entropy_loss(*args)
