@@ -775,6 +775,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--prebuild", action="store_true", help="build coda's kernels for the step before timing")
     p.add_argument("--cold", action="store_true",
                    help="also measure the cold first step (empty caches, in a child process)")
+    p.add_argument("--cold-only", action="store_true",
+                   help="measure only the cold first step, added to the model's entry of an earlier run in --out")
     p.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(common.RESULTS / "hf_training_h100.json"))
     p.add_argument("--fresh", action="store_true",
@@ -817,9 +819,17 @@ def main(argv=None) -> int:
     doc = {"gpu": gpu or "cpu", "env": {**env, "transformers": transformers.__version__}, "models": {}}
     earlier = json.loads(out.read_text()) if out.is_file() and not args.fresh else {}
     if earlier.get("gpu") == doc["gpu"]:   # one model per run (a device call's time limit): merged by model
-        doc["models"] = {k: v for k, v in earlier.get("models", {}).items() if k not in args.models}
+        doc["models"] = {k: v for k, v in earlier.get("models", {}).items()
+                         if args.cold_only or k not in args.models}
     for name in args.models:
-        cold = run_cold(name, _argv_for_child(args)) if args.cold else None
+        cold = run_cold(name, _argv_for_child(args)) if args.cold or args.cold_only else None
+        if args.cold_only:
+            if name not in doc["models"]:
+                raise SystemExit(f"--cold-only: {out} holds no earlier run of {name} on this GPU; run it first")
+            doc["models"][name]["cold"] = cold
+            common.write_json(out, doc)
+            print(f"{name}: cold first step {json.dumps(cold)}", flush=True)
+            continue
         entry = run_model(name, args, args.device, gpu)
         if cold is not None:
             entry["cold"] = cold

@@ -77,6 +77,21 @@ def test_cold_child_prints_the_first_step(capsys):
                                            "--layers", "llama-8b=3", "--tiny", "--prebuild"]
 
 
+def test_cold_only_adds_the_cold_step_to_the_earlier_entry(results, tmp_path, monkeypatch):
+    """--cold-only keeps every model of the earlier run, variants included, and adds the child's entry."""
+    out = tmp_path / "hf.json"
+    out.write_text(results.read_text())
+    child = {"cold_first_step_s": 3.0, "apply_s": 1.0, "first_step_s": 2.0, "prebuild": True, "cpus": 16}
+    monkeypatch.setattr(bench, "run_cold", lambda name, argv: child)
+    assert bench.main(["--device", "cpu", "--models", "llama-1b", "--cold-only", "--out", str(out)]) == 0
+    before, after = json.loads(results.read_text()), json.loads(out.read_text())
+    assert after["models"]["llama-1b"]["cold"] == child
+    assert after["models"]["llama-1b"]["variants"] == before["models"]["llama-1b"]["variants"]
+    assert after["models"]["llama-8b"] == before["models"]["llama-8b"]
+    with pytest.raises(SystemExit, match="no earlier run"):
+        bench.main(["--device", "cpu", "--models", "llama-1b", "--cold-only", "--out", str(tmp_path / "none.json")])
+
+
 def test_step_flops_count_every_linear():
     """6 x tokens x the parameters of every 2-D weight but the embedding (the LM head counts even when
     tied), plus causal attention."""
