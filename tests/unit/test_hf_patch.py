@@ -100,6 +100,47 @@ def test_training_loss_and_every_gradient(padded):
     check_grads(patched, ref)
 
 
+def _sdpa_calls(model, ids, labels, mask) -> list:
+    """(attn_mask is given, is_causal) of every SDPA call in the graphs torch.compile traces of one step."""
+    calls = []
+
+    def backend(gm, example_inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and "scaled_dot_product_attention" in str(node.target):
+                mask_arg = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+                calls.append((mask_arg is not None, node.kwargs.get("is_causal", False)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        loss = torch.compile(model, backend=backend, fullgraph=True)(ids, attention_mask=mask, labels=labels).loss
+    finally:
+        torch._dynamo.reset()
+    return calls, loss
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_compiled_attention_stays_causal_without_a_mask(padded, monkeypatch):
+    """transformers materializes the causal mask while torch.compile traces (with torch < 2.14, whose dynamo
+    answers torch.compiler.is_exporting() with True: simulated here); without an attention_mask the patched
+    layers still call SDPA with is_causal=True and no mask (the flash kernel), and with padding they pass the
+    mask; the loss is eager's either way."""
+    import transformers.masking_utils as masking_utils
+
+    monkeypatch.setattr(masking_utils, "is_torchdynamo_exporting", lambda: True)
+    ref, patched = pair()
+    ids, labels = batch(3)
+    mask = None
+    if padded:
+        mask = torch.ones(B, S, dtype=torch.long)
+        mask[1, :4] = 0
+    patched.train()
+    calls, loss = _sdpa_calls(patched, ids, labels, mask)
+    assert len(calls) == len(patched.model.layers)
+    assert all(c == ((True, False) if padded else (False, True)) for c in calls), calls
+    close(loss, ref(ids, attention_mask=mask, labels=labels, use_cache=False).loss, "loss")
+
+
 def test_gradient_checkpointing():
     ref, patched = pair()
     ids, labels = batch(2)

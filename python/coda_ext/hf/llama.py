@@ -44,6 +44,14 @@ from ..runtime import prebuild
 MIN_VERSION = "4.54"   # decoder layers return a tensor (earlier: a tuple)
 
 
+#: The keyword the patched forward hands its decoder layers when the attention is plain causal (no
+#: attention_mask given, no tokens in the KV cache): the layers then run SDPA with is_causal=True and
+#: no mask. transformers builds the causal mask as a tensor while torch.compile traces (it cannot tell
+#: a traced mask is all causal), and SDPA with a mask tensor leaves the flash kernel for one 2-3x
+#: slower; with this flag a compiled model keeps the flash kernel.
+CAUSAL_FLAG = "coda_plain_causal"
+
+
 class CodaHFLlamaDecoderLayer(CodaLlamaDecoderLayer, GradientCheckpointingLayer):
     """A CodaLlamaDecoderLayer called as transformers calls LlamaDecoderLayer."""
 
@@ -67,7 +75,8 @@ class CodaHFLlamaDecoderLayer(CodaLlamaDecoderLayer, GradientCheckpointingLayer)
                 f"coda_ext layers take a 4-D attention mask (attn_implementation 'sdpa' or 'eager'), got "
                 f"{type(attention_mask).__name__} {tuple(getattr(attention_mask, 'shape', ()))}; load the model with "
                 "attn_implementation='sdpa'")
-        y0 = attention(q, k, v, mask=attention_mask, is_causal=q.shape[1] > 1)
+        mask = None if kwargs.get(CAUSAL_FLAG) else attention_mask
+        y0 = attention(q, k, v, mask=mask, is_causal=q.shape[1] > 1)
         return self.output_and_mlp(y0, x, impl)
 
 
@@ -179,6 +188,8 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
     num_items_in_batch = kwargs.pop("num_items_in_batch", None)
     target = kwargs.pop("shift_labels", None)
     ignore_index = kwargs.pop("ignore_index", -100)
+    if attention_mask is None and (past_key_values is None or past_key_values.get_seq_length() == 0):
+        kwargs[CAUSAL_FLAG] = True
     outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
     hidden = outputs.last_hidden_state
