@@ -21,10 +21,32 @@ MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, 
 OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_backward_linear", "linear_dx")
 
 
-def configs(major: str = "kn") -> list:
+#: (STAGES_C, STAGES_D) tried beside CUTLASS's choice (4, 2) where the epilogue loads tiles: deeper load
+#: stages let the producer warp fetch more of the next tile's inputs during the mainloop.
+STAGED = ((6, 2), (8, 2))
+
+
+def loads_tiles(graph) -> bool:
+    """Whether the graph's epilogue TMA-loads tiles (the inputs epilogue_stages' first count stages)."""
+    ir = graph.build()
+    return bool(ir.find("tile") or ir.find("pair_tile"))
+
+
+def configs(major: str = "kn", loads: bool = False) -> list:
+    """The swept configs; with loads, the ping-pong 128x128 and 128x192 ones again with deeper load stages."""
+    import dataclasses
+
     import coda_ext as ce
 
     K = ce.KernelConfig
+    base = _configs(K, major)
+    if not loads:
+        return base
+    return base + [dataclasses.replace(base[0], epilogue_stages=s) for s in STAGED] + \
+        [dataclasses.replace(base[3], epilogue_stages=STAGED[0])]
+
+
+def _configs(K, major: str) -> list:
     return [K((128, 128, 64), (1, 1), "pingpong", swizzle=4, major=major),
             K((128, 128, 64), (2, 1), "pingpong", swizzle=8, major=major),
             K((128, 192, 64), (1, 1), "pingpong", swizzle=8, major=major),
@@ -56,10 +78,11 @@ def build_items(models=tuple(MODELS), tokens: int = 16384) -> list:
 
     items, seen = [], set()
     for g in rows(models, tokens):
-        for cfg in configs(g.major):
+        for cfg in configs(g.major, loads_tiles(g.graph())):
             if not fits(g.graph(), cfg):
                 continue
-            for graph in (g.graph(), graphs.identity()):
+            # the plain twin measures the mainloop in cfg's tiles: the staged configs share their base's
+            for graph in (g.graph(),) + (() if cfg.epilogue_stages else (graphs.identity(),)):
                 key = (graph.build().digest(), cfg.tag)
                 if key not in seen:
                     seen.add(key)
@@ -97,16 +120,17 @@ def sweep(g, reps: int) -> dict:
 
     sets = [backward_gemms.inputs(g, i) for i in range(2)]
     variants = {"cublas": lambda i: torch.mm(*(lambda a, w: (a, w.t()))(*backward_gemms.operands(g, sets[i])))}
-    for cfg in configs(g.major):
+    for cfg in configs(g.major, loads_tiles(g.graph())):
         if not fits(g.graph(), cfg):
             continue
 
         def fused(i, cfg=cfg):
             with fixed_config(cfg):
                 return backward_gemms.call(g, sets[i])
-        plain = ce.compile(graphs.identity(), "bfloat16", cfg)
         variants[f"op_{cfg.tag}"] = fused
-        variants[f"plain_{cfg.tag}"] = lambda i, p=plain: p(*backward_gemms.operands(g, sets[i]))
+        if not cfg.epilogue_stages:
+            plain = ce.compile(graphs.identity(), "bfloat16", cfg)
+            variants[f"plain_{cfg.tag}"] = lambda i, p=plain: p(*backward_gemms.operands(g, sets[i]))
     times = common.time_interleaved(variants, reps)
     out = {}
     for name, ts in times.items():

@@ -40,7 +40,9 @@ template <
   int EpiTileM = 0,     // epilogue subtile (0, 0): CUTLASS's choice (128x32 cooperative, 64x32 ping-pong)
   int EpiTileN = 0,
   bool AMajorM = false, // A (M, K) with M contiguous
-  bool BMajorN = false  // B (N, K) with N contiguous
+  bool BMajorN = false, // B (N, K) with N contiguous
+  int EpiStagesC = 0,   // shared-memory stages of the epilogue's TMA loads (tile inputs) and of D and
+  int EpiStagesD = 0    // the TMA stores; 0: CUTLASS's choice (C: min(subtiles, 4), D: min(subtiles, 2))
 >
 struct Config {
   using ElementAB = ElementAB_;
@@ -61,8 +63,22 @@ struct Config {
   using EpilogueTileType = cute::conditional_t<(EpiTileM > 0 && EpiTileN > 0),
       cute::Shape<cute::Int<(EpiTileM > 0 ? EpiTileM : 1)>, cute::Int<(EpiTileN > 0 ? EpiTileN : 1)>>,
       cutlass::epilogue::collective::EpilogueTileAuto>;
-  using EpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
+  using AutoEpilogueDescriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<
       TileShape, EpilogueTileType, ElementC, ElementDStaging, typename Schedule::Epilogue>;
+  // The epilogue's subtile and pipeline stages, read by the collective (epilogue_gemm.cuh) and by every
+  // TMA tile load and store node (their stage counts must be the collective's). CUTLASS's descriptor
+  // unless EpiStagesC/EpiStagesD say otherwise: deeper load stages let the producer warp fetch more of a
+  // tile's inputs while the mainloop still runs, so fewer loads wait in the epilogue.
+  struct EpilogueDescriptor {
+    using TileShape = Config::TileShape;
+    using EpilogueTile = typename AutoEpilogueDescriptor::EpilogueTile;
+    using AutoPolicy = typename AutoEpilogueDescriptor::DispatchPolicy;
+    static constexpr int StagesC = EpiStagesC > 0 ? EpiStagesC : AutoPolicy::StagesC;
+    static constexpr int StagesD = EpiStagesD > 0 ? EpiStagesD : AutoPolicy::StagesD;
+    using DispatchPolicy = cutlass::epilogue::Sm90TmaWarpSpecialized<
+        StagesC, StagesD, AutoPolicy::FragmentSize, AutoPolicy::ReuseSmemC, AutoPolicy::DelayTmaStore>;
+  };
+  static constexpr bool kEpilogueStagesSet = EpiStagesC > 0 || EpiStagesD > 0;
   static constexpr int kAlignmentAB = 128 / cutlass::sizeof_bits<ElementAB>::value;
   static constexpr int kAlignmentD = 128 / cutlass::sizeof_bits<ElementDStaging>::value;
   // Stride types (M/N, K or N, L) with a unit inner stride and a runtime leading stride.

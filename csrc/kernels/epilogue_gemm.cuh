@@ -58,14 +58,31 @@ inline void partial_extent(ReductionSpec const& r, int64_t M, int64_t N, int64_t
   }
 }
 
-template <class Cfg, class Fusion>
-struct EpilogueGemm {
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+// The epilogue collective: CUTLASS's builder, or (stage counts set in the Config) the builder's own
+// implementation step given the Config's dispatch policy, so the collective and the fusion's nodes
+// agree on StagesC / StagesD.
+template <class Cfg, class Fusion, bool = Cfg::kEpilogueStagesSet>
+struct EpilogueCollective {
+  using type = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Cfg::TileShape, typename Cfg::ClusterShape,
       typename Cfg::EpilogueTileType, float, float,
       typename Cfg::ElementC, typename Cfg::LayoutD, Cfg::kAlignmentD,
       typename Cfg::ElementD, typename Cfg::LayoutD, Cfg::kAlignmentD,
       typename Cfg::Schedule::Epilogue, Fusion>::CollectiveOp;
+};
+template <class Cfg, class Fusion>
+struct EpilogueCollective<Cfg, Fusion, true> {
+  using Desc = typename Cfg::EpilogueDescriptor;
+  using type = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
+      typename Cfg::TileShape, typename Desc::EpilogueTile, float, float,
+      typename Cfg::ElementC, typename Cfg::LayoutD, Cfg::kAlignmentD,
+      typename Cfg::ElementD, typename Cfg::LayoutD, Cfg::kAlignmentD,
+      Fusion, typename Desc::DispatchPolicy>::CollectiveOp;
+};
+
+template <class Cfg, class Fusion>
+struct EpilogueGemm {
+  using CollectiveEpilogue = typename EpilogueCollective<Cfg, Fusion>::type;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,

@@ -15,6 +15,8 @@ MAJORS = ("kk", "kn", "mk", "mn")
 
 _TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk"}
 RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
+#: The most shared-memory stages KernelConfig.epilogue_stages gives the epilogue's loads or stores.
+MAX_EPILOGUE_STAGES = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +26,10 @@ class KernelConfig:
     Compiled into the kernel: tile = (TILE_M, TILE_N, TILE_K); cluster = (CLUSTER_M, CLUSTER_N);
     schedule = cooperative | pingpong | streamk (cooperative with the stream-K tile scheduler: the K
     loop of each output tile is split across CTAs when there are too few tiles to fill the GPU;
-    deterministic); epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice.
+    deterministic); epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice; epilogue_stages =
+    (STAGES_C, STAGES_D), the shared-memory stages of the epilogue's TMA tile loads and of its TMA stores,
+    or None for CUTLASS's choice (min(subtiles, 4) and min(subtiles, 2)): deeper load stages let the
+    producer warp fetch more of a tile's inputs while the mainloop runs, at the mainloop's expense.
     major = "kk" | "kn" | "mk" | "mn": the contiguous dimension of A (M, K) and of W (N, K) (MAJORS);
     the op reads each operand in that layout, so a transposed view needs no copy.
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8) and raster (heuristic, along_m, along_n)
@@ -38,6 +43,7 @@ class KernelConfig:
     swizzle: int = 1
     raster: str = "heuristic"
     major: str = "kk"
+    epilogue_stages: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
@@ -55,6 +61,11 @@ class KernelConfig:
             if tm % em or tn % en or em not in (64, 128) or en not in (16, 32, 64, 128):
                 raise UnsupportedError(f"KernelConfig: epilogue_tile {self.epilogue_tile} must divide the tile "
                                        f"{self.tile} with EPI_M in (64, 128) and EPI_N in (16, 32, 64, 128)")
+        if self.epilogue_stages is not None:
+            sc, sd = self.epilogue_stages
+            if not (1 <= sc <= MAX_EPILOGUE_STAGES and 1 <= sd <= MAX_EPILOGUE_STAGES):
+                raise UnsupportedError(f"KernelConfig: epilogue_stages {self.epilogue_stages} must be (STAGES_C, "
+                                       f"STAGES_D) with each in 1..{MAX_EPILOGUE_STAGES}, or None for CUTLASS's choice")
         if self.swizzle not in (1, 2, 4, 8):
             raise UnsupportedError(f"KernelConfig: swizzle must be 1, 2, 4 or 8, got {self.swizzle}")
         if self.raster not in RASTER_ORDERS:
@@ -79,6 +90,8 @@ class KernelConfig:
             tag += f"_{self.raster}"
         if self.major != "kk":
             tag += f"_{self.major}"
+        if self.epilogue_stages:
+            tag += f"_ec{self.epilogue_stages[0]}d{self.epilogue_stages[1]}"
         return tag
 
 

@@ -26,15 +26,16 @@ CASES = {
 def config_cases():
     """(case, dtype, config) run at configs other than the default: every config the "auto"
     heuristic picks, with a tile load and a reduction, and stream-K with those, the pair node
-    and an aux store."""
-    from coda_ext import tuning
+    and an aux store; the tile load with deeper epilogue stages (KernelConfig.epilogue_stages)."""
+    from coda_ext import KernelConfig, tuning
 
     return ([("design", "bfloat16", c) for c in tuning.HEURISTIC_CONFIGS]
             + [("reductions", "bfloat16", tuning.COOP_SMALL), ("reductions", "bfloat16", tuning.LARGE),
                ("design", "bfloat16", tuning.STREAMK), ("swiglu", "float16", tuning.STREAMK),
                ("swiglu", "bfloat16", tuning.WIDE), ("swiglu", "bfloat16", tuning.TALL_192_PAIRS),
                ("swiglu", "float16", tuning.TALL_192), ("reductions", "bfloat16", tuning.TALL_192),
-               ("example", "bfloat16", tuning.STREAMK)])
+               ("example", "bfloat16", tuning.STREAMK),
+               ("design", "bfloat16", KernelConfig((128, 128, 64), (1, 1), "pingpong", epilogue_stages=(8, 2)))])
 
 
 def build_items():

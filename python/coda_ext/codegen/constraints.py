@@ -76,13 +76,14 @@ def _align(n: int) -> int:
 
 
 def epilogue_buffers(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> dict[str, int]:
-    """Bytes of the epilogue's shared memory at the fewest stages CUTLASS gives its buffers: D's
-    staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores: 32-bit), each
-    row vector's TILE_N slice (rounded up to SMEM_ALIGN), and SMEM_ALIGN for barriers and padding."""
+    """Bytes of the epilogue's shared memory at the stages CUTLASS gives its buffers (or the config's
+    epilogue_stages): D's staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores:
+    32-bit), each row vector's TILE_N slice (rounded up to SMEM_ALIGN), and SMEM_ALIGN for barriers and
+    padding."""
     tm, tn, _ = config.tile
     em, en = epilogue_tile(config)
     subtiles = (tm // em) * (tn // en)
-    stages_d, stages_c = min(subtiles, 2), min(subtiles, 4)
+    stages_c, stages_d = config.epilogue_stages or (min(subtiles, 4), min(subtiles, 2))
     sub = em * en
     parts = {"D staging": stages_d * sub * _BYTES[dtype]}
     for n in graph.nodes:

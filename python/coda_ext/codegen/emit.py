@@ -135,8 +135,10 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
     cm, cn = config.cluster
     em, en = config.epilogue_tile or (0, 0)
     epi = f", {em}, {en}" if config.epilogue_tile else ""
-    if config.major != "kk":   # operand layouts: A's M / W's N contiguous
+    if config.major != "kk" or config.epilogue_stages:   # operand layouts: A's M / W's N contiguous
         epi = f", {em}, {en}, {str(config.major[0] == 'm').lower()}, {str(config.major[1] == 'n').lower()}"
+    if config.epilogue_stages:   # the epilogue's load and store stages (0, 0: CUTLASS's choice)
+        epi += ", {}, {}".format(*config.epilogue_stages)
     return _TEMPLATE.substitute(
         prelude=NO_PDL_PRELUDE if config.schedule in NO_PDL_SCHEDULES else "",
         digest=graph.digest(),
