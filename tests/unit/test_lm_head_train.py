@@ -118,15 +118,17 @@ def cpu_train_kernel(monkeypatch):
     assert not _has_cpu_kernel()
 
 
+@pytest.mark.parametrize("dloss", [3.0, 1.0], ids=["dloss 3", "dloss 1"])
 @pytest.mark.parametrize("scaled", [False, True])
-def test_loss_autograd_through_the_op(cpu_train_kernel, scaled):
-    """loss.backward() gives the gradients the forward computed, scaled by dloss (here 3: (3 · loss).backward())."""
+def test_loss_autograd_through_the_op(cpu_train_kernel, scaled, dloss):
+    """loss.backward() gives the gradients the forward computed, scaled by dloss ((3 · loss).backward(); with
+    dloss 1 the saved gradients themselves, no pass over them)."""
     x, w, target, rstd = _inputs(torch.bfloat16, scaled, seed=1)
     xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
     rr = rstd.clone().requires_grad_() if scaled else None
     loss = ops.lm_head_cross_entropy_loss(xx.reshape(1, M, D), ww, target.reshape(1, M), rr.reshape(1, M) if scaled
                                           else None)
-    (3 * loss).backward()
+    (loss if dloss == 1.0 else dloss * loss).backward()
     assert cpu_train_kernel == [M]              # one call, one chunk of all 37 rows
     want = _reference_grads(x, w, target, rstd, "mean")
     assert abs(loss.item() - want[0].item()) <= 1e-2 * abs(want[0].item())
@@ -134,8 +136,8 @@ def test_loss_autograd_through_the_op(cpu_train_kernel, scaled):
         if ref is None:
             continue
         assert got.dtype == (torch.float32 if name == "drstd" else torch.bfloat16)
-        err = (got.double() - 3 * ref).abs().max().item()
-        assert err <= 3 * 2 ** -7 * ref.abs().max().item(), (name, err)
+        err = (got.double() - dloss * ref).abs().max().item()
+        assert err <= dloss * 2 ** -7 * ref.abs().max().item(), (name, err)
 
 
 def test_opcheck(cpu_train_kernel):

@@ -317,6 +317,7 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
             dW = _mm_f32(e.t(), y)
         else:
             _addmm_f32_(dW, e.t(), y)
+        del e, ew, y   # the last chunk's buffers go before the caller converts dW (its peak)
     return finish(lse, tl, target, ignore_index, reduction), lse, dx, dW, drstd
 
 
@@ -355,6 +356,10 @@ def _setup_train(ctx, inputs, output):
 def _backward_train(ctx, dloss, *_):
     dx, dW, drstd = ctx.saved_tensors
     s = dloss.float()   # 0-dim: bf16 * s stays bf16, computed in fp32
+    if common.readable(s) and s.item() == 1.0:
+        # loss.backward() on the loss itself: the saved gradients are the answer; no pass over the V x d
+        # weight gradient, no second copy of it while the step's activations are alive (one tiny sync)
+        return dx, dW, None, drstd if ctx.scaled else None, None, None, None
     return dx * s, dW * s, None, (drstd * s) if ctx.scaled else None, None, None, None
 
 
