@@ -349,6 +349,9 @@ def _fake_train(x, weight, target, rstd, ignore_index, reduction, chunk):
 
 def _setup_train(ctx, inputs, output):
     _, dx, dW, drstd = output
+    # dx, dW, drstd are the op's answer, not values the loss depends on: their gradients are None, not V x d
+    # (and M x d) zero tensors autograd would allocate and fill at the start of every backward
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(dx, dW, drstd)
     ctx.scaled = inputs[3] is not None
 
