@@ -571,7 +571,8 @@ def run_model(name: str, args, device: str, gpu: str | None) -> dict:
                                                      "num_key_value_heads", "head_dim", "vocab_size",
                                                      "num_hidden_layers", "tie_word_embeddings")},
              "batch": args.batch, "seq": args.seq, "tokens": tokens, "steps": args.steps, "optimizer": "AdamW",
-             "dtype": str(dtype).split(".")[-1], "variants": {}, "skipped": skipped}
+             "dtype": str(dtype).split(".")[-1], "variants": {}, "skipped": skipped,
+             "commit": common.commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}   # models merge across runs
     if "prebuild_s" in info:
         entry["prebuild_s"] = info["prebuild_s"]
     data = batches(cfg, args, args.steps, seed=1, device=device)
