@@ -38,7 +38,13 @@ def config_cases():
                ("design", "bfloat16", KernelConfig((128, 128, 64), (1, 1), "pingpong", epilogue_stages=(8, 2)))])
 
 
+#: The cases test_numerics runs with config="auto" (every config the heuristic may pick for them).
+AUTO_CASES = ("design", "swiglu")
+
+
 def build_items():
-    """(graph, dtype, config) for coda_ext.prebuild."""
+    """(graph, dtype, config) for coda_ext.prebuild: the cases, their config cases, and every config "auto"
+    may pick for AUTO_CASES in bf16 (test_numerics.test_auto_dispatches_by_shape launches them)."""
     return ([(fn(), dtype, None) for fn, dtypes in CASES.values() for dtype in dtypes]
-            + [(CASES[name][0](), dtype, cfg) for name, dtype, cfg in config_cases()])
+            + [(CASES[name][0](), dtype, cfg) for name, dtype, cfg in config_cases()]
+            + [(CASES[name][0](), "bfloat16", "auto") for name in AUTO_CASES])
