@@ -1,7 +1,9 @@
 """The backward epilogue GEMMs of the training step (benchmarks/backward_gemms.py: dSwiGLU, the RMSNorm backward
 with and without dx_in, the plain dX) under several kernel configs, against the bare cuBLAS GEMM of the same
 shape and the plain GEMM in the same config and layout (the mainloop's share), interleaved: the measurements
-behind the heuristic's choices for operands read N-major ("kn").
+behind the heuristic's choices for operands read N-major ("kn"). Per config: op_ (the ready op as the step
+calls it: its other kernels and allocations included), kernel_ (its fused GEMM kernel alone, random inputs)
+and plain_ (the identity graph: the mainloop alone).
 
     python -m coda_ext prebuild benchmarks/sweep_backward.py -j 16
     python -m benchmarks.sweep_backward [--models 1B 8B] [--tokens 16384] [--reps 10]
@@ -117,6 +119,7 @@ def sweep(g, reps: int) -> dict:
 
     import coda_ext as ce
     from coda_ext import graphs
+    from tests.helpers import rand
 
     sets = [backward_gemms.inputs(g, i) for i in range(2)]
     variants = {"cublas": lambda i: torch.mm(*(lambda a, w: (a, w.t()))(*backward_gemms.operands(g, sets[i])))}
@@ -128,6 +131,11 @@ def sweep(g, reps: int) -> dict:
             with fixed_config(cfg):
                 return backward_gemms.call(g, sets[i])
         variants[f"op_{cfg.tag}"] = fused
+        # the fused GEMM kernel alone (the op's other kernels and allocations out): the epilogue's own cost
+        kernel = ce.compile(g.graph(), "bfloat16", cfg)
+        gen = torch.Generator(device="cuda").manual_seed(len(variants))
+        args = [rand.op_inputs(kernel, g.M, g.N, g.K, gen) for _ in range(2)]
+        variants[f"kernel_{cfg.tag}"] = lambda i, k=kernel, a=args: k(a[i][0], a[i][1], **a[i][2])
         if not cfg.epilogue_stages:
             plain = ce.compile(graphs.identity(), "bfloat16", cfg)
             variants[f"plain_{cfg.tag}"] = lambda i, p=plain: p(*backward_gemms.operands(g, sets[i]))
