@@ -29,7 +29,8 @@ if [ -n "${CACHE_SEED:-}" ]; then
   cp -r "$CACHE_SEED"/. "$CODA_EXT_CACHE_DIR"/
 fi
 start=$(date +%s)
-prebuild_files=(tests/gpu/cases.py benchmarks/bench_epilogue.py)
+# every kernel of the GPU suite (each test file that builds kernels defines build_items()) and the benchmark
+prebuild_files=(tests/gpu/cases.py tests/gpu/ops_cases.py $(grep -l "^def build_items" tests/gpu/test_*.py) benchmarks/bench_epilogue.py)
 [ "${SANITIZE:-1}" != 0 ] && prebuild_files+=(benchmarks/sanitize.py benchmarks/numerics_table.py)
 python3 -m coda_ext prebuild "${prebuild_files[@]}" -j "$(nproc)" 2>&1 | tail -3 | tee "$LOGDIR/prebuild.log"
 echo "prebuild took $(( $(date +%s) - start )) s"

@@ -17,12 +17,16 @@ BF = torch.bfloat16
 COUNT = {"cases": 0}
 
 
+def build_items() -> list:
+    """(graph, dtype, config) of every kernel these tests launch (`python -m coda_ext prebuild` builds them ahead)."""
+    return [(make(), "bfloat16", None) for make in bad_inputs.GRAPHS.values()]
+
+
 @pytest.fixture(scope="module")
 def ops():
     from coda_ext.runtime import prebuild  # the function (ce.prebuild is rebound by importing its CLI module)
 
-    items = [(make(), "bfloat16", None) for make in bad_inputs.GRAPHS.values()]
-    prebuild(items, jobs=os.cpu_count())
+    prebuild(build_items(), jobs=os.cpu_count())
     return {name: ce.compile(make(), "bfloat16") for name, make in bad_inputs.GRAPHS.items()}
 
 

@@ -29,11 +29,16 @@ def logsumexp_graph():
 GRAPHS = {"turns": turns_graph, "logsumexp": logsumexp_graph}
 
 
+def build_items() -> list:
+    """(graph, dtype, config) of every kernel these tests launch (`python -m coda_ext prebuild` builds them ahead)."""
+    return [(make(), "bfloat16", None) for make in GRAPHS.values()]
+
+
 @pytest.fixture(scope="module")
 def ops():
     from coda_ext.runtime import prebuild  # the function (ce.prebuild is rebound by importing its CLI module)
 
-    prebuild([(make(), "bfloat16", None) for make in GRAPHS.values()], jobs=os.cpu_count())
+    prebuild(build_items(), jobs=os.cpu_count())
     return {name: ce.compile(make(), "bfloat16") for name, make in GRAPHS.items()}
 
 

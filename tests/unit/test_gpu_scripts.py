@@ -473,3 +473,18 @@ def test_sanitizer_log_shows_no_machine_paths():
                                    "--child memcheck")
     probe = ["nvcc", "-o", "/tmp/coda_sanitize_ab12_x/initcheck_probe", str(sanitize.PROBE_SOURCE)]
     assert sanitize.shown(probe) == "nvcc -o $TMP/initcheck_probe benchmarks/initcheck_probe.cu"
+
+
+def test_every_gpu_test_file_that_builds_kernels_lists_them():
+    """A GPU test file whose fixtures build kernels defines build_items(), so `python -m coda_ext prebuild` (and
+    benchmarks/gpu_session.sh, which prebuilds every such file) builds the whole suite ahead, on any machine."""
+    import pathlib
+
+    gpu = pathlib.Path(__file__).resolve().parents[1] / "gpu"
+    shared = ("cases.build_items()", "ops_cases.build_items()")   # files gpu_session.sh prebuilds by name
+    missing = [f.name for f in sorted(gpu.glob("test_*.py"))
+               if "prebuild(" in f.read_text() and "\ndef build_items(" not in f.read_text()
+               and not any(s in f.read_text() for s in shared)]
+    assert not missing, missing
+    session = (pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_session.sh").read_text()
+    assert 'grep -l "^def build_items" tests/gpu/test_*.py' in session
