@@ -75,6 +75,8 @@ def build_items(sms: int | None = None) -> list:
                 gemms.append((_MODULE[op].graph(*args), major, mnk))
         if dtype == "bfloat16":
             gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.gemms(M, V, d, True, LM_CHUNK_BYTES)]
+            # the statistics forward without rstd (test_lm_head_train_gradients' loss check, "plain")
+            gemms += [(lm_head_ce.graph(False), "kk", (M, V, d)) for M, V, d in LM_SHAPES]
             gemms += [g for M, V, d in LM_SHAPES for s in (False, True)
                       for g in lm_head_ce.gemms(M, V, d, s, train=True, train_chunk_bytes=LM_TRAIN_CHUNK_BYTES)]
         items += auto_items(gemms, dtype, sms)
