@@ -1,9 +1,16 @@
-"""Where the epilogue time goes: the design graph (docs/design.md) taken apart, node kind by node kind.
+"""Where the epilogue time goes: an epilogue graph taken apart, node kind by node kind.
 
-    python -m benchmarks.ablate_epilogue [--shape M N K] [--reps 30]
+    python -m benchmarks.ablate_epilogue [--family design] [--shape M N K] [--reps 30]
+    python -m benchmarks.ablate_epilogue --family dswiglu       # the dSwiGLU epilogue, at the 8B and 1B shapes
 
-Each variant is timed interleaved with the bare cuBLAS GEMM of the same shape (median of
-per-round ratios), for each kernel configuration in CONFIGS. Prints a table and writes JSON.
+Families: "design" (the design graph of docs/design.md, operands "kk", one shape) and the backward
+epilogues of the training step, "dswiglu" (`graphs.swiglu_backward_linear`) and "rms_backward"
+(`graphs.rms_norm_backward_linear(True)`), read N-major ("kn") as the step runs them, at the Llama
+shapes of 16384 tokens. Each variant is a kernel timed alone (random inputs, tests.helpers.rand),
+interleaved with the bare cuBLAS GEMM of the same shape (median of per-round ratios), for each
+kernel configuration of the family. The variant "acc" is the plain GEMM in the same config (the
+mainloop's share); the step between two variants is what one node kind costs. Prints a table and
+writes JSON.
 """
 from __future__ import annotations
 
@@ -11,20 +18,26 @@ import argparse
 import sys
 
 import torch
-import torch.nn.functional as F
 
 import coda_ext as ce
 from benchmarks.common import RESULTS, gpu_info, summarize, time_interleaved, write_json
 from tests.helpers import rand
 
-CONFIGS = [
+KK_CONFIGS = [
     ce.KernelConfig((128, 256, 64), (1, 2), "cooperative", swizzle=4),
     ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4),
 ]
+KN_CONFIGS = [
+    ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4, major="kn"),
+    ce.KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4, major="kn"),
+]
+#: (M, N, K) of the backward families: the 8B-like and 1B-like Llama layers at 16384 tokens.
+DSWIGLU_SHAPES = {"8B": (16384, 14336, 4096), "1B": (16384, 8192, 2048)}
+RMS_SHAPES = {"8B": (16384, 4096, 14336), "1B": (16384, 2048, 8192)}
 
 
-def variants():
-    """The ablation's graphs (coda_ext.graphs), one epilogue feature at a time."""
+def design_variants() -> dict:
+    """The design graph (coda_ext.graphs), one epilogue feature at a time."""
     from coda_ext import graphs
 
     return {
@@ -37,37 +50,128 @@ def variants():
     }
 
 
-def build_items():
-    return [(g, "bfloat16", c) for g in variants().values() for c in CONFIGS]
+def _dswiglu(store_dz: bool, store_y: bool, reduce: bool, output: bool = False):
+    """swiglu_backward_linear with some of its outputs left out (the math feeding them goes with them)."""
+    from coda_ext.graph.builder import Graph
+    from coda_ext.graph.math import sigmoid
+
+    g = Graph()
+    acc = g.accumulator()
+    gate, up = g.pair_tile("z")
+    if output:                       # the pair tile read, one half-width output: the load path alone
+        g.output(acc * up)
+        return g
+    sig = sigmoid(gate)
+    silu = gate * sig
+    dg = acc * up * sig * (1.0 + gate * (1.0 - sig))
+    du = acc * silu
+    if store_dz:
+        g.store_pairs("dz", dg, du)
+    if store_y:
+        g.store("y", silu * up)
+    if reduce:
+        g.row_reduce("zdz", gate * dg + up * du, "sum")
+    return g
+
+
+def dswiglu_variants() -> dict:
+    from coda_ext import graphs
+
+    return {
+        "acc": graphs.identity(),
+        "z in; D=acc*u": _dswiglu(False, False, False, output=True),
+        "z in; dz": _dswiglu(True, False, False),
+        "z in; dz, y": _dswiglu(True, True, False),
+        "z in; dz, zdz": _dswiglu(True, False, True),
+        "full (dz, y, zdz)": graphs.swiglu_backward_linear(),
+    }
+
+
+def _rms(store_n: bool, dgamma: bool, dx_in: bool = True):
+    from coda_ext.graph.builder import Graph
+
+    g = Graph()
+    acc = g.accumulator()
+    rstd = g.col_vector("rstd", "float32")
+    gamma = g.row_vector("norm_weight")
+    xhat = g.tile("x") * rstd
+    dx = (acc * gamma - xhat * (g.col_vector("zdz", "float32") * g.scalar("inv_d"))) * rstd
+    g.output(g.tile("dx_in") + dx if dx_in else dx, name="dx")
+    if store_n:
+        g.store("n", xhat * gamma)
+    if dgamma:
+        g.col_reduce("dgamma", acc * xhat, "sum")
+    return g
+
+
+def rms_variants() -> dict:
+    from coda_ext import graphs
+
+    return {
+        "acc": graphs.identity(),
+        "dx (x in)": _rms(False, False, dx_in=False),
+        "dx (x, dx_in in)": _rms(False, False),
+        "dx, n": _rms(True, False),
+        "dx, dgamma": _rms(False, True),
+        "full (dx, n, dgamma)": graphs.rms_norm_backward_linear(True),
+    }
+
+
+#: family -> (variants, configs, {label: (M, N, K)} or None for --shape)
+FAMILIES = {
+    "design": (design_variants, KK_CONFIGS, None),
+    "dswiglu": (dswiglu_variants, KN_CONFIGS, DSWIGLU_SHAPES),
+    "rms_backward": (rms_variants, KN_CONFIGS, RMS_SHAPES),
+}
+
+
+def variants(family: str = "design") -> dict:
+    return FAMILIES[family][0]()
+
+
+def build_items(families=tuple(FAMILIES)):
+    return [(g, "bfloat16", c) for f in families for g in variants(f).values() for c in FAMILIES[f][1]]
+
+
+def ablate(family: str, shape: tuple[int, int, int], reps: int) -> dict:
+    M, N, K = shape
+    make, cfgs, _ = FAMILIES[family]
+    ops = {f"{name} [{cfg.tag}]": ce.compile(g, "bfloat16", cfg) for name, g in make().items() for cfg in cfgs}
+    gen = rand.generator("ablate", family, device="cuda")
+    sets = {name: [rand.op_inputs(op, M, N, K, gen) for _ in range(2)] for name, op in ops.items()}
+    base = [rand.operands(gen, M, N, K, torch.bfloat16) for _ in range(2)]
+    fns = {"cublas_gemm": lambda i: torch.nn.functional.linear(*base[i])}
+    for name, op in ops.items():
+        fns[name] = lambda i, op=op, s=sets[name]: op(s[i][0], s[i][1], **s[i][2])
+    return summarize(time_interleaved(fns, reps), "cublas_gemm")
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", nargs=3, type=int, default=[8192, 8192, 4096])
+    p.add_argument("--family", default="design", choices=list(FAMILIES))
+    p.add_argument("--shape", nargs=3, type=int, default=None, help="M N K (default: the family's shapes)")
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--out", default=str(RESULTS / "ablation_h100.json"))
+    p.add_argument("--out", default=None, help="results JSON (default: ablation_h100.json for design, "
+                                               "ablation_<family>_h100.json otherwise)")
     args = p.parse_args()
-    M, N, K = args.shape
-    dt = torch.bfloat16
-    sets = []
-    for s in range(2):
-        gen = rand.generator(s, device="cuda")
-        A, W = rand.operands(gen, M, N, K, dt)
-        sets.append({"A": A, "W": W, "aux": rand.randn(gen, M, N, dtype=dt), "bias": rand.randn(gen, N, dtype=dt)})
-    fns = {"cublas_gemm": lambda i: F.linear(sets[i]["A"], sets[i]["W"])}
-    for name, g in variants().items():
-        for cfg in CONFIGS:
-            op = ce.compile(g, dt, cfg)
-            kw = {k: k for k in op.input_names}
-            fns[f"{name} [{cfg.tag}]"] = lambda i, op=op, kw=kw: op(sets[i]["A"], sets[i]["W"],
-                                                                   **{k: sets[i][v] for k, v in kw.items()})
-    times = time_interleaved(fns, args.reps)
-    summary = summarize(times, "cublas_gemm")
-    result = {"shape": {"M": M, "N": N, "K": K}, "results": summary, "env": gpu_info()}
-    write_json(args.out, result)
-    print(f"{'variant':44s} {'median ms':>10s} {'x cuBLAS':>9s}")
-    for name, s in summary.items():
-        print(f"{name:44s} {s['median_ms']:10.3f} {s['median_ratio_to_cublas']:9.3f}")
+    shapes = FAMILIES[args.family][2] or {"": (8192, 8192, 4096)}
+    if args.shape:
+        shapes = {"": tuple(args.shape)}
+    results = {}
+    for label, shape in shapes.items():
+        summary = ablate(args.family, shape, args.reps)
+        M, N, K = shape
+        results[label or "shape"] = {"shape": {"M": M, "N": N, "K": K}, "results": summary}
+        print(f"{label} {M}x{N}x{K}")
+        print(f"{'variant':52s} {'median ms':>10s} {'x cuBLAS':>9s}")
+        for name, s in summary.items():
+            print(f"{name:52s} {s['median_ms']:10.3f} {s['median_ratio_to_cublas']:9.3f}", flush=True)
+    name = "ablation_h100.json" if args.family == "design" else f"ablation_{args.family}_h100.json"
+    doc = {"family": args.family, "shapes": results, "env": gpu_info()}
+    if args.family == "design" and len(results) == 1:   # the committed design file's shape
+        doc = {"shape": next(iter(results.values()))["shape"], "results": next(iter(results.values()))["results"],
+               "env": gpu_info()}
+    write_json(args.out or RESULTS / name, doc)
     return 0
 
 
