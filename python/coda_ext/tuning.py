@@ -26,6 +26,10 @@ from .jit.paths import cache_root
 LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many tiles otherwise (see heuristic)
 LARGE_TALL = dataclasses.replace(LARGE, swizzle=8)                         # LARGE with 32 or more M tiles
 PINGPONG = DEFAULT_CONFIG                                    # many tiles, N <= 16384, K <= 4096, an epilogue
+#: PINGPONG for an epilogue that reads a pair tile (2N columns: dSwiGLU), with 32 or more M tiles: swizzle 8
+#: rastered along N keeps more of the operands in L2 beside the epilogue's stream (the same kernel: swizzle
+#: and raster are launch arguments; benchmarks/results/sweep_raster_dswiglu_h100.json)
+PINGPONG_PAIR_LOADS = dataclasses.replace(PINGPONG, swizzle=8, raster="along_n")
 # compute-only, N > 16384, M >= 4096
 WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
@@ -37,8 +41,8 @@ SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <=
 TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=4)
 TALL_192_S8 = dataclasses.replace(TALL_192, swizzle=8)
 TALL_192_PAIRS = KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8)
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, WIDE, MEDIUM, WAVE_FILL, SKINNY,
-                                               TALL_192, TALL_192_S8, TALL_192_PAIRS)
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, WIDE, MEDIUM,
+                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_PAIRS)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
@@ -57,6 +61,7 @@ class Epilogue:
     col_reduce: it reduces over M (per-tile partials of every column);
     large_stages: the mainloop stages the epilogue's shared memory leaves the 128x256 configs;
     pairs: it stores pairs of adjacent columns at half width (SwiGLU);
+    pair_loads: it reads a pair tile (M x 2N 16-bit values: the dSwiGLU's saved pre-activation);
     tall_192: a 128x192 tile fits it (its segments divide 192 and it leaves three mainloop stages)."""
 
     plain: bool = False
@@ -64,6 +69,7 @@ class Epilogue:
     col_reduce: bool = False
     large_stages: int = 8
     pairs: bool = False
+    pair_loads: bool = False
     tall_192: bool = True
 
     @classmethod
@@ -75,7 +81,8 @@ class Epilogue:
         tall_192 = (segment is None or 192 % segment == 0) and mainloop_stages(lowered, "bfloat16", TALL_192) >= 3
         return cls(plain=kinds <= {"accumulator", "output", "cast"}, tile_load=bool(kinds & {"tile", "pair_tile"}),
                    col_reduce="col_reduce" in kinds, large_stages=mainloop_stages(lowered, "bfloat16", LARGE),
-                   pairs=bool(kinds & {"pair_gate", "pair_gated_store"}), tall_192=tall_192)
+                   pairs=bool(kinds & {"pair_gate", "pair_gated_store"}), pair_loads="pair_tile" in kinds,
+                   tall_192=tall_192)
 
 
 def _waves(tiles: int, sms: int) -> float:
@@ -106,6 +113,10 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
         1.061x / 1.037x / 1.020x in ping-pong 128x128, one run,
         benchmarks/results/sweep_identity_h100.json); the backward GEMMs that read an operand
         M- or N-major keep ping-pong there (measured at 0.89-1.02x cuBLAS in the training step);
+        an epilogue that reads a pair tile (dSwiGLU), with 32 or more M tiles, launches it with swizzle 8
+        rastered along N (PINGPONG_PAIR_LOADS): the kernel's DRAM reads fell from 5.0 to 3.9 GB and its
+        time from 1.256x to 1.186x cuBLAS at 16384x14336x4096, from 1.65 to 1.25 GB and 1.440x to
+        1.325x at 16384x8192x2048 (kernel alone, one run, benchmarks/results/sweep_raster_dswiglu_h100.json);
     - the 2x1-cluster cooperative 128x256 config uses swizzle 8 with 32 or more M tiles (0-1.5 %
       faster than 4 in that sweep and at M = 8192 and 16384 in graphs_h100.json); with fewer the
       swizzled grid runs idle tiles: at 1024x28672x4096 swizzle 8 took 2.05-2.24x cuBLAS, 4 took
@@ -147,14 +158,16 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     tall = ()
     if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
         tall = (TALL_192, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
-    return tuple(c for c in HEURISTIC_CONFIGS if c not in (TALL_192, TALL_192_S8, TALL_192_PAIRS)) + tall
+    skip = (TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
+    return tuple(c for c in HEURISTIC_CONFIGS if c not in skip) + tall
 
 
 def for_every_m(config: KernelConfig) -> KernelConfig:
     """The config a kernel with one launch default for every M takes (libcoda's fixed kernels): the
     heuristic's, but LARGE_TALL's swizzle 8 only pays with 32 or more M tiles and wastes half the
-    grid with 8 (1024 rows), so such a kernel launches with LARGE's swizzle 4."""
-    return LARGE if config == LARGE_TALL else config
+    grid with 8 (1024 rows), so such a kernel launches with LARGE's swizzle 4 (and PINGPONG_PAIR_LOADS
+    with PINGPONG's launch arguments)."""
+    return {LARGE_TALL: LARGE, PINGPONG_PAIR_LOADS: PINGPONG}.get(config, config)
 
 
 def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) -> KernelConfig:
@@ -170,7 +183,9 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) 
             return LARGE
         if N > 16384:
             return WIDE if tiles_m >= 32 and not (epilogue.plain or epilogue.tile_load) else LARGE
-        return PINGPONG if K <= 4096 and not (epilogue.plain and major == "kk") else LARGE
+        if K > 4096 or (epilogue.plain and major == "kk"):
+            return LARGE
+        return PINGPONG_PAIR_LOADS if epilogue.pair_loads and tiles_m >= 32 else PINGPONG
     return MEDIUM
 
 
