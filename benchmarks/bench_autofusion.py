@@ -335,8 +335,48 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
             except Exception as e:  # noqa: BLE001
                 out["peak_error"] = f"{type(e).__name__}: {e}"[:500]
                 _free(device)
+    if args.profile:
+        for variant, step in steps.items():
+            try:
+                entry["variants"][variant]["profile"] = profile(step, device)
+            except Exception as e:  # noqa: BLE001  (a profile is a diagnosis, never a reason to lose results)
+                entry["variants"][variant]["profile"] = {"error": f"{type(e).__name__}: {e}"[:500]}
     entry["goals"] = goals(name, entry)
     return entry, reports
+
+
+def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:
+    """torch.profiler over `steps` training steps: the wall time, the GPU kernels' summed time and count
+    (a GPU-bound step has kernel time close to its wall time; the rest is the host launching), the
+    kernels that take the most time and the host ops with the most self time, per step."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    cuda = device == "cuda"
+    step(0)
+    if cuda:
+        torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        start = time.perf_counter()
+        for i in range(steps):
+            step(i % 2)
+        if cuda:
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1e3 / steps
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name[:120], [0.0, 0])
+            k[0] += e.device_time / 1e3 / steps
+            k[1] += 1 / steps
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
+    host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:top]
+    return {"wall_ms": wall, "kernel_ms": sum(v[0] for v in kernels.values()),
+            "kernels": round(sum(v[1] for v in kernels.values())),
+            "top": [[name, round(ms, 3), round(n)] for name, (ms, n) in ranked[:top]],
+            "host_top": [[a.key[:120], round(a.self_cpu_time_total / 1e3 / steps, 3), round(a.count / steps)]
+                         for a in host]}
 
 
 def _free(device: str) -> None:
@@ -617,6 +657,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--method", default="ilp", choices=["ilp", "greedy"])
     p.add_argument("--prebuild", action="store_true", help="build every fused kernel in parallel first")
     p.add_argument("--prebuild-only", action="store_true", help="build every fused kernel, then stop")
+    p.add_argument("--profile", action="store_true", help="torch.profiler of two steps of every variant: wall and "
+                                                          "kernel time, kernel count, the top kernels")
     p.add_argument("--plan", action="store_true", help="trace on the CPU and report; compile and run nothing")
     p.add_argument("--sms", type=int, default=None, help="SMs the kernel configs are chosen for (default: the GPU's, "
                                                          "else an H100's)")
