@@ -227,9 +227,12 @@ def fuse(model: Any, report: bool = False, **options: Any) -> Any:
 
     The model compiles on its first call; the compiled model's `coda_report` (a FusionReport, also
     report_of(model)) then says what was fused, and with report=True each graph's report is printed
-    as it is compiled."""
+    as it is compiled. A Hugging Face model traces with no attention mask where it needs none
+    (hf_masks.plain_masks: SDPA keeps its flash kernel)."""
+    from .hf_masks import with_plain_masks
+
     backend = CodaBackend(report=report, **options)
-    compiled = torch.compile(model, backend=backend, dynamic=False)
+    compiled = with_plain_masks(torch.compile(model, backend=backend, dynamic=False))
     compiled.coda_report = backend.report
     compiled.coda_backend = backend
     return compiled
@@ -245,10 +248,13 @@ def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str =
     device-specific ops differ, and they are left to the fallback anyway); the parameters' values are
     never read (torch.nn.Module.to_empty gives uninitialised ones). A model with a graph break is planned
     up to its first graph."""
+    from .hf_masks import plain_masks
+
     backend = CodaBackend(target=target, fallback="eager", execute="interpret", prebuild=False, **options)
     backend.plan_only = True
     try:
-        torch.compile(model, backend=backend, dynamic=False)(*args, **(kwargs or {}))
+        with plain_masks():
+            torch.compile(model, backend=backend, dynamic=False)(*args, **(kwargs or {}))
     except Exception as e:   # Dynamo wraps what the backend raises
         if not isinstance(getattr(e, "inner_exception", e), Planned):
             raise

@@ -94,12 +94,12 @@ class TunedOp(GraphOp):
     def launch(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any], M: int, N: int) -> Outputs:
         """After check_call, and before any tuning: no given output overlapping another tensor, an SM90 GPU;
         then the op of the config chosen for this shape launches."""
-        tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-        checks.check_no_overlap(out, {"A": A, "W": W, **tensors})
-        checks.require_gpu(A)
         where = (tuning.m_bucket(M), N, A.shape[1], A.device.index)
         op = self._chosen.get(where)
-        if op is None:  # first call of this shape class in this process
+        if op is None:  # first call of this shape class in this process (the op's launch checks again after)
+            tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+            checks.check_no_overlap(out, {"A": A, "W": W, **tensors})
+            checks.require_gpu(A)
             op = self._chosen[where] = self.op_for(self.choose(A, W, inputs, torch.cuda.get_device_name(A.device)))
         return op.launch(A, W, inputs, out, M, N)
 
