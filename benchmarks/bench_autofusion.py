@@ -352,7 +352,8 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
 def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:
     """torch.profiler over `steps` training steps: the wall time, the GPU kernels' summed time and count
     (a GPU-bound step has kernel time close to its wall time; the rest is the host launching), the
-    kernels that take the most time and the host ops with the most self time, per step."""
+    kernels that take the most time, the fused kernels' time by site and GEMM shape, and the host ops with
+    the most self time, per step."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -368,17 +369,29 @@ def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:
         if cuda:
             torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3 / steps
+    from coda_ext.fusion.op import PROFILE_PREFIX
+
     kernels: dict[str, list[float]] = {}
+    sites: dict[str, list[float]] = {}
     for e in prof.events():
         if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
             k = kernels.setdefault(e.name[:120], [0.0, 0])
             k[0] += e.device_time / 1e3 / steps
             k[1] += 1 / steps
+            parent = e.cpu_parent
+            while parent is not None and not parent.name.startswith(PROFILE_PREFIX):
+                parent = parent.cpu_parent
+            if parent is not None:   # a fused kernel (or its finalize): by site and GEMM shape
+                k = sites.setdefault(parent.name[len(PROFILE_PREFIX):], [0.0, 0])
+                k[0] += e.device_time / 1e3 / steps
+                k[1] += 1 / steps
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
     host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:top]
     return {"wall_ms": wall, "kernel_ms": sum(v[0] for v in kernels.values()),
             "kernels": round(sum(v[1] for v in kernels.values())),
             "top": [[name, round(ms, 3), round(n)] for name, (ms, n) in ranked[:top]],
+            "fused_sites": [[name, round(ms, 3), round(n)] for name, (ms, n) in
+                            sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]],
             "host_top": [[a.key[:120], round(a.self_cpu_time_total / 1e3 / steps, 3), round(a.count / steps)]
                          for a in host]}
 

@@ -178,3 +178,28 @@ def test_the_cuda_rules_refuse_gemms_the_kernel_cannot_read():
     assert "M = 50" in anchor_problem(dz, x, "mn", "cuda")
     assert anchor_problem(t(128, 56), x, "mn", "cuda") is None
     assert anchor_problem(dz, x, "mn", "interpret") is None
+
+
+def test_a_fused_launch_calls_its_op_directly_and_names_itself_in_a_profile(monkeypatch):
+    """The fused kernel's op runs without a second custom-op dispatch (op.run), and under torch.profiler
+    inside a range named after its site and GEMM shape (bench_autofusion --profile groups by it)."""
+    import coda_ext.fusion.op as fo
+    from coda_ext import graphs
+    from coda_ext.graph.canonical import as_ir
+
+    calls = []
+
+    class Op:
+        def run(self, A, W, inputs, out):
+            calls.append((A.shape, W.shape, dict(inputs), out))
+            return {"out": A @ W.t()}
+
+    site = fo.Site(as_ir(graphs.identity()), "bfloat16", "kk", (), (fo.Output("out", (4, 8), torch.float32),))
+    monkeypatch.setattr(fo, "_compiled", lambda s: Op())
+    A, W = torch.randn(4, 16), torch.randn(8, 16)
+    assert torch.equal(fo.launch(site, A, W, {})["out"], A @ W.t())
+    with torch.profiler.profile() as prof:
+        fo.launch(site, A, W, {})
+    names = [e.name for e in prof.events() if e.name.startswith(fo.PROFILE_PREFIX)]
+    assert names == [f"{fo.PROFILE_PREFIX}{site.graph.digest()[:8]} 4x8x16"]
+    assert len(calls) == 2 and calls[0][3] == {}

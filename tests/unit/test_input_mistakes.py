@@ -352,3 +352,22 @@ def test_gate_up_pair_mistakes(weight, error, message):
     x, wg, wu, _ = _gate_up("mistakes")
     with pytest.raises(error, match=rf"linear_swiglu: {message}"):
         ops.linear_swiglu(x, weight(wg, wu))
+
+
+def test_a_layout_checked_before_still_has_its_pointers_checked(example_op):
+    """run() remembers argument layouts check_call passed and then repeats only the data-pointer check: a
+    misaligned tensor of a remembered layout, a new shape and given outputs are still refused by name."""
+    args = _example_call()
+    A, W = args.pop("A"), args.pop("W")
+    with pytest.raises(ValueError, match=ON_CPU):   # every check passes; the launch refuses the CPU
+        example_op.run(A, W, args, {})
+    assert len(example_op._checked) == 1
+    shifted = torch.empty(M * N + 1, dtype=BF16)[1:].view(M, N)   # the residual's layout, 2 bytes off
+    with pytest.raises(ValueError, match="residual's data pointer is not 16-byte aligned"):
+        example_op.run(A, W, {**args, "residual": shifted}, {})
+    with pytest.raises(ValueError, match="residual"):
+        example_op.run(A, W, {**args, "residual": args["residual"][:, :8]}, {})
+    out = {"out": torch.empty(M, N + 8, dtype=BF16)}
+    with pytest.raises(ValueError, match=r"out\['out'\]"):
+        example_op.run(A, W, args, out)
+    assert len(example_op._checked) == 1

@@ -19,6 +19,17 @@ from ..graph import ir, signature
 from ..graph.interpret import Outputs, torch_dtype
 from . import checks
 
+#: argument layouts an op remembers as checked (a bound: shapes that keep changing are checked every time)
+MAX_CHECKED_LAYOUTS = 64
+_MISSING = object()
+#: tensors whose layout key is remembered (a fake or other subclass is checked every time)
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _aligned(A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any]) -> bool:
+    """Every tensor's data 16-byte aligned (empty ones have no data to align)."""
+    return not any(type(t) in _PLAIN_TENSORS and t.numel() and t.data_ptr() % 16 for t in (A, W, *inputs.values()))
+
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
@@ -158,9 +169,38 @@ class GraphOp:
 
     def run(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor]) -> Outputs:
         """Checks every argument (check_call), then launches. A is (M, K); `out` maps output names to given
-        tensors (the others are allocated)."""
-        M, N, _ = self.check_call(A, W, inputs, out)
-        return self.launch(A, W, inputs, out, M, N)
+        tensors (the others are allocated). A call whose arguments have the layout of one already checked
+        (shapes, strides, dtypes, devices and scalar values, no given outputs) repeats only the check that
+        depends on the data: 16-byte aligned pointers."""
+        key = None if out else self._layout_key(A, W, inputs)
+        mnk = self._checked.get(key) if key is not None else None
+        if mnk is None or not _aligned(A, W, inputs):
+            mnk = self.check_call(A, W, inputs, out)
+            if key is not None and len(self._checked) < MAX_CHECKED_LAYOUTS:
+                self._checked[key] = mnk
+        return self.launch(A, W, inputs, out, mnk[0], mnk[1])
+
+    @property
+    def _checked(self) -> dict[tuple, tuple[int, int, int]]:
+        """(M, N, K) of each argument layout check_call has passed."""
+        try:
+            return self.__dict__["_checked_layouts"]
+        except KeyError:
+            return self.__dict__.setdefault("_checked_layouts", {})
+
+    def _layout_key(self, A: Any, W: Any, inputs: dict[str, Any]) -> tuple | None:
+        """What check_call's verdict depends on besides the data pointers (None: not a plain tensor call)."""
+        if len(inputs) != len(self.input_names):
+            return None
+        parts: list[Any] = []
+        for v in (A, W, *(inputs.get(n, _MISSING) for n in self.input_names)):
+            if type(v) in _PLAIN_TENSORS and v.device.type != "meta":
+                parts.append((v.shape, v.stride(), v.dtype, v.device))
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                parts.append((type(v), v))
+            else:
+                return None   # anything else (a missing name, a fake or meta tensor): check every time
+        return tuple(parts)
 
     def launch(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor],
                M: int, N: int) -> Outputs:
