@@ -187,3 +187,29 @@ def test_the_entry_point_names_the_registered_backend():
     section = text.split("[project.entry-points.torch_dynamo_backends]")[1]
     module, name = re.search(r'^coda = "([\w.]+):(\w+)"', section, re.MULTILINE).groups()
     assert getattr(importlib.import_module(module), name) is lookup_backend("coda") is cf.coda_backend
+
+
+def test_the_inductor_fallback_runs_inductors_joint_graph_passes(monkeypatch):
+    """The fallback graphs get the joint-graph passes torch.compile runs in its own partitioner (pad_mm among
+    them: without them GPT-2's unaligned head GEMMs ran in align-1 kernels); loss and gradients stay eager's."""
+    from coda_ext.fusion import frontend
+
+    seen = []
+    real = frontend.inductor_joint_passes
+
+    def spy(gm):
+        seen.append(sum(1 for n in gm.graph.nodes if n.op == "call_function"))
+        return real(gm)
+
+    monkeypatch.setattr(frontend, "inductor_joint_passes", spy)
+    torch.manual_seed(0)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    fused = cf.fuse(model, fallback="inductor")
+    x, t = mlp_inputs()
+    loss, grads = step(fused, x, t)
+    loss_e, grads_e = step(eager, x, t)
+    torch.testing.assert_close(loss, loss_e, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, grads_e, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert len(seen) == 2 and all(seen)     # the forward graph and the backward graph

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -141,7 +142,10 @@ def _eager(gm: fx.GraphModule, example_inputs: Any) -> Callable:
 
 def _inductor(gm: fx.GraphModule, example_inputs: Any) -> Callable:
     """Inductor on a graph after fusion: its decompositions first (torch.compile applies them while
-    AOTAutograd traces; the fusion passes run on the undecomposed ops), then its inner compiler."""
+    AOTAutograd traces; the fusion passes run on the undecomposed ops), its joint-graph passes (which
+    torch.compile runs in its own partitioner, so without them the GEMMs left to the fallback would miss,
+    among others, the padding of unaligned GEMM dimensions: GPT-2's 50257-wide head ran in align-1
+    kernels), then its inner compiler."""
     import contextlib
 
     from torch._guards import detect_fake_mode
@@ -152,7 +156,29 @@ def _inductor(gm: fx.GraphModule, example_inputs: Any) -> Callable:
     mode = detect_fake_mode(example_inputs)
     with mode if mode is not None else contextlib.nullcontext():
         decomposed = make_fx(gm, decomposition_table=select_decomp_table())(*example_inputs)
-    return compile_fx_inner(decomposed, example_inputs)
+    return compile_fx_inner(inductor_joint_passes(decomposed), example_inputs)
+
+
+def inductor_joint_passes(gm: fx.GraphModule) -> fx.GraphModule:
+    """Inductor's joint-graph passes (pattern rewrites such as pad_mm, constant folding, no-op removal) on
+    one graph, as torch.compile runs them on an inference graph; where this torch has no such entry point
+    or they fail, the graph as it is, with a warning."""
+    try:
+        from torch._inductor.compile_fx import _recursive_joint_graph_passes as passes
+    except ImportError:
+        try:
+            from torch._inductor.fx_passes.joint_graph import joint_graph_passes as passes
+        except ImportError:
+            warnings.warn("coda fusion: this torch has no Inductor joint-graph passes; the fallback's GEMMs "
+                          "are not padded", stacklevel=2)
+            return gm
+    try:
+        out = passes(gm)
+    except Exception as e:  # noqa: BLE001  (an optimisation of the fallback: the graph runs without it, said)
+        warnings.warn(f"coda fusion: Inductor's joint-graph passes failed on a fallback graph ({type(e).__name__}: "
+                      f"{e}); it compiles without them", stacklevel=2)
+        return gm
+    return out if isinstance(out, fx.GraphModule) else gm
 
 
 class Planned(Exception):
