@@ -80,6 +80,26 @@ def test_train_gradients_bf16_within_rounding():
         assert err <= 2 ** -7 * ref.abs().max().item(), (name, err)
 
 
+@pytest.mark.parametrize("block", [5, 8, 32, 10**6], ids=["5 rows", "8", "32: one block", "more than V/2"])
+def test_weight_gradient_takes_the_accumulator_s_memory(monkeypatch, block):
+    """The 16-bit weight gradient is written into the first fp32 accumulator half's memory, block by block
+    (V · d · 2 bytes less at the op's peak), with the values of the fp32 accumulator rounded once."""
+    monkeypatch.setattr(lm_head_ce, "CONVERT_BLOCK_ROWS", block)
+    x, w, target, rstd = _inputs(torch.bfloat16, True)
+    *_, dW, _ = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK, logits_chunk=reference_step)
+    monkeypatch.setattr(lm_head_ce, "accumulator_halves", lambda V, dtype: (slice(0, V),))
+    *_, want, _ = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK, logits_chunk=reference_step)
+    assert dW.dtype == w.dtype and dW.shape == w.shape and dW.is_contiguous()
+    assert torch.equal(dW, want)
+    assert dW.untyped_storage().nbytes() == w.numel() * w.element_size()
+
+
+def test_weight_gradient_of_an_odd_vocabulary_or_fp32_keeps_one_accumulator():
+    assert lm_head_ce.accumulator_halves(63, torch.bfloat16) == (slice(0, 63),)
+    assert lm_head_ce.accumulator_halves(64, torch.float32) == (slice(0, 64),)
+    assert lm_head_ce.accumulator_halves(64, torch.bfloat16) == (slice(0, 32), slice(32, 64))
+
+
 def test_train_chunk_rows_and_gemms():
     assert lm_head_ce.train_chunk_rows(16384, 128256) == 2048          # 512 MiB of bf16 exp(logits)
     assert lm_head_ce.train_chunk_rows(100, 128256) == 100             # never more rows than there are
