@@ -50,58 +50,17 @@ def design_variants() -> dict:
     }
 
 
-def _dswiglu(store_dz: bool, store_y: bool, reduce: bool, output: bool = False):
-    """swiglu_backward_linear with some of its outputs left out (the math feeding them goes with them)."""
-    from coda_ext.graph.builder import Graph
-    from coda_ext.graph.math import sigmoid
-
-    g = Graph()
-    acc = g.accumulator()
-    gate, up = g.pair_tile("z")
-    if output:                       # the pair tile read, one half-width output: the load path alone
-        g.output(acc * up)
-        return g
-    sig = sigmoid(gate)
-    silu = gate * sig
-    dg = acc * up * sig * (1.0 + gate * (1.0 - sig))
-    du = acc * silu
-    if store_dz:
-        g.store_pairs("dz", dg, du)
-    if store_y:
-        g.store("y", silu * up)
-    if reduce:
-        g.row_reduce("zdz", gate * dg + up * du, "sum")
-    return g
-
-
 def dswiglu_variants() -> dict:
     from coda_ext import graphs
 
     return {
         "acc": graphs.identity(),
-        "z in; D=acc*u": _dswiglu(False, False, False, output=True),
-        "z in; dz": _dswiglu(True, False, False),
-        "z in; dz, y": _dswiglu(True, True, False),
-        "z in; dz, zdz": _dswiglu(True, False, True),
+        "z in; D=acc*u": graphs.pair_tile_read(),
+        "z in; dz": graphs.swiglu_backward_linear(store_y=False, reduce=False),
+        "z in; dz, y": graphs.swiglu_backward_linear(reduce=False),
+        "z in; dz, zdz": graphs.swiglu_backward_linear(store_y=False),
         "full (dz, y, zdz)": graphs.swiglu_backward_linear(),
     }
-
-
-def _rms(store_n: bool, dgamma: bool, dx_in: bool = True):
-    from coda_ext.graph.builder import Graph
-
-    g = Graph()
-    acc = g.accumulator()
-    rstd = g.col_vector("rstd", "float32")
-    gamma = g.row_vector("norm_weight")
-    xhat = g.tile("x") * rstd
-    dx = (acc * gamma - xhat * (g.col_vector("zdz", "float32") * g.scalar("inv_d"))) * rstd
-    g.output(g.tile("dx_in") + dx if dx_in else dx, name="dx")
-    if store_n:
-        g.store("n", xhat * gamma)
-    if dgamma:
-        g.col_reduce("dgamma", acc * xhat, "sum")
-    return g
 
 
 def rms_variants() -> dict:
@@ -109,10 +68,10 @@ def rms_variants() -> dict:
 
     return {
         "acc": graphs.identity(),
-        "dx (x in)": _rms(False, False, dx_in=False),
-        "dx (x, dx_in in)": _rms(False, False),
-        "dx, n": _rms(True, False),
-        "dx, dgamma": _rms(False, True),
+        "dx (x in)": graphs.rms_norm_backward_linear(False, store_n=False, dgamma=False),
+        "dx (x, dx_in in)": graphs.rms_norm_backward_linear(True, store_n=False, dgamma=False),
+        "dx, n": graphs.rms_norm_backward_linear(True, dgamma=False),
+        "dx, dgamma": graphs.rms_norm_backward_linear(True, store_n=False),
         "full (dx, n, dgamma)": graphs.rms_norm_backward_linear(True),
     }
 

@@ -11,7 +11,13 @@ IO model describes are one graph.
     epilogues   the README/demo example, the benchmark families and the ablation's graphs
     coverage    the GPU suite's graphs that, with the others, use every node kind
 """
-from .backward import linear, lm_head_cross_entropy_backward, rms_norm_backward_linear, swiglu_backward_linear
+from .backward import (
+    linear,
+    lm_head_cross_entropy_backward,
+    pair_tile_read,
+    rms_norm_backward_linear,
+    swiglu_backward_linear,
+)
 from .coverage import binary, pair_gates, reductions, unary_a, unary_b
 from .epilogues import (
     acc_aux,
@@ -42,8 +48,8 @@ from .forward import (
 __all__ = [
     "ACTIVATIONS", "acc_aux", "acc_bias", "acc_rowsum", "bias_gelu", "bias_silu", "binary", "design", "example",
     "identity", "linear", "linear_residual_norm", "linear_swiglu", "lm_head_cross_entropy",
-    "lm_head_cross_entropy_backward", "lm_head_cross_entropy_train", "pair_gates", "qkv_rope", "reductions",
-    "rms_linear",
+    "lm_head_cross_entropy_backward", "lm_head_cross_entropy_train", "pair_gates", "pair_tile_read", "qkv_rope",
+    "reductions", "rms_linear",
     "rms_norm_backward_linear", "rstd_scale", "rstd_swiglu", "silu_acc", "silu_aux_bias", "store_rowsum", "swiglu",
     "swiglu_backward_linear", "unary_a", "unary_b",
 ]

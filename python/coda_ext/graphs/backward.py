@@ -19,14 +19,15 @@ def linear(residual: bool, scaled: bool = False) -> Graph:
     return g
 
 
-def rms_norm_backward_linear(accumulate: bool) -> Graph:
+def rms_norm_backward_linear(accumulate: bool, store_n: bool = True, dgamma: bool = True) -> Graph:
     """RMSNorm backward in the dX GEMM that follows it (the ZdZ identity), acc = dz @ W = dL/dn:
 
         x̂        = x ⊙row rstd
         D "dx"   = [dx_in +] (acc ⊙col γ − x̂ ⊙row (zdz · inv_d)) ⊙row rstd   (dx_in if accumulate)
         n        = x̂ ⊙col γ                 (store: the weight gradient's input, recomputed)
         dgamma   = Σ_m acc · x̂              (column reduction, fp32)
-    γ = norm_weight, zdz (M,) fp32 = Σ_k z_k dz_k, inv_d = 1/d a runtime scalar."""
+    γ = norm_weight, zdz (M,) fp32 = Σ_k z_k dz_k, inv_d = 1/d a runtime scalar. store_n / dgamma False
+    leave that output out (the ablation of benchmarks/ablate_epilogue.py)."""
     g = Graph()
     acc = g.accumulator()
     rstd = g.col_vector("rstd", "float32")
@@ -34,19 +35,22 @@ def rms_norm_backward_linear(accumulate: bool) -> Graph:
     xhat = g.tile("x") * rstd
     dx = (acc * gamma - xhat * (g.col_vector("zdz", "float32") * g.scalar("inv_d"))) * rstd
     g.output(g.tile("dx_in") + dx if accumulate else dx, name="dx")
-    g.store("n", xhat * gamma)
-    g.col_reduce("dgamma", acc * xhat, "sum")
+    if store_n:
+        g.store("n", xhat * gamma)
+    if dgamma:
+        g.col_reduce("dgamma", acc * xhat, "sum")
     return g
 
 
-def swiglu_backward_linear() -> Graph:
+def swiglu_backward_linear(store_dz: bool = True, store_y: bool = True, reduce: bool = True) -> Graph:
     """SwiGLU backward in the down projection's dX GEMM, acc = dy @ W_down = dL/d(silu(g)·u):
 
         (g, u) = z[:, 2i], z[:, 2i+1]            (pair tile "z": the saved interleaved pre-activation)
         dg     = acc · u · σ(g) · (1 + g (1 − σ(g))),   du = acc · silu(g)
         dz     = (dg, du) interleaved             (pair store, (M, 2F))
         y      = silu(g) · u                      (store: the down projection's weight-gradient input)
-        zdz    = Σ_i (g·dg + u·du)                (row reduction, fp32: ZdZ for the norm backward)"""
+        zdz    = Σ_i (g·dg + u·du)                (row reduction, fp32: ZdZ for the norm backward)
+    store_dz / store_y / reduce False leave that output out (the ablation of benchmarks/ablate_epilogue.py)."""
     g = Graph()
     acc = g.accumulator()
     gate, up = g.pair_tile("z")
@@ -54,9 +58,22 @@ def swiglu_backward_linear() -> Graph:
     silu = gate * sig
     dg = acc * up * sig * (1.0 + gate * (1.0 - sig))
     du = acc * silu
-    g.store_pairs("dz", dg, du)
-    g.store("y", silu * up)
-    g.row_reduce("zdz", gate * dg + up * du, "sum")
+    if store_dz:
+        g.store_pairs("dz", dg, du)
+    if store_y:
+        g.store("y", silu * up)
+    if reduce:
+        g.row_reduce("zdz", gate * dg + up * du, "sum")
+    return g
+
+
+def pair_tile_read() -> Graph:
+    """D = acc · z[:, 2i+1]: the dSwiGLU's pair tile read with one half-width output, nothing else (the
+    ablation's load path alone)."""
+    g = Graph()
+    acc = g.accumulator()
+    _, up = g.pair_tile("z")
+    g.output(acc * up)
     return g
 
 
