@@ -111,7 +111,7 @@ def main() -> int:
     p.add_argument("--shape", nargs=3, type=int, default=None, help="M N K (default: the family's shapes)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--out", default=None, help="results JSON (default: ablation_h100.json for design, "
-                                               "ablation_<family>_h100.json otherwise)")
+                                               "ablation_, the family and _h100 otherwise: ablation_dswiglu_h100.json)")
     args = p.parse_args()
     shapes = FAMILIES[args.family][2] or {"": (8192, 8192, 4096)}
     if args.shape:

@@ -7,7 +7,8 @@ so every config here reuses its base config's kernel (nothing is built beyond be
         python -m benchmarks.sweep_raster --family dswiglu --once      # each kernel once, in the printed order
 
 Each kernel is timed alone (random inputs, shared by the configs of one graph) interleaved with the bare
-cuBLAS GEMM of the shape (median of per-round ratios). Results: sweep_raster_<family>_h100.json.
+cuBLAS GEMM of the shape (median of per-round ratios). Results: sweep_raster_, the family and _h100
+(sweep_raster_dswiglu_h100.json).
 """
 from __future__ import annotations
 

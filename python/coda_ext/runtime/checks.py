@@ -129,12 +129,15 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
     return (t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size())
 
 
-def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> None:
-    """Outputs may overlap neither each other nor any input. Pass only the outputs the caller gave: a tensor
-    just allocated overlaps nothing (each extent is computed once)."""
-    if not outputs:
+def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],
+                     given: Any = None) -> None:
+    """Outputs may overlap neither each other nor any input. given: the names of the outputs the caller
+    gave (default all); the others were just allocated and overlap nothing, so they are not compared
+    (each extent is computed once)."""
+    names = [n for n in outputs if given is None or n in given]
+    if not names:
         return
-    items = [(name, _extent(t)) for name, t in outputs.items()]
+    items = [(name, _extent(outputs[name])) for name in names]
     others = items + [(name, _extent(t)) for name, t in inputs.items()]
     for i, (a, (lo_a, hi_a)) in enumerate(items):
         for b, (lo_b, hi_b) in others[i + 1:]:

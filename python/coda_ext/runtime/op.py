@@ -92,7 +92,7 @@ class CompiledOp(GraphOp):
             tensors.append(t)
             lds.append(ld)
             values.append(value)
-        checks.check_no_overlap({k: v for k, v in outputs.items() if k in out}, checked_inputs)
+        checks.check_no_overlap(outputs, checked_inputs, given=out)
         checks.require_gpu(A)
 
         with torch.cuda.device(device):
