@@ -465,6 +465,46 @@ def test_rope_backward_follows_any_frequency_table(table):
     torch.testing.assert_close(zdz.double(), (out.detach() * dqkv).sum(-1), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shared_heads", [None, True])
+def test_traced_rope_backward_computes_one_head_of_angles_when_told(shared_heads):
+    """Regression: while torch.compile traces, the table's values cannot be read, so the RoPE backward took
+    every pair of the row at its own angle: (n_heads + 2 n_kv_heads)x the fp64 cosines and sines of the eager
+    pass (about +2 ms a layer for the 8B model's compiled step). shared_heads=True (what the models pass: their
+    tables come from rope_frequencies) keeps one head's angles; the values equal the eager pass's."""
+    from coda_ext.ops import rope_backward
+
+    gen = _gen("rope-traced", str(shared_heads))
+    H, KV, hd, M = 4, 2, 8, 6
+    N = (H + 2 * KV) * hd
+    freqs = ops.rope_frequencies(hd, H, KV)
+    pos = torch.arange(M, dtype=torch.float32) * 11
+    dqkv, qkv = _randn(gen, M, N), _randn(gen, M, N)
+    widths = []
+
+    def backend(gm, example_inputs):
+        cosines = [n for n in gm.graph.nodes if n.target in (torch.cos, torch.ops.aten.cos.default)]
+        widths.extend(n.meta.get("example_value", n.meta.get("val")).shape[-1] for n in cosines)
+        return gm.forward
+
+    fn = torch.compile(lambda d, q, p, f: rope_backward.qkv_rope_backward(d, q, p, f, H, KV, shared_heads=shared_heads),
+                       backend=backend, fullgraph=True)
+    torch._dynamo.reset()
+    dz, zdz = fn(dqkv, qkv, pos, freqs)
+    want_dz, want_zdz = ops.qkv_rope_backward(dqkv, qkv, pos, freqs, H, KV)
+    torch.testing.assert_close(dz, want_dz, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(zdz, want_zdz, atol=1e-5, rtol=1e-6)
+    assert widths == [hd // 2 if shared_heads else N // 2]
+
+
+def test_rope_backward_refuses_a_table_that_is_not_shared_when_told_it_is():
+    H, KV, hd, M = 2, 1, 8, 3
+    N = (H + 2 * KV) * hd
+    freqs = ops.rope_frequencies(hd, H, KV)
+    freqs[0, hd] += 0.25                      # the second head rotates at other frequencies
+    with pytest.raises(ValueError, match="shared_heads=True, but freqs is not rope_frequencies' layout"):
+        ops.qkv_rope_backward(torch.zeros(M, N), torch.zeros(M, N), torch.zeros(M), freqs, H, KV, shared_heads=True)
+
+
 def test_compiled_rows_makes_one_graph_for_every_row_count():
     """The element-wise passes (rope_backward, norm_input) compile with only the row count dynamic: new
     row counts reuse the graph (regression: with every size dynamic the RoPE backward ran 3.5x slower);

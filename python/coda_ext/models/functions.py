@@ -65,7 +65,7 @@ class _Reference:
         return out.to(h.dtype)
 
     @staticmethod
-    def qkv_rope_backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads):
+    def qkv_rope_backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, shared_heads=None):
         dz, zdz = rope_backward.reference(dqkv, qkv, positions, freqs, n_heads, n_kv_heads)
         return dz.to(dqkv.dtype), zdz
 
@@ -130,7 +130,9 @@ class QKVRoPE(torch.autograd.Function):
     """(qkv, x): qkv = RoPE(RMSNorm(x) @ W_qkvᵀ), RMSNorm(x) = x·rstd ⊙ γ: rstd in torch (fp32), h = x ⊙ γ,
     and the QKV GEMM scales its rows by rstd; qkv (..., (n_heads + 2 n_kv_heads)·head_dim). x comes
     back as it went in (autograd makes it a view whose gradient returns here): give it to MLPBlock, and
-    the residual's gradient is added in this backward's QKV dX GEMM (dx_in) instead of by autograd."""
+    the residual's gradient is added in this backward's QKV dX GEMM (dx_in) instead of by autograd.
+    freqs: a table of ops.rope_frequencies (every head at the same frequencies: the backward's RoPE pass
+    computes one head's cosines and sines, also under torch.compile; another layout is refused)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor, positions: torch.Tensor,
@@ -150,7 +152,8 @@ class QKVRoPE(torch.autograd.Function):
         dx_in = None if dx_res is None else dx_res.to(dt).contiguous()
         if dqkv is None:   # only the handed-on x reached the loss
             return dx_in, None, None, None, None, None, None, None, None
-        dz, zdz = be.qkv_rope_backward(dqkv.to(dt).contiguous(), qkv, positions, freqs, *ctx.heads)
+        # the layers' tables come from rope_frequencies (ModelConfig.rope_table, the torchtitan adapter)
+        dz, zdz = be.qkv_rope_backward(dqkv.to(dt).contiguous(), qkv, positions, freqs, *ctx.heads, shared_heads=True)
         w = w_qkv.to(dt)
         dx, n, dgamma = be.rms_norm_backward_linear(dz, w, x, rstd, norm_weight.to(dt), zdz, dx_in=dx_in)
         need = ctx.needs_input_grad

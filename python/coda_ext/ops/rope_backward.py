@@ -80,12 +80,19 @@ def _one_head_table(freqs: torch.Tensor, n_rotated_heads: int, head_dim: int) ->
     return answer
 
 
-def _backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, fused):
-    """One head's cos/sin for every rotated head when the table allows (rope_frequencies' layout);
-    otherwise every pair of the row at its own frequency (V too, which a 0 frequency leaves as is)."""
+def _backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, fused, shared_heads=None):
+    """One head's cos/sin for every rotated head when the table allows (rope_frequencies' layout: checked on
+    the values, or while traced taken from shared_heads=True); otherwise every pair of the row at its own
+    frequency (V too, which a 0 frequency leaves as is)."""
     lead, N = tuple(dqkv.shape[:-1]), dqkv.shape[-1]
     hd = N // (n_heads + 2 * n_kv_heads)
-    if _one_head_table(freqs, n_heads + n_kv_heads, hd):
+    shared = _one_head_table(freqs, n_heads + n_kv_heads, hd)
+    if shared_heads and not shared:
+        if not _tracing(freqs):
+            raise ValueError(f"{NAME}: shared_heads=True, but freqs is not rope_frequencies' layout (every Q and K "
+                             "head with the first head's frequencies, V's 0); pass shared_heads=None")
+        shared = True   # traced: no values to check; the caller vouches for the layout
+    if shared:
         width, n_rotated = hd, (n_heads + n_kv_heads) * hd
     else:
         width, n_rotated = N, N
@@ -96,9 +103,15 @@ def _backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, fused):
 
 
 def qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
-                      n_heads: int, n_kv_heads: int):
+                      n_heads: int, n_kv_heads: int, shared_heads: bool | None = None):
     """(dz, zdz): the gradient of qkv_rope's pre-RoPE output (..., N) in dqkv's dtype, and the row
-    statistic Σ qkv·dqkv (fp32) for the norm backward. Inputs as qkv_rope took them (without QK-norm)."""
+    statistic Σ qkv·dqkv (fp32) for the norm backward. Inputs as qkv_rope took them (without QK-norm).
+
+    shared_heads=True: freqs is rope_frequencies' table (every Q and K head at the first head's
+    frequencies, V's 0), so one head's cos/sin serve the row also while torch.compile traces, where the
+    values cannot be read (without it a traced backward evaluates a cosine and a sine for every pair of
+    the row: (n_heads + 2 n_kv_heads)× the transcendentals, in fp64). Checked against the values whenever
+    they are readable."""
     for name, t in (("dqkv", dqkv), ("qkv", qkv)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{NAME}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -110,7 +123,8 @@ def qkv_rope_backward(dqkv: torch.Tensor, qkv: torch.Tensor, positions: torch.Te
     if not isinstance(freqs, torch.Tensor) or tuple(freqs.shape) != (2, N):
         raise ValueError(f"{NAME}: freqs must be the (2, {N}) table of coda_ext.ops.rope_frequencies")
     common.check_rows(NAME, "positions", positions, tuple(dqkv.shape[:-1]), None, None, dqkv.device)
-    return _backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, fused=dqkv.is_cuda and not _tracing(dqkv))
+    return _backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, fused=dqkv.is_cuda and not _tracing(dqkv),
+                     shared_heads=shared_heads)
 
 
 def _tracing(t: torch.Tensor) -> bool:
