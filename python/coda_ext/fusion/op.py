@@ -141,10 +141,11 @@ def run_site(site: Site, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     inputs = {name: _prepare(t, role, M, N) for (name, role), t in zip(site.inputs, tensors[2:])}
     if site.execute == "interpret" or not A.is_cuda:
         outs = interpret(site.graph, A, W, **inputs)
+        taken = {x.untyped_storage().data_ptr() for x in tensors}   # a custom op's results alias nothing
     else:
         outs = launch(site, A, W, inputs)
+        taken = set()   # a kernel's outputs are new tensors: only two results of one output can share memory
     results = []
-    taken = {x.untyped_storage().data_ptr() for x in tensors}   # a custom op's results alias nothing
     for o in site.outputs:
         t = outs[o.name].reshape(o.shape).to(o.dtype)
         if t.untyped_storage().data_ptr() in taken:
