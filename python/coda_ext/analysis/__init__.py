@@ -8,12 +8,15 @@ of the fused coda_ext kernel, of torch.compile's GEMM + one fused kernel, and of
     python -m coda_ext.analysis                      # a Llama layer, forward + backward (block.py)
 
 Layers: costs (per node kind) -> roofline (GPUs, kernels, time) and schedule (operand re-reads)
--> model (the three kernel sequences of a graph) -> explain, diagram, block.
+-> model (the three kernel sequences of a graph) -> explain, diagram, block; fusion_chart draws the
+report of automatic fusion (coda_ext.fuse).
 """
 from .costs import KIND_COSTS, KindCost
 from .diagram import diagram
 from .explain import Explanation, explain
+from .fusion_chart import fusion_chart
 from .model import Model, io_model
 from .roofline import GPU, GPUS
 
-__all__ = ["GPU", "GPUS", "KIND_COSTS", "Explanation", "KindCost", "Model", "diagram", "explain", "io_model"]
+__all__ = ["GPU", "GPUS", "KIND_COSTS", "Explanation", "KindCost", "Model", "diagram", "explain", "fusion_chart",
+           "io_model"]
