@@ -319,6 +319,11 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
             if backend is not None:
                 out.update(coda_stats(backend))
                 reports[variant] = str(backend.report)
+                if args.charts:   # the report drawn (coda_ext.analysis.fusion_chart), beside the results
+                    from coda_ext.analysis import fusion_chart
+
+                    out["chart"] = str(fusion_chart(backend.report, pathlib.Path(args.charts) /
+                                                    f"autofusion_{name}_fusion.png").name)
             steps[variant] = step
         except Exception as e:  # noqa: BLE001  (one variant's failure must not cost the others' results)
             out["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -676,6 +681,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--prebuild-only", action="store_true", help="build every fused kernel, then stop")
     p.add_argument("--profile", action="store_true", help="torch.profiler of two steps of every variant: wall and "
                                                           "kernel time, kernel count, the top kernels")
+    p.add_argument("--charts", default=None, help="a folder: each model's fusion report drawn there "
+                                                  "(coda_ext.analysis.fusion_chart)")
     p.add_argument("--plan", action="store_true", help="trace on the CPU and report; compile and run nothing")
     p.add_argument("--sms", type=int, default=None, help="SMs the kernel configs are chosen for (default: the GPU's, "
                                                          "else an H100's)")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 def test_cpu_tiny_run_writes_the_issue_shaped_results(tmp_path, capsys):
     out = tmp_path / "autofusion.json"
     argv = ["--device", "cpu", "--tiny", "--steps", "2", "--reps", "1", "--warmup", "0", "--models", "mlp", "llama-1b",
-            "--compile-backend", "aot_eager", "--out", str(out)]
+            "--compile-backend", "aot_eager", "--charts", str(tmp_path), "--out", str(out)]
     assert bench.main(argv) == 0
     doc = json.loads(out.read_text())
     assert set(doc) >= {"gpu", "models", "goals"} and set(doc["models"]) == {"mlp", "llama-1b"}
@@ -45,8 +45,10 @@ def test_cpu_tiny_run_writes_the_issue_shaped_results(tmp_path, capsys):
     reports = json.loads((tmp_path / "autofusion_reports.json").read_text())
     assert "coda fusion: joint graph" in reports["mlp"]["coda"]
     assert (tmp_path / "autofusion.png").stat().st_size > 0
+    assert doc["models"]["mlp"]["variants"]["coda"]["chart"] == "autofusion_mlp_fusion.png"   # --charts
+    assert (tmp_path / "autofusion_mlp_fusion.png").stat().st_size > 0
     # a second run merges model by model
-    assert bench.main(argv[:-4] + ["--models", "mlp", "--variants", "eager", "--out", str(out)]) == 0
+    assert bench.main(argv[:-6] + ["--models", "mlp", "--variants", "eager", "--out", str(out)]) == 0
     doc2 = json.loads(out.read_text())
     assert set(doc2["models"]) == {"mlp", "llama-1b"} and set(doc2["models"]["mlp"]["variants"]) == {"eager"}
     capsys.readouterr()
