@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 import coda_ext.fusion as cf
 from tests.helpers.checks import floor, max_err, within_rule
+from tests.unit.test_fusion_backend import step
 
 BF = torch.bfloat16
 
@@ -81,11 +82,8 @@ def built():
 
 
 def _step(model, inputs):
-    model.zero_grad(set_to_none=True)
-    out = model(**inputs)
-    loss = out if isinstance(out, torch.Tensor) else out.loss
-    loss.backward()
-    return [loss.detach()] + [p.grad.detach().clone() for p in model.parameters()]
+    loss, grads = step(model, **inputs)
+    return [loss, *grads]
 
 
 @pytest.mark.parametrize("name", MODELS)

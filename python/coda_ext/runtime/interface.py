@@ -63,6 +63,7 @@ class GraphOp:
         self.output_names = main + tuple(
             s.name for s in self.slots if s.kind not in ir.INPUT_KINDS and s.kind != "scalar")
         self.pairs, self.segment = signature.columns(lowered)
+        self._checked: dict[tuple, tuple[int, int, int]] = {}   # (M, N, K) per argument layout check_call passed
         self.key = register(key, self)
 
     def _slot(self, name: str) -> Slot | None:
@@ -179,14 +180,6 @@ class GraphOp:
             if key is not None and len(self._checked) < MAX_CHECKED_LAYOUTS:
                 self._checked[key] = mnk
         return self.launch(A, W, inputs, out, mnk[0], mnk[1])
-
-    @property
-    def _checked(self) -> dict[tuple, tuple[int, int, int]]:
-        """(M, N, K) of each argument layout check_call has passed."""
-        try:
-            return self.__dict__["_checked_layouts"]
-        except KeyError:
-            return self.__dict__.setdefault("_checked_layouts", {})
 
     def _layout_key(self, A: Any, W: Any, inputs: dict[str, Any]) -> tuple | None:
         """What check_call's verdict depends on besides the data pointers (None: not a plain tensor call)."""
