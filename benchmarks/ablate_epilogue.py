@@ -10,7 +10,8 @@ shapes of 16384 tokens. Each variant is a kernel timed alone (random inputs, tes
 interleaved with the bare cuBLAS GEMM of the same shape (median of per-round ratios), for each
 kernel configuration of the family. The variant "acc" is the plain GEMM in the same config (the
 mainloop's share); the step between two variants is what one node kind costs. Prints a table and
-writes JSON.
+writes JSON (--out; default: ablation_<gpu>.json, or ablation_<family>_<gpu>.json, in benchmarks/results/,
+<gpu> the GPU it runs on: h100, h200, …).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import sys
 import torch
 
 import coda_ext as ce
-from benchmarks.common import RESULTS, gpu_info, summarize, time_interleaved, write_json
+from benchmarks.common import gpu_info, results_path, summarize, time_interleaved, write_json
 from tests.helpers import rand
 
 KK_CONFIGS = [
@@ -110,9 +111,12 @@ def main() -> int:
     p.add_argument("--family", default="design", choices=list(FAMILIES))
     p.add_argument("--shape", nargs=3, type=int, default=None, help="M N K (default: the family's shapes)")
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--out", default=None, help="results JSON (default: ablation_h100.json for design, "
-                                               "ablation_, the family and _h100 otherwise: ablation_dswiglu_h100.json)")
+    p.add_argument("--out", default=None, help="results JSON (default: ablation_<gpu>.json for design, "
+                                               "ablation_, the family and _<gpu> otherwise: "
+                                               "ablation_dswiglu_<gpu>.json; <gpu>: the GPU it runs on, h100, h200, …)")
     args = p.parse_args()
+    if args.out is None:
+        args.out = results_path("ablation" if args.family == "design" else f"ablation_{args.family}")
     shapes = FAMILIES[args.family][2] or {"": (8192, 8192, 4096)}
     if args.shape:
         shapes = {"": tuple(args.shape)}
@@ -125,12 +129,11 @@ def main() -> int:
         print(f"{'variant':52s} {'median ms':>10s} {'x cuBLAS':>9s}")
         for name, s in summary.items():
             print(f"{name:52s} {s['median_ms']:10.3f} {s['median_ratio_to_cublas']:9.3f}", flush=True)
-    name = "ablation_h100.json" if args.family == "design" else f"ablation_{args.family}_h100.json"
     doc = {"family": args.family, "shapes": results, "env": gpu_info()}
     if args.family == "design" and len(results) == 1:   # the committed design file's shape
         doc = {"shape": next(iter(results.values()))["shape"], "results": next(iter(results.values()))["results"],
                "env": gpu_info()}
-    write_json(args.out or RESULTS / name, doc)
+    write_json(args.out, doc)
     return 0
 
 

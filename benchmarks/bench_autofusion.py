@@ -24,9 +24,10 @@ batches; the step time (median over interleaved rounds, common.time_interleaved 
 memory of one step beyond what was allocated before it; graph breaks; for coda the fusion report's
 distinct kernels, GEMMs and distinct GEMM shapes, HBM bytes kept on chip and moved (the IO model's count
 of the whole graph under the partition), layer norms folded into their GEMMs and partition solve time.
-A variant that fails records its error and the others go on. Results merge into --out model by
+A variant that fails records its error and the others go on. Results merge into --out (default:
+autofusion_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …, or cpu) model by
 model (each model entry keeps the environment it ran in; --fresh starts over), written after every
-model; the plot and every coda report (reports.json) go beside it.
+model; the plot (.png) and every coda report (_reports.json) go beside it.
 
 --prebuild traces every selected model's training step through the coda backend on the CPU
 (coda_ext.fusion.plan: uninitialised weights, no GPU memory, nothing runs) and builds the kernels its
@@ -689,7 +690,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc builds (default: every core)")
     p.add_argument("--budget-s", type=float, default=None, help="start no model after this many seconds")
     p.add_argument("--out", default=None, help="results JSON (default: in benchmarks' results folder, named "
-                                               "autofusion_ and the GPU (h100) or cpu)")
+                                               "autofusion_ and the GPU it runs on (h100, h200, …) or cpu)")
     p.add_argument("--fresh", action="store_true", help="start the results file over (default: merge by model)")
     args = p.parse_args(argv)
     args.batch = _batches(args.batch)
@@ -713,8 +714,7 @@ def main(argv=None) -> int:
         prebuild(args)
         if args.prebuild_only:
             return 0
-    name = "autofusion_h100.json" if device == "cuda" else "autofusion_cpu.json"
-    out = pathlib.Path(args.out or common.RESULTS / name)
+    out = pathlib.Path(args.out or common.results_path("autofusion", gpu=None if device == "cuda" else "cpu"))
     doc = _load(out, args.fresh)
     reports_path = out.with_name(out.stem + "_reports.json")
     reports = json.loads(reports_path.read_text()) if reports_path.exists() and not args.fresh else {}

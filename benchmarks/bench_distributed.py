@@ -45,7 +45,6 @@ import datetime
 import json
 import os
 import pathlib
-import re
 import statistics
 import sys
 import time
@@ -84,12 +83,7 @@ def init(backend: str, device: str):
     return dev
 
 
-def gpu_tag(name: str | None) -> str:
-    """'h100', 'h200', … from a GPU's name (its model), 'cpu' without one: the results file's suffix."""
-    if not name:
-        return "cpu"
-    m = re.search(r"\b([A-Z]\d{2,4})\b", name)
-    return (m.group(1) if m else re.sub(r"\W+", "_", name)).lower()
+gpu_tag = common.gpu_tag   # moved to benchmarks.common (results_path); kept here for its callers
 
 
 # --- one variant -----------------------------------------------------------------------------------------------
@@ -392,7 +386,7 @@ def main(argv=None) -> int:
     for name in args.models:
         run["models"][name] = run_model(name, args, dev)
     if rank == 0:
-        out = pathlib.Path(args.out or common.RESULTS / f"distributed_{gpu_tag(args.gpu)}.json")
+        out = pathlib.Path(args.out or common.results_path("distributed", gpu=args.gpu or "cpu"))
         doc = {"gpu": args.gpu or "cpu", "env": {**env, "transformers": transformers.__version__}, "runs": {}}
         earlier = json.loads(out.read_text()) if out.is_file() and not args.fresh else {}
         doc = merge(earlier, doc, world, run)

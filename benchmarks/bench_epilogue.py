@@ -6,7 +6,8 @@ Method (docs/design.md, "How speed is judged"): every variant runs in one proces
 (fused, cuBLAS, compile, eager, fused, ...), each call timed with CUDA events on inputs
 rotated between two sets larger than L2; the figure quoted is the median of per-round
 ratios to the bare cuBLAS GEMM of the same shape, with absolute medians for context.
-Writes JSON (GPU, clocks, versions, commit) and a PNG plot next to it.
+Writes JSON (GPU, clocks, versions, commit; default: design_<gpu>.json in benchmarks/results/, <gpu> the
+GPU it runs on: h100, h200, …) and a PNG plot next to it.
 Kernels: `python -m coda_ext prebuild benchmarks/bench_epilogue.py` builds them ahead of time.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import time
 
 import coda_ext as ce
-from benchmarks.common import RESULTS, gpu_info, summarize, time_interleaved, write_json
+from benchmarks.common import gpu_info, results_path, summarize, time_interleaved, write_json
 from tests.helpers import rand
 
 #: Kernel configurations measured for the design graph (docs/design.md).
@@ -137,8 +138,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", nargs=3, type=int, default=[8192, 8192, 4096], metavar=("M", "N", "K"))
     p.add_argument("--reps", type=int, default=60)
-    p.add_argument("--out", default=str(RESULTS / "design_h100.json"))
+    p.add_argument("--out", default=None, help="results JSON (default: design_<gpu>.json in benchmarks/results/, "
+                                               "<gpu> the GPU it runs on: h100, h200, …); the PNG goes beside it")
     args = p.parse_args()
+    if args.out is None:
+        args.out = results_path("design")
     result = bench_design(*args.shape, reps=args.reps)
     result["env"] = gpu_info()
     out = write_json(args.out, result)

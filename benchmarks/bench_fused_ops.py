@@ -11,12 +11,12 @@ The speed goals of the rows are benchmarks/goals.py's.
     python -m coda_ext prebuild benchmarks/bench_fused_ops.py -j 16   # every kernel of both families
     python -m benchmarks.bench_fused_ops [--backward] [--models 8B 1B] [--ms 16384 1024 128] [--ops ...]
         [--no-lm-head | --only-lm-head] [--compile-all-shapes] [--out NAME] [--dry-run]
-    python -m benchmarks.bench_fused_ops --merge results/f.json results/b.json --out ops_h100  # b: --backward
+    python -m benchmarks.bench_fused_ops --merge results/f.json results/b.json --out ops_h200  # b: --backward
 
 torch.compile is timed at the training shapes (M = 16384 tokens, the LM head's 8192; compiling per shape
 costs ~10-30 s each), at every shape with --compile-all-shapes. --dry-run lists the rows and the kernels
 they need (no GPU). Writes results/<out>.json (rows of both families, each marked "pass": forward or
-backward) and .png.
+backward; default: ops_<gpu>.json, <gpu> the GPU it runs on: h100, h200, …) and the .png beside it.
 """
 from __future__ import annotations
 
@@ -288,7 +288,13 @@ def dry_run(selected, compile_all=False) -> list[str]:
     return out
 
 
-def plot(results, path):
+def gpu_name(doc: dict) -> str | None:
+    """The GPU a results document was measured on (its "gpu": common.gpu_info()'s record, or a name)."""
+    gpu = doc.get("gpu")
+    return gpu.get("gpu") if isinstance(gpu, dict) else gpu
+
+
+def plot(results, path, gpu: str | None = None):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -311,7 +317,8 @@ def plot(results, path):
     ax.set_ylabel("time / bare cuBLAS GEMM (capped at 2.5)")
     ax.set_ylim(0.8, 2.6)
     ax.legend(fontsize=8)
-    ax.set_title("coda_ext ready ops and backward GEMMs vs the bare GEMM of the same shape (H100, bf16; lower is "
+    on = f"{gpu}, " if gpu else ""
+    ax.set_title(f"coda_ext ready ops and backward GEMMs vs the bare GEMM of the same shape ({on}bf16; lower is "
                  "better)")
     lm = [r for r in results if r["op"] == "lm_head_ce"]
     ax = axes[1]
@@ -369,11 +376,11 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--compile-all-shapes", action="store_true", help="torch.compile at every shape, not only the "
                    "training shapes")
-    p.add_argument("--out", default="ops_h100", help="a name under benchmarks/results/, or a path ending in .json")
+    p.add_argument("--out", default=None, help="a name under benchmarks/results/, or a path ending in .json "
+                   "(default: ops_<gpu>, <gpu> the GPU it runs on, or with --merge the merged runs': h100, h200, …)")
     p.add_argument("--merge", nargs="+", default=None, help="combine earlier result files instead of running")
     p.add_argument("--dry-run", action="store_true", help="list the rows and the kernels they need; no GPU")
     a = p.parse_args(argv)
-    out = pathlib.Path(a.out) if a.out.endswith(".json") else common.RESULTS / f"{a.out}.json"
     if a.merge:
         doc = merge(a.merge)
     else:
@@ -382,10 +389,14 @@ def main(argv=None):
             print("\n".join(dry_run(selected, a.compile_all_shapes)))
             return 0
         doc = {"gpu": common.gpu_info(), "results": run(selected, a.reps, a.compile_all_shapes)}
+    if a.out is None:   # named by the GPU the rows were measured on (the first merged file's)
+        out = common.results_path("ops", gpu=gpu_name(doc) or "cpu")
+    else:
+        out = pathlib.Path(a.out) if a.out.endswith(".json") else common.RESULTS / f"{a.out}.json"
     doc["goals"] = goals.lines(goals.check(op_rows=doc["results"]))
     common.write_json(out, doc)
     try:
-        plot(doc["results"], out.with_suffix(".png"))
+        plot(doc["results"], out.with_suffix(".png"), gpu_name(doc))
     except ImportError as e:
         print(f"no plot: {e}", file=sys.stderr)
     print("\n".join(doc["goals"]))

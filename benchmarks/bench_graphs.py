@@ -13,7 +13,8 @@ PyTorch reference (coda_ext.interpret in the op's dtype): the same unfused math 
 with no hand-written baseline to drift. Timing is interleaved with L2 flushes (common.py);
 figures are medians of per-round ratios to cuBLAS. Writes JSON (GPU, clocks, versions, commit,
 cold compile seconds per config, the wall time to compile a graph's configs in parallel, warm
-load seconds) and a PNG with one panel per case. Every row also gets its speed of light: the IO
+load seconds; default: graphs_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on: h100,
+h200, …) and a PNG beside it with one panel per case. Every row also gets its speed of light: the IO
 model's time lower bound (coda_ext.analysis, H100 SXM) ÷ the measured median, per variant (1.0 =
 at the bound; the coda variants against the fused kernel of their config, torch.compile against the
 compile-style sequence, eager against the unfused one, cuBLAS against the plain GEMM of config
@@ -303,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-set", action="store_true",
                    help="also time building each graph's configs in parallel into an empty cache")
     p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--out", default=str(common.RESULTS / "graphs_h100.json"))
+    p.add_argument("--out", default=None, help="results JSON (default: graphs_<gpu>.json in benchmarks/results/, "
+                   "<gpu> the GPU it ran on, with --merge the merged runs': h100, h200, …); the PNG goes beside it")
     p.add_argument("--dry-run", action="store_true", help="list what would run; needs no GPU")
     p.add_argument("--annotate", metavar="FILE", help="recompute the speed-of-light fields of a results file in place; "
                    "no GPU")
@@ -340,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         env["nvidia_smi_after"] = common.gpu_info()["nvidia_smi"]
         reps, max_autotune = args.reps, args.max_autotune
     annotate(results)
-    out = common.write_json(args.out, {"env": env, "reps": reps, "max_autotune": max_autotune, "results": results})
+    out = args.out or common.results_path("graphs", gpu=env.get("gpu") or "cpu")   # named by the GPU it ran on
+    out = common.write_json(out, {"env": env, "reps": reps, "max_autotune": max_autotune, "results": results})
     plot(results, out.with_suffix(".png"), env["gpu"])
     print_table(results)
     print(f"wrote {out} and {out.with_suffix('.png')}")

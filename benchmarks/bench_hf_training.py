@@ -36,10 +36,10 @@ cuBLAS GEMMs of the step (forward, dX, dW of every linear and the LM head) + SDP
 --prebuild builds coda's kernels for the step (coda_ext.hf.prebuild_llama) before anything is timed;
 --cold measures, in a child process with empty kernel, inductor and triton caches, the time from
 apply_coda_to_llama (with prebuild_tokens when --prebuild is given) to the end of the first step.
-Results: --out (default: the hf_training_h100 JSON in benchmarks/results/; the models of an earlier
-run on the same GPU are kept, --fresh starts over) and a PNG beside it. On a GPU
-machine without network, bring liger-kernel (pure Python) as a wheel: benchmarks/gpu_session.sh's
-WHEELS.
+Results: --out (default: the hf_training_<gpu> JSON in benchmarks/results/, <gpu> the GPU it runs on:
+h100, h200, …, or cpu; the models of an earlier run on the same GPU are kept, --fresh starts over) and a
+PNG beside it. On a GPU machine without network, bring liger-kernel (pure Python) as a wheel:
+benchmarks/gpu_session.sh's WHEELS.
 """
 from __future__ import annotations
 
@@ -786,7 +786,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--cold-only", action="store_true",
                    help="measure only the cold first step, added to the model's entry of an earlier run in --out")
     p.add_argument("--cold-child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=str(common.RESULTS / "hf_training_h100.json"))
+    p.add_argument("--out", default=None, help="results JSON (default: hf_training_<gpu>.json in benchmarks/results/, "
+                   "<gpu> the GPU it runs on: h100, h200, …, or cpu); the PNG goes beside it")
     p.add_argument("--fresh", action="store_true",
                    help="start --out over (else the models of an earlier run on the same GPU are kept)")
     args = p.parse_args(argv)
@@ -823,7 +824,7 @@ def main(argv=None) -> int:
 
     env = environment(args.device)
     gpu = env.get("gpu")
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out or common.results_path("hf_training", gpu=gpu or "cpu"))
     doc = {"gpu": gpu or "cpu", "env": {**env, "transformers": transformers.__version__}, "models": {}}
     earlier = json.loads(out.read_text()) if out.is_file() and not args.fresh else {}
     if earlier.get("gpu") == doc["gpu"]:   # one model per run (a device call's time limit): merged by model

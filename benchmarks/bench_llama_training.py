@@ -1,4 +1,4 @@
-"""A Llama layer's training step on an H100: coda_ext against eager PyTorch, torch.compile and
+"""A Llama layer's training step on one GPU (H100, H200): coda_ext against eager PyTorch, torch.compile and
 Liger-Kernel, with the floor the non-attention part cannot beat.
 
     python -m benchmarks.bench_llama_training [--cases layer-1b layer-8b lm-head] [--reps 20]
@@ -11,7 +11,7 @@ of one step beyond what was allocated before it (with and without the gradients 
 layer also attention alone (SDPA forward + backward at the layer's shape, the same call in every
 variant), the non-attention part (step − attention) and the GEMM floor (the bare cuBLAS GEMMs of the
 layer's linears: forward, dX and dW of each, timed the same way and summed). Writes
-results/llama_training_h100.json and .png.
+results/llama_training_<gpu>.json (--out; <gpu> the GPU it runs on: h100, h200, …) and the .png beside it.
 """
 from __future__ import annotations
 
@@ -412,7 +412,7 @@ def goals(rows) -> list[str]:
     return lines
 
 
-def plot(rows, path) -> None:
+def plot(rows, path, gpu: str | None = None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -437,8 +437,8 @@ def plot(rows, path) -> None:
         ax.set_ylabel("ms per step (median)")
         ax.set_ylim(0, max(v["step_ms"] for v in row["variants"].values()) * 1.25)
         ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle("Llama training step on an H100: time (bar); label: peak memory of the step beyond what was "
-                 "allocated before it, without the gradients it returns",
+    fig.suptitle(f"Llama training step on {gpu or 'the GPU'}: time (bar); label: peak memory of the step beyond "
+                 "what was allocated before it, without the gradients it returns",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -449,9 +449,10 @@ def main(argv=None) -> None:
     p.add_argument("--cases", nargs="+", default=list(LAYERS) + ["lm-head"])
     p.add_argument("--variants", nargs="+", default=["eager", "torch.compile", "liger", "coda"])
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--out", default=str(common.RESULTS / "llama_training_h100.json"))
+    p.add_argument("--out", default=None, help="results JSON (default: llama_training_<gpu>.json in "
+                   "benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …); the PNG goes beside it")
     args = p.parse_args(argv)
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out) if args.out else common.results_path("llama_training")
     env, rows = common.gpu_info(), []
     for case in args.cases:
         row = run_lm_head(args.reps, args.variants) if case == "lm-head" else \
@@ -459,7 +460,7 @@ def main(argv=None) -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
         common.write_json(out, {"env": env, "rows": rows, "goals": goals(rows)})  # after every case
-    plot(rows, out.with_suffix(".png"))
+    plot(rows, out.with_suffix(".png"), env.get("gpu"))
     print("\n".join(goals(rows)))
 
 

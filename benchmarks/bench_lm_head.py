@@ -11,7 +11,8 @@ Variants (the gradients of x and W of the 'mean' loss; one process, interleaved,
   torch      logits in bf16, F.cross_entropy (eager)
   compile    the same math under torch.compile (one shape, static)
 Per variant: median ms, the median of per-round ratios to cublas_3, peak memory beyond the inputs.
-Results: lm_head_h100.json (on an H100) in the results folder, and a PNG beside it.
+Results: lm_head_<gpu>.json in the results folder (--out; <gpu> the GPU it runs on: lm_head_h100.json on an
+H100, lm_head_h200.json on an H200), and a PNG beside it.
 """
 from __future__ import annotations
 
@@ -164,7 +165,8 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--reps", type=int, default=15)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="results JSON (default: lm_head_<gpu>.json in benchmarks/results/, "
+                   "<gpu> the GPU it runs on: h100, h200, …); the PNG goes beside it")
     p.add_argument("--profile", action="store_true", help="also print the per-kernel time of coda's path per shape")
     args = p.parse_args(argv)
 
@@ -190,7 +192,7 @@ def main(argv=None) -> None:
             print(profile(M, V, d), flush=True)
         del fns
         torch.cuda.empty_cache()
-    out = args.out or common.RESULTS / f"lm_head_{'h100' if 'H100' in env['gpu'] else 'gpu'}.json"
+    out = args.out or common.results_path("lm_head", gpu=env["gpu"])
     path = common.write_json(out, doc)
     plot(doc, path.with_suffix(".png"))
     print(f"wrote {path}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import time
@@ -20,6 +21,25 @@ from coda_ext.jit import paths
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
+
+
+def gpu_tag(name: str | None) -> str:
+    """'h100', 'h200', … from a GPU's name (its model), 'cpu' without one: the results file's suffix."""
+    if not name:
+        return "cpu"
+    m = re.search(r"\b([A-Z]\d{2,4})\b", name)
+    return (m.group(1) if m else re.sub(r"\W+", "_", name)).lower()
+
+
+def results_path(stem: str, suffix: str = ".json", gpu: str | None = None) -> pathlib.Path:
+    """RESULTS / f"{stem}_{tag}{suffix}": tag is gpu_tag(gpu) for a GPU's name, else that of the GPU
+    this process runs on (torch.cuda.get_device_name()), "cpu" without one. Results measured on an
+    H200 thus land in *_h200 files, never in the committed *_h100 ones."""
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return RESULTS / f"{stem}_{gpu_tag(gpu)}{suffix}"
 
 
 def gpu_info() -> dict:

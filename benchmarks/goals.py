@@ -1,11 +1,13 @@
 """The speed goals, checked against the benchmarks' results files (no GPU needed):
 
-    python -m benchmarks.goals [--graphs benchmarks/results/graphs_h100.json]
-                               [--ops benchmarks/results/ops_h100.json] [--out benchmarks/results/goals_h100.md]
+    python -m benchmarks.goals [--gpu h100] [--graphs benchmarks/results/graphs_<gpu>.json]
+                               [--ops benchmarks/results/ops_<gpu>.json] [--out benchmarks/results/goals_<gpu>.md]
 
-Every ratio is time / the bare cuBLAS GEMM of the same shape and operand layout (bf16, H100, medians of
-interleaved per-round ratios, one run). The goals, each a median over the training rows (tokens not in SMALL_M)
-unless it says otherwise:
+--gpu (h100, h200, …; default h100, the committed results) picks the results files read by default:
+graphs_<gpu>.json and ops_<gpu>.json; --graphs and --ops override them.
+Every ratio is time / the bare cuBLAS GEMM of the same shape and operand layout (bf16, on the GPU the files
+were measured on, medians of interleaved per-round ratios, one run).
+The goals, each a median over the training rows (tokens not in SMALL_M) unless it says otherwise:
 
     plain GEMM                   ≤ graphs.CASES["identity"] at M ≥ PLAIN_MIN_M (bench_graphs)
     SwiGLU with z, y only        ≤ graphs.CASES["swiglu"], ["swiglu_y"]: the graphs swiglu, rstd_swiglu
@@ -32,7 +34,7 @@ import statistics
 import sys
 
 from benchmarks import graphs
-from benchmarks.common import RESULTS
+from benchmarks.common import results_path
 
 #: inference rows (tokens): every graph within SMALL_M_BOUND of cuBLAS
 SMALL_M = (128, 1024)
@@ -247,11 +249,15 @@ def render(goals: list[Goal], sources: dict[str, dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--graphs", default=str(RESULTS / "graphs_h100.json"), help="bench_graphs' results file")
-    p.add_argument("--ops", default=str(RESULTS / "ops_h100.json"), help="bench_fused_ops' results file "
-                   "(forward and backward rows)")
-    p.add_argument("--out", help="write the report here (markdown) as well")
+    p.add_argument("--gpu", default="h100", metavar="TAG", help="the GPU whose results files are read by default "
+                   "(h100, h200, …): graphs_<gpu>.json and ops_<gpu>.json in benchmarks/results/ (default: h100)")
+    p.add_argument("--graphs", default=None, help="bench_graphs' results file (default: graphs_<gpu>.json)")
+    p.add_argument("--ops", default=None, help="bench_fused_ops' results file (forward and backward rows; "
+                   "default: ops_<gpu>.json)")
+    p.add_argument("--out", help="write the report here (markdown) as well (e.g. benchmarks/results/goals_<gpu>.md)")
     args = p.parse_args(argv)
+    args.graphs = args.graphs or str(results_path("graphs", gpu=args.gpu))
+    args.ops = args.ops or str(results_path("ops", gpu=args.gpu))
     sources, graph_results, op_rows = {}, None, None
     for path, kind in ((args.graphs, "graphs"), (args.ops, "ops")):
         file = pathlib.Path(path)

@@ -37,10 +37,10 @@ echo "prebuild took $(( $(date +%s) - start )) s"
 python3 -m coda_ext demo 2>&1 | tee "$LOGDIR/demo.log" | tail -n 12
 if [ "${SANITIZE:-1}" != 0 ]; then
   # memcheck, racecheck and initcheck over every kernel family, the initcheck/TMA-store probe; the
-  # per-node-kind numerics table (results/sanitizer_h100.{log,json}, results/numerics_h100.json)
+  # per-node-kind numerics table (results/sanitizer_<gpu>.{log,json}, results/numerics_<gpu>.json; <gpu>: h100, h200, …)
   python3 -m benchmarks.sanitize 2>&1 | tee "$LOGDIR/sanitize.log" | tail -n 15
   python3 -m benchmarks.numerics_table 2>&1 | tee "$LOGDIR/numerics.log" | tail -n 100
-  cp benchmarks/results/sanitizer_h100.log "$LOGDIR/" 2>/dev/null || true
+  cp benchmarks/results/sanitizer_*.log "$LOGDIR/" 2>/dev/null || true
 fi
 python3 -m pytest tests -q -rs --durations=5 2>&1 | tee "$LOGDIR/tests.log" | tail -n 120
 python3 -m benchmarks.bench_epilogue ${BENCH_ARGS:-} 2>&1 | tee "$LOGDIR/bench.log" | tail -n 40

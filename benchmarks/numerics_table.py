@@ -8,7 +8,8 @@ node-kind kernels also under other swizzle/raster launch orders, which compile t
     python -m benchmarks.numerics_table                              # H100: expected about a minute
         [--quick] [--ops linear_residual_norm ...] [--dtypes bfloat16] [--out PATH]
 
-Writes benchmarks/results/numerics_h100.json and prints markdown tables.
+Writes benchmarks/results/numerics_<gpu>.json (--out; <gpu> the GPU it runs on: h100, h200, …) and prints
+markdown tables.
 
 Node kinds: five graphs (KIND_GRAPHS), each output one kind applied to the accumulator (and to
 fresh inputs), stored in the op's dtype, written as tests/helpers/fuzz_strategies.py cases so its fp64
@@ -693,8 +694,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="the ragged shapes only")
     parser.add_argument("--ops", nargs="*", default=None, help=f"ready ops (default all: {', '.join(READY_OPS)})")
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
-    parser.add_argument("--out", default=str(common.RESULTS / "numerics_h100.json"))
+    parser.add_argument("--out", default=None, help="results JSON (default: numerics_<gpu>.json in "
+                        "benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …)")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = common.results_path("numerics")
     result = run(args)
     path = common.write_json(args.out, _jsonable(result))
     print(format_tables(result))

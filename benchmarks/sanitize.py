@@ -20,7 +20,8 @@ under initcheck: buffers written by st.global, by a 1-D bulk copy, by 2-D and CU
 tensor stores, an unwritten control and a TMA load of unwritten memory. The verdict line combines the
 probe with the attribution of the coda_ext reports.
 
-Writes benchmarks/results/sanitizer_h100.log (each tool's output, trimmed) and sanitizer_h100.json.
+Writes sanitizer_<gpu>.log (each tool's output, trimmed) and sanitizer_<gpu>.json into --out-dir (default
+benchmarks/results/), <gpu> the GPU it runs on: h100, h200, ….
 """
 # No `from __future__ import annotations`: `python -m coda_ext prebuild` loads this file outside sys.modules,
 # where dataclasses cannot resolve string annotations.
@@ -599,7 +600,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
     parser.add_argument("--families", nargs="+", default=list(FAMILY_NAMES), choices=FAMILY_NAMES)
     parser.add_argument("--sanitizer", default=None, help="compute-sanitizer's path (default: found on PATH / CUDA)")
-    parser.add_argument("--out-dir", default=str(common.RESULTS))
+    parser.add_argument("--out-dir", default=str(common.RESULTS),
+                        help="where sanitizer_<gpu>.log and .json go (<gpu>: h100, h200, …; "
+                             "default: benchmarks/results)")
     parser.add_argument("--timeout", type=float, default=180, help="seconds per tool process")
     parser.add_argument("--budget", type=float, default=220,
                         help="seconds in all: reruns family by family (to attribute errors) only within it")
@@ -739,11 +742,11 @@ def main(argv: list[str] | None = None) -> int:
                       probe_runs["initcheck"]["stdout"]]
     lines = _result_lines(summary)
     log_parts += ["\n## result"] + lines
-    (out_dir / "sanitizer_h100.log").write_text("\n".join(log_parts) + "\n")
-    (out_dir / "sanitizer_h100.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    stem = f"sanitizer_{common.gpu_tag(gpu)}"   # named by the GPU it ran on: sanitizer_h100, sanitizer_h200, …
+    (out_dir / f"{stem}.log").write_text("\n".join(log_parts) + "\n")
+    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
     print("\n".join(lines))
-    print(f"sanitize: wrote {out_dir / 'sanitizer_h100.log'} and {out_dir / 'sanitizer_h100.json'} "
-          f"({summary['seconds']} s)")
+    print(f"sanitize: wrote {out_dir / f'{stem}.log'} and {out_dir / f'{stem}.json'} ({summary['seconds']} s)")
     shutil.rmtree(tmp, ignore_errors=True)
     hard = [t for t in ("memcheck", "racecheck") if t in summary["clean"] and not summary["clean"][t]]
     gap = summary["tools"].get("initcheck", {}).get("verdict", {}).get("verdict") in ("real_gap", "incomplete",

@@ -9,7 +9,8 @@ and plain_ (the identity graph: the mainloop alone).
     python -m benchmarks.sweep_backward [--models 1B 8B] [--tokens 16384] [--reps 10]
 
 Each op runs as the ready op runs it, with its graph compiled in the swept config instead of "auto".
-Results: a JSON file in the results folder, named after the sweep and the GPU (`--out` to choose).
+Results: a JSON file in the results folder, named after the sweep and the GPU it runs on (sweep_backward_<gpu>.json,
+<gpu>: h100, h200, …; `--out` to choose).
 """
 from __future__ import annotations
 
@@ -153,7 +154,8 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="results JSON (default: sweep_backward_<gpu>.json in "
+                   "benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …)")
     args = p.parse_args(argv)
 
     env = common.gpu_info()
@@ -166,7 +168,7 @@ def main(argv=None) -> None:
         print(f"{g.model} {g.op} {g.M}x{g.N}x{g.K}: best {best} {res[best]['ratio_to_cublas']:.3f}", flush=True)
         for v, r in res.items():
             print(f"    {v:45s} {r['median_ms']:8.3f} ms  x{r['ratio_to_cublas']:.3f}", flush=True)
-    out = args.out or common.RESULTS / f"sweep_backward_{'h100' if 'H100' in env['gpu'] else 'gpu'}.json"
+    out = args.out or common.results_path("sweep_backward", gpu=env["gpu"])
     print(f"wrote {common.write_json(out, doc)}")
 
 

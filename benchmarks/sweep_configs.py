@@ -5,6 +5,7 @@ against the bare cuBLAS GEMM: the measurements behind the config heuristic (coda
         [--swizzles 1,4,8] [--rasters heuristic,along_m,along_n] [--only TAG,...] [--reps 20]
         [--out FILE.json] [--dry-run]
 
+--out defaults to sweep_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on (h100, h200, …).
 Kernels: `python -m coda_ext prebuild benchmarks/sweep_configs.py` builds the sweep ahead.
 """
 from __future__ import annotations
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rasters", default="heuristic", help="comma-separated: heuristic, along_m, along_n")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--only", default=None, help="comma-separated parts of config tags to keep, e.g. sk_,coop_128x256")
-    p.add_argument("--out", default=str(common.RESULTS / "sweep_h100.json"))
+    p.add_argument("--out", default=None, help="results JSON (default: sweep_<gpu>.json in benchmarks/results/, "
+                   "<gpu> the GPU it runs on: h100, h200, …)")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args(argv)
     shapes = bench_graphs.parse_shapes(args.shapes)
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     env = common.gpu_info()
     rasters = args.rasters.split(",")
     result = {name: sweep_case(name, shapes, swizzles, args.reps, selected(args.only), rasters) for name in names}
-    out = common.write_json(args.out, {"env": env, "reps": args.reps, "results": result})
+    out = args.out or common.results_path("sweep", gpu=env["gpu"])
+    out = common.write_json(out, {"env": env, "reps": args.reps, "results": result})
     print(f"wrote {out}")
     return 0
 

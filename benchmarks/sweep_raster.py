@@ -7,8 +7,8 @@ so every config here reuses its base config's kernel (nothing is built beyond be
         python -m benchmarks.sweep_raster --family dswiglu --once      # each kernel once, in the printed order
 
 Each kernel is timed alone (random inputs, shared by the configs of one graph) interleaved with the bare
-cuBLAS GEMM of the shape (median of per-round ratios). Results: sweep_raster_, the family and _h100
-(sweep_raster_dswiglu_h100.json).
+cuBLAS GEMM of the shape (median of per-round ratios). Results (--out): sweep_raster_, the family and _<gpu>,
+<gpu> the GPU it runs on (sweep_raster_dswiglu_h100.json on an H100, sweep_raster_dswiglu_h200.json on an H200).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 
 import coda_ext as ce
 from benchmarks import ablate_epilogue as ab
-from benchmarks.common import RESULTS, gpu_info, summarize, time_interleaved, write_json
+from benchmarks.common import gpu_info, results_path, summarize, time_interleaved, write_json
 from tests.helpers import rand
 
 SWIZZLES = (1, 2, 4, 8)
@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="*", default=None, help="variant names (prefixes) of the family; default all")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--once", action="store_true", help="run each kernel once (for a profiler) and time nothing")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="results JSON (default: sweep_raster_<family>_<gpu>.json in "
+                   "benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …)")
     args = p.parse_args(argv)
     ops = kernels(args.family, args.variants)
     doc = {"family": args.family, "env": gpu_info(), "shapes": {}}
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
         for name, s in res.items():
             print(f"    {name:64s} {s['median_ms']:8.3f} ms  x{s['median_ratio_to_cublas']:.3f}", flush=True)
     if not args.once:
-        write_json(args.out or RESULTS / f"sweep_raster_{args.family}_h100.json", doc)
+        write_json(args.out or results_path(f"sweep_raster_{args.family}", gpu=doc["env"]["gpu"]), doc)
     return 0
 
 

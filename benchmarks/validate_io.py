@@ -1,4 +1,4 @@
-"""Checks the IO/roofline model (coda_ext.analysis) against Nsight Compute on an H100: DRAM bytes
+"""Checks the IO/roofline model (coda_ext.analysis) against Nsight Compute on a GPU (H100, H200, …): DRAM bytes
 read and written, and kernel time, of every benchmark graph's op at M = 128 and M = 16384.
 
     python -m coda_ext prebuild benchmarks/validate_io.py -j 16     # the kernels, ahead of time
@@ -20,7 +20,8 @@ boost-clock rates. The measured kernels are summed and compared with the model's
 the model time compared is max(compute, memory) per kernel, without the launch cost (Nsight
 Compute times kernels, not the gaps between them).
 
-Writes benchmarks/results/io_validation_h100.json (--out) and prints a table.
+Writes benchmarks/results/io_validation_<gpu>.json (--out; <gpu> the GPU it runs on: h100, h200, …) and prints
+a table. The model's GPU is --gpu (default "H100 SXM"; pass --gpu H200 on an H200).
 """
 from __future__ import annotations
 
@@ -47,7 +48,6 @@ METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts
 UNITS = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "nsecond": 1e-9, "usecond": 1e-6,
          "msecond": 1e-3, "second": 1.0, "ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "%": 1.0}
 DTYPE = "bfloat16"
-DEFAULT_OUT = common.RESULTS / "io_validation_h100.json"
 
 
 def default_shapes() -> list[tuple[int, int, int]]:
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
     p.add_argument("--gpu", default="H100 SXM", help="the model's GPU (coda_ext.analysis.GPUS)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per profiled run")
-    p.add_argument("--out", default=str(DEFAULT_OUT))
+    p.add_argument("--out", default=None, help="results JSON (default: io_validation_<gpu>.json in "
+                   "benchmarks/results/, <gpu> the GPU measured on, with --merge the first part's: h100, h200, …)")
     p.add_argument("--merge", nargs="+", metavar="PART", help="combine results files of runs split by --cases or "
                    "--shapes into --out; no GPU")
     p.add_argument("--run", metavar="CASE", help=argparse.SUPPRESS)      # runner mode (under ncu)
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.merge:
         merged = merge(args.merge)
+        if args.out is None:   # named by the GPU the parts were measured on (the first part's)
+            args.out = common.results_path("io_validation", gpu=merged["environment"].get("gpu") or "cpu")
         common.write_json(args.out, merged)
         summarize(merged["rows"], echo=True)
         print(f"wrote {args.out}: {len(merged['rows'])} rows from {len(args.merge)} parts")
@@ -226,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    if args.out is None:
+        args.out = common.results_path("io_validation")
     cases = args.cases.split(",")
     unknown = [c for c in cases if c not in graphs.CASES]
     if unknown:

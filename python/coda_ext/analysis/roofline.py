@@ -39,12 +39,28 @@ GPUS: dict[str, GPU] = {
 
 
 def gpu_spec(gpu: str | GPU) -> GPU:
+    """A GPU's model by its name here ("H100 SXM", "H200") or as the device reports it ("NVIDIA H200",
+    "NVIDIA H100 80GB HBM3")."""
     if isinstance(gpu, GPU):
         return gpu
     for name, spec in GPUS.items():
         if str(gpu).lower() == name.lower():
             return spec
+    for name, spec in GPUS.items():   # a device name: its model's token ("H200") within it
+        if name.split()[0].lower() in str(gpu).lower().split():
+            return spec
     raise ValueError(f"unknown GPU {gpu!r}; known: {list(GPUS)} (or pass a coda_ext.analysis.GPU)")
+
+
+def current_gpu(default: str = "H100 SXM") -> str:
+    """The model name (a key of GPUS) of the CUDA device in use, else `default` (no GPU, or one not modelled)."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return default
+        return gpu_spec(torch.cuda.get_device_name()).name
+    except (ImportError, ValueError, RuntimeError):
+        return default
 
 
 @dataclasses.dataclass(frozen=True)

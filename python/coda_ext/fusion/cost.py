@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from ..analysis.model import io_model
-from ..analysis.roofline import gpu_spec
+from ..analysis.roofline import current_gpu, gpu_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +28,8 @@ class KernelCost:
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    gpu: str = "H100 SXM"
+    #: The GPU whose bandwidth prices bytes: the CUDA device in use where there is one.
+    gpu: str = dataclasses.field(default_factory=current_gpu)
     #: What adding one node to an epilogue costs the objective when it keeps nothing on chip (a tie
     #: breaker in bytes: prefer the smaller kernel).
     member_cost: float = 1.0
