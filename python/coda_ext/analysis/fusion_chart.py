@@ -84,6 +84,7 @@ def fusion_chart(report: Any, path: str | pathlib.Path, title: str = "") -> path
                  f"{report.distinct_kernels} distinct kernels", fontsize=10)
     fig.tight_layout()
     path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)   # a new folder (bench_autofusion --charts DIR)
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
