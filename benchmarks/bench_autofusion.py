@@ -380,7 +380,9 @@ def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:
     kernels: dict[str, list[float]] = {}
     sites: dict[str, list[float]] = {}
     for e in prof.events():
-        if cuda and e.device_type == torch.autograd.DeviceType.CUDA:
+        # kernels only: a record_function range also shows on the GPU's timeline (a user annotation) and
+        # would count its kernels twice
+        if cuda and e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             k = kernels.setdefault(e.name[:120], [0.0, 0])
             k[0] += e.device_time / 1e3 / steps
             k[1] += 1 / steps

@@ -491,7 +491,8 @@ def breakdown(prof, cfg, tokens: int, device: str, dw_first: str = "activation")
                     key = guess or coda_linear(ops, table) or f"gemm.{ph}"
                 add(layers, key, ms)
     if device == "cuda":   # kernels the profiler tied to no op (none, normally)
-        ran = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type != DeviceType.CPU) / 1e3
+        ran = sum(e.time_range.elapsed_us() for e in prof.events()   # kernels: not the ranges' GPU annotations
+                  if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)) / 1e3
         out["other"] += max(0.0, ran - total)
         total = max(total, ran)
     n = max(1, cfg.num_hidden_layers)

@@ -53,7 +53,8 @@ def _inputs(name: str, device) -> dict:
         ids = torch.randint(0, 128, (4, 64), generator=g)
         labels = torch.where(torch.rand(4, 64, generator=g) < 0.3, ids, -100)
         return {"input_ids": ids.to(device), "labels": labels.to(device)}
-    return {"x": torch.randn(4, 64, 64, generator=g).to(device), "target": torch.randint(0, 128, (4, 64),
+    # x in the model's dtype (regression: a float32 x met bfloat16 weights in the first GEMM)
+    return {"x": torch.randn(4, 64, 64, generator=g).to(device, BF), "target": torch.randint(0, 128, (4, 64),
                                                                                          generator=g).to(device)}
 
 

@@ -152,3 +152,17 @@ def test_runs_of_one_model_merge_into_the_results(tmp_path, monkeypatch):
     assert json.loads(out.read_text())["models"] == {"llama-8b": {"ran": "llama-8b"}, "llama-1b": {"ran": "llama-1b"}}
     assert bench.main(["--device", "cpu", "--models", "llama-8b", "--out", str(out), "--fresh"]) == 0
     assert list(json.loads(out.read_text())["models"]) == ["llama-8b"]
+
+
+def test_breakdown_counts_kernels_not_the_ranges_gpu_annotations():
+    """A record_function range also appears on the GPU's timeline (a user annotation): counting it beside its
+    kernels doubled 'other' and 'total' (regression)."""
+    from torch.autograd import DeviceType
+
+    def ev(ms, annotation):
+        return types.SimpleNamespace(device_type=DeviceType.CUDA, is_user_annotation=annotation,
+                                     time_range=types.SimpleNamespace(elapsed_us=lambda: ms * 1e3))
+
+    prof = types.SimpleNamespace(events=lambda: [ev(5.0, True), ev(2.0, False), ev(1.0, False)])
+    out = bench.breakdown(prof, bench.hf_config("llama-1b", 2, tiny=True), 64, "cuda")
+    assert out["other"] == pytest.approx(3.0) and out["total"] == pytest.approx(3.0)
