@@ -155,12 +155,26 @@ def run_site(site: Site, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return results
 
 
-@torch.library.custom_op("coda_ext::fusion_kernel", mutates_args=())
-def fusion_kernel(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+# fusion_kernel is registered with the dispatcher directly, not as a torch.library.custom_op: it runs once
+# per fused GEMM in every step, and custom_op's Python layers (an autograd wrapper, the aliasing check of
+# the results) cost more host time than the launch itself. It has no autograd formula: it runs inside
+# compiled graphs, where AOTAutograd owns the backward.
+_LIB = torch.library.Library("coda_ext", "FRAGMENT")
+_LIB.define("fusion_kernel(str spec, Tensor[] tensors) -> Tensor[]")
+
+
+def _fusion_kernel(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return run_site(load_site(spec), tensors)
 
 
-@fusion_kernel.register_fake
+for _key in ("CPU", "CUDA"):
+    _LIB.impl("fusion_kernel", _fusion_kernel, _key)
+
+
+@torch.library.register_fake("coda_ext::fusion_kernel", lib=_LIB)
 def _fusion_kernel_fake(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     site = load_site(spec)
     return [tensors[0].new_empty(o.shape, dtype=o.dtype) for o in site.outputs]
+
+
+fusion_kernel = torch.ops.coda_ext.fusion_kernel.default

@@ -32,7 +32,14 @@ def require_gpu(A: torch.Tensor) -> None:
     require_sm90(A.device)
 
 
+#: CUDA device indices already found to be SM90 (a device's capability does not change: the check costs
+#: tens of microseconds, on every launch before)
+_SM90_DEVICES: set[int] = set()
+
+
 def require_sm90(device: torch.device) -> None:
+    if device.type == "cuda" and device.index in _SM90_DEVICES:
+        return
     if not torch.cuda.is_available():
         raise UnsupportedError("running a compiled coda_ext op needs a CUDA GPU with SM90 (H100/H200); "
                                "use coda_ext.interpret(graph, A, W, ...) on this machine")
@@ -41,6 +48,8 @@ def require_sm90(device: torch.device) -> None:
         name = torch.cuda.get_device_name(device)
         raise UnsupportedError(f"{name} has compute capability {cap[0]}.{cap[1]}; coda_ext kernels need SM90 "
                                "(H100/H200). Use coda_ext.interpret(...) instead")
+    if device.type == "cuda" and device.index is not None:
+        _SM90_DEVICES.add(device.index)
 
 
 def check_device(name: str, t: torch.Tensor, device: torch.device | None) -> None:

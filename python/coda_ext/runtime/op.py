@@ -1,6 +1,7 @@
 """A compiled epilogue op: checks inputs, allocates outputs, launches on the current stream."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from typing import Any
 
@@ -14,6 +15,16 @@ from . import checks
 from .interface import GraphOp, Slot
 
 __all__ = ["CompiledOp", "Slot", "compile_config"]
+
+_SAME_DEVICE = contextlib.nullcontext()
+#: the current stream's handle without building a torch.cuda.Stream (what Inductor's launchers call)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _raw_stream(device: torch.device) -> int:
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def compile_config(graph: Any, dtype: Any, config: KernelConfig | None) -> CompiledOp:
@@ -95,8 +106,9 @@ class CompiledOp(GraphOp):
         checks.check_no_overlap(outputs, checked_inputs, given=out)
         checks.require_gpu(A)
 
-        with torch.cuda.device(device):
-            stream = torch.cuda.current_stream(device).cuda_stream
+        # the launch goes to the current device: made A's for the call where it is another one
+        with torch.cuda.device(device) if device.index != torch.cuda.current_device() else _SAME_DEVICE:
+            stream = _raw_stream(device)
             try:
                 load_binding().launch(self._run, self._workspace, A, W, D, tensors, lds, values,
                                       self.config.swizzle, RASTER_ORDERS[self.config.raster], stream)
