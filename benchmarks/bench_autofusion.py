@@ -355,6 +355,37 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
     return entry, reports
 
 
+def profile_tables(events, steps: int, prefix: str) -> tuple[dict, dict]:
+    """({kernel name: [ms, launches] per step}, {fused site: [ms, launches] per step}) from a CUDA profile's
+    events. Kernels only: a record_function range also shows on the GPU's timeline (a user annotation) and
+    would count its kernels twice. A site is a CPU range named prefix + site: the kernels launched inside
+    it (the fused GEMM and its finalize), which the profiler ties to the CPU ops that launched them."""
+    import torch
+
+    kernels: dict[str, list[float]] = {}
+    sites: dict[str, list[float]] = {}
+    for e in events:
+        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+            k = kernels.setdefault(e.name[:120], [0.0, 0])
+            k[0] += e.device_time / 1e3 / steps
+            k[1] += 1 / steps
+        elif e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith(prefix):
+            k = sites.setdefault(e.name[len(prefix):], [0.0, 0])
+            k[0] += sum(x.duration for x in _launched(e)) / 1e3 / steps
+            k[1] += 1 / steps
+    return kernels, sites
+
+
+def _launched(e) -> list:
+    """The kernels a CPU event and the events under it launched."""
+    out, todo = [], [e]
+    while todo:
+        x = todo.pop()
+        out += list(x.kernels)
+        todo += list(x.cpu_children)
+    return out
+
+
 def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:
     """torch.profiler over `steps` training steps: the wall time, the GPU kernels' summed time and count
     (a GPU-bound step has kernel time close to its wall time; the rest is the host launching), the
@@ -377,22 +408,7 @@ def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:
         wall = (time.perf_counter() - start) * 1e3 / steps
     from coda_ext.fusion.op import PROFILE_PREFIX
 
-    kernels: dict[str, list[float]] = {}
-    sites: dict[str, list[float]] = {}
-    for e in prof.events():
-        # kernels only: a record_function range also shows on the GPU's timeline (a user annotation) and
-        # would count its kernels twice
-        if cuda and e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
-            k = kernels.setdefault(e.name[:120], [0.0, 0])
-            k[0] += e.device_time / 1e3 / steps
-            k[1] += 1 / steps
-            parent = e.cpu_parent
-            while parent is not None and not parent.name.startswith(PROFILE_PREFIX):
-                parent = parent.cpu_parent
-            if parent is not None:   # a fused kernel (or its finalize): by site and GEMM shape
-                k = sites.setdefault(parent.name[len(PROFILE_PREFIX):], [0.0, 0])
-                k[0] += e.device_time / 1e3 / steps
-                k[1] += 1 / steps
+    kernels, sites = profile_tables(prof.events(), steps, PROFILE_PREFIX) if cuda else ({}, {})
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
     host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:top]
     return {"wall_ms": wall, "kernel_ms": sum(v[0] for v in kernels.values()),

@@ -1,7 +1,7 @@
 """The speed goals, checked against the benchmarks' results files (no GPU needed):
 
-    python -m benchmarks.goals [--gpu h100] [--graphs benchmarks/results/graphs_<gpu>.json]
-                               [--ops benchmarks/results/ops_<gpu>.json] [--out benchmarks/results/goals_<gpu>.md]
+    python -m benchmarks.goals [--gpu h100] [--graphs GRAPHS_JSON]
+                               [--ops OPS_JSON] [--out REPORT_MD]
 
 --gpu (h100, h200, …; default h100, the committed results) picks the results files read by default:
 graphs_<gpu>.json and ops_<gpu>.json; --graphs and --ops override them.
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", default=None, help="bench_graphs' results file (default: graphs_<gpu>.json)")
     p.add_argument("--ops", default=None, help="bench_fused_ops' results file (forward and backward rows; "
                    "default: ops_<gpu>.json)")
-    p.add_argument("--out", help="write the report here (markdown) as well (e.g. benchmarks/results/goals_<gpu>.md)")
+    p.add_argument("--out", help="write the report here (markdown) as well (e.g. goals_<gpu>.md in benchmarks/results/)")
     args = p.parse_args(argv)
     args.graphs = args.graphs or str(results_path("graphs", gpu=args.gpu))
     args.ops = args.ops or str(results_path("ops", gpu=args.gpu))

@@ -8,7 +8,7 @@ node-kind kernels also under other swizzle/raster launch orders, which compile t
     python -m benchmarks.numerics_table                              # H100: expected about a minute
         [--quick] [--ops linear_residual_norm ...] [--dtypes bfloat16] [--out PATH]
 
-Writes benchmarks/results/numerics_<gpu>.json (--out; <gpu> the GPU it runs on: h100, h200, …) and prints
+Writes numerics_<gpu>.json in benchmarks/results/ (--out; <gpu> the GPU it runs on: h100, h200, …) and prints
 markdown tables.
 
 Node kinds: five graphs (KIND_GRAPHS), each output one kind applied to the accumulator (and to

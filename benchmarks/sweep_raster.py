@@ -8,7 +8,7 @@ so every config here reuses its base config's kernel (nothing is built beyond be
 
 Each kernel is timed alone (random inputs, shared by the configs of one graph) interleaved with the bare
 cuBLAS GEMM of the shape (median of per-round ratios). Results (--out): sweep_raster_, the family and _<gpu>,
-<gpu> the GPU it runs on (sweep_raster_dswiglu_h100.json on an H100, sweep_raster_dswiglu_h200.json on an H200).
+<gpu> the GPU it runs on (on an H100: sweep_raster_dswiglu_h100.json).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ boost-clock rates. The measured kernels are summed and compared with the model's
 the model time compared is max(compute, memory) per kernel, without the launch cost (Nsight
 Compute times kernels, not the gaps between them).
 
-Writes benchmarks/results/io_validation_<gpu>.json (--out; <gpu> the GPU it runs on: h100, h200, …) and prints
+Writes io_validation_<gpu>.json in benchmarks/results/ (--out; <gpu> the GPU it runs on: h100, h200, …) and prints
 a table. The model's GPU is --gpu (default "H100 SXM"; pass --gpu H200 on an H200).
 """
 from __future__ import annotations

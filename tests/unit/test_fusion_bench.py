@@ -90,3 +90,32 @@ def test_plan_and_prebuild_list_every_kernel_without_running(monkeypatch):
     monkeypatch.setattr(coda_ext.runtime, "prebuild", lambda items, jobs=None, binding=False: built.extend(items))
     assert bench.main(["--tiny", "--models", "gpt2", "--prebuild-only"]) == 0
     assert built and len({(g.digest(), d, c.tag) for g, d, c in built}) == len(built)   # each kernel once
+
+
+def test_profile_tables_count_kernels_once_and_find_each_fused_site():
+    """Kernels are counted once (a range's GPU annotation is not a kernel: regression), and a fused site's
+    time is the kernels launched under its CPU range, at any depth (regression: the sites were looked up
+    through the kernels' CPU parents, which the profiler does not set, and always came out empty)."""
+    import types
+
+    from torch.autograd import DeviceType
+
+    from benchmarks import bench_autofusion as bench
+
+    def kernel(name, us, annotation=False):
+        return types.SimpleNamespace(name=name, device_type=DeviceType.CUDA, device_time=us,
+                                     is_user_annotation=annotation)
+
+    def cpu(name, kernels=(), children=()):
+        return types.SimpleNamespace(name=name, device_type=DeviceType.CPU, is_user_annotation=False,
+                                     kernels=[types.SimpleNamespace(duration=us) for us in kernels],
+                                     cpu_children=list(children))
+
+    launch = cpu("coda_ext::fusion_kernel", kernels=(300.0, 20.0))
+    site = cpu("coda_fusion:abcd 64x64x64", children=[launch])
+    events = [kernel("gemm", 300.0), kernel("finalize", 20.0), kernel("coda_fusion:abcd 64x64x64", 330.0, True),
+              kernel("mm", 100.0), site, launch]
+    kernels, sites = bench.profile_tables(events, 2, "coda_fusion:")
+    assert set(kernels) == {"gemm", "finalize", "mm"}
+    assert sum(v[0] for v in kernels.values()) == pytest.approx(0.21)   # ms per step
+    assert sites == {"abcd 64x64x64": [pytest.approx(0.16), pytest.approx(0.5)]}
