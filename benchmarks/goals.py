@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--graphs", default=None, help="bench_graphs' results file (default: graphs_<gpu>.json)")
     p.add_argument("--ops", default=None, help="bench_fused_ops' results file (forward and backward rows; "
                    "default: ops_<gpu>.json)")
-    p.add_argument("--out", help="write the report here (markdown) as well (e.g. goals_<gpu>.md in benchmarks/results/)")
+    p.add_argument("--out", help="write the report here (markdown) as well (e.g. goals_<gpu>.md in "
+                   "benchmarks/results/)")
     args = p.parse_args(argv)
     args.graphs = args.graphs or str(results_path("graphs", gpu=args.gpu))
     args.ops = args.ops or str(results_path("ops", gpu=args.gpu))
