@@ -159,10 +159,14 @@ def test_breakdown_counts_kernels_not_the_ranges_gpu_annotations():
     kernels doubled 'other' and 'total' (regression)."""
     from torch.autograd import DeviceType
 
-    def ev(ms, annotation):
+    def ev(start_ms, ms, annotation):
         return types.SimpleNamespace(device_type=DeviceType.CUDA, is_user_annotation=annotation,
-                                     time_range=types.SimpleNamespace(elapsed_us=lambda: ms * 1e3))
+                                     time_range=types.SimpleNamespace(start=start_ms * 1e3, end=(start_ms + ms) * 1e3,
+                                                                      elapsed_us=lambda: ms * 1e3))
 
-    prof = types.SimpleNamespace(events=lambda: [ev(5.0, True), ev(2.0, False), ev(1.0, False)])
+    # an annotation over both kernels; kernels at 0-2 ms and 4-5 ms, and one inside the first (1-1.5 ms)
+    prof = types.SimpleNamespace(events=lambda: [ev(0.0, 5.0, True), ev(0.0, 2.0, False), ev(4.0, 1.0, False),
+                                                 ev(1.0, 0.5, False)])
     out = bench.breakdown(prof, bench.hf_config("llama-1b", 2, tiny=True), 64, "cuda")
-    assert out["other"] == pytest.approx(3.0) and out["total"] == pytest.approx(3.0)
+    assert out["other"] == pytest.approx(3.5) and out["total"] == pytest.approx(3.5)
+    assert out["gpu_busy_ms"] == pytest.approx(3.0) and out["gpu_idle_ms"] == pytest.approx(2.0)
