@@ -428,7 +428,8 @@ def breakdown(prof, cfg, tokens: int, device: str, dw_first: str = "activation")
     """ms of one step per component: per_layer (the layers' total / layers: each linear's GEMM and its
     epilogue as <linear>.<fwd|dx|dw>, attention.<fwd|bwd>, elementwise.<fwd|bwd>, gemm.<phase> when a
     GEMM's linear is unknown), lm_head_loss, optimizer, embedding, other (with any kernel time the
-    profiler tied to no op), total; on a GPU also gpu_busy_ms and gpu_idle_ms (busy_and_idle). Device kernel times on a GPU (each kernel under the op that
+    profiler tied to no op), total; on a GPU also gpu_busy_ms and gpu_idle_ms (busy_and_idle). Device kernel
+    times on a GPU (each kernel under the op that
     launched it), self CPU times on the CPU. The component of
     a kernel: its module scope (uncompiled models; the backward's through the autograd node's
     sequence number), else its kind and shapes (compiled graphs). dw_first: linear_by_shape's."""
