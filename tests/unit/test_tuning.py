@@ -317,3 +317,18 @@ def test_pair_tile_epilogues_launch_ping_pong_with_swizzle_8_along_n():
     same = {kernel_source(backward.swiglu_backward_linear(), "bfloat16", c).source
             for c in (tuning.PINGPONG, tuning.PINGPONG_PAIR_LOADS)}
     assert len(same) == 1
+
+
+def test_wave_fill_counts_the_exact_rows_not_their_bucket():
+    """The QKV weight gradient at 1B (M = 3072 rows of 128: 24 tiles; N 2048, K 16384) in 128x256 tiles is 192
+    of them, a second wave 45 % full; 128x128 fills three waves 97 %. Its bucket (4096 rows) fills both, so
+    the choice was made on the bucket's waves (regression: cooperative 128x256 ran it at 1.24x cuBLAS)."""
+    from coda_ext import graphs
+    from coda_ext.runtime.tuned import TunedOp
+
+    assert tuning.heuristic(4096, 2048, 16384, 132) == tuning.MEDIUM            # the bucket alone
+    assert tuning.heuristic(4096, 2048, 16384, 132, rows=3072) == tuning.WAVE_FILL
+    op = TunedOp(graphs.identity(), "bfloat16", tune=False, major="mn")
+    cfg = op.config_for(3072, 2048, 16384, 132)
+    assert cfg.tile == tuning.WAVE_FILL.tile and cfg.schedule == tuning.WAVE_FILL.schedule and cfg.major == "mn"
+    assert op.config_for(4096, 2048, 16384, 132).tile == tuning.MEDIUM.tile   # a full bucket: as before

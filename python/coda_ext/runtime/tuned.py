@@ -67,7 +67,7 @@ class TunedOp(GraphOp):
 
     def config_for(self, M: int, N: int, K: int, sms: int = tuning.DEFAULT_SMS) -> KernelConfig:
         """The heuristic's choice for this graph (used where tuning has remembered nothing)."""
-        return self._laid_out(tuning.heuristic(tuning.m_bucket(M), N, K, sms, self.epilogue, self.major))
+        return self._laid_out(tuning.heuristic(tuning.m_bucket(M), N, K, sms, self.epilogue, self.major, rows=M))
 
     def op_for(self, config: KernelConfig):
         if config.tag not in self._ops:
