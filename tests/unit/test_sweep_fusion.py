@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from benchmarks import sweep_fusion as sf  # noqa: E402
+from benchmarks import sweep_fusion as sf
 
 
 def test_each_fused_kernel_comes_with_autos_config_first_and_only_configs_that_fit():
