@@ -53,12 +53,13 @@ def step(model, *args, **kwargs):
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
-def fused_mlp_matches_eager(fallback: str, loss_tol: float, grad_rtol: float, grad_atol: float):
-    """fuse(MLP(), fallback=...) against eager: the loss and every gradient of one fp32 step; the fused model."""
+def fused_mlp_matches_eager(fallback: str, loss_tol: float, grad_rtol: float, grad_atol: float, **options):
+    """fuse(MLP(), fallback=..., **options) against eager: the loss and every gradient of one fp32 step; the
+    fused model."""
     torch.manual_seed(0)
     model = MLP()
     eager = copy.deepcopy(model)
-    fused = cf.fuse(model, fallback=fallback)
+    fused = cf.fuse(model, fallback=fallback, **options)
     x, t = mlp_inputs()
     loss, grads = step(fused, x, t)
     loss_e, grads_e = step(eager, x, t)
@@ -210,3 +211,28 @@ def test_the_inductor_fallback_runs_inductors_joint_graph_passes(monkeypatch):
     monkeypatch.setattr(frontend, "inductor_joint_passes", spy)
     fused_mlp_matches_eager("inductor", 1e-5, 1e-4, 1e-5)
     assert len(seen) == 2 and all(seen)     # the forward graph and the backward graph
+
+
+def test_cudagraphs_compiles_through_inductors_forward_and_backward_compilers(monkeypatch):
+    """Options(cudagraphs=True): the fallback graphs go through Inductor's own forward and backward compilers
+    (those of mode="reduce-overhead", which record CUDA graphs on a GPU; on the CPU Inductor records
+    nothing), with the fallback's decompositions and joint-graph passes inside; loss and gradients stay
+    eager's. fallback="eager" refuses the option before anything is traced."""
+    from torch._inductor import compile_fx
+
+    from coda_ext.fusion import cudagraphs, frontend
+
+    calls = []
+    for name in ("compile_fx_forward", "compile_fx_backward"):
+        real = getattr(compile_fx, name)
+        monkeypatch.setattr(compile_fx, name, lambda *a, _real=real, _name=name, **k: calls.append(
+            (_name, k["inner_compile"] is frontend._inductor_inner)) or _real(*a, **k))
+    passes = []
+    real_passes = frontend.inductor_joint_passes
+    monkeypatch.setattr(frontend, "inductor_joint_passes", lambda gm: passes.append(1) or real_passes(gm))
+    fused_mlp_matches_eager("inductor", 1e-5, 1e-4, 1e-5, cudagraphs=True)
+    assert calls == [("compile_fx_forward", True), ("compile_fx_backward", True)]
+    assert len(passes) == 2
+    with pytest.raises(ValueError, match="cudagraphs=True records the Inductor fallback"):
+        cf.fuse(MLP(), fallback="eager", cudagraphs=True)
+    assert set(cudagraphs.ENTRY_POINTS) <= set(dir(compile_fx))

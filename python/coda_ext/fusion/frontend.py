@@ -47,7 +47,11 @@ class Options:
     execute: "auto" (the compiled kernel on CUDA, the interpreter elsewhere) or "interpret".
     method: "ilp" or "greedy"; time_limit: seconds for the ILP before the greedy fallback.
     report: print each graph's report when it is compiled (also with CODA_FUSION_REPORT=1).
-    prebuild: build every kernel of a graph in parallel (coda_ext.prebuild) before it first runs."""
+    prebuild: build every kernel of a graph in parallel (coda_ext.prebuild) before it first runs.
+    cudagraphs: record the Inductor fallback's graphs, fused kernels included, into CUDA graphs and replay
+        them (Inductor's cudagraph trees, as torch.compile's mode="reduce-overhead"; cudagraphs.py): the
+        host launches one graph instead of each kernel. Needs the Inductor fallback ("auto" on CUDA);
+        Inductor records only what it can (CUDA, static shapes) and runs the rest as without it."""
 
     fallback: str = "auto"
     target: str = "auto"
@@ -56,6 +60,7 @@ class Options:
     time_limit: float = 10.0
     report: bool = False
     prebuild: bool = True
+    cudagraphs: bool = False
     cost: CostModel = dataclasses.field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
@@ -65,6 +70,9 @@ class Options:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.target not in ("auto", "cuda", "interpret"):
             raise ValueError(f"target must be 'auto', 'cuda' or 'interpret', got {self.target!r}")
+        if self.cudagraphs and self.fallback == "eager":
+            raise ValueError("cudagraphs=True records the Inductor fallback's graphs: use fallback='inductor' or "
+                             "'auto' (on CUDA), or cudagraphs=False")
         if self.execute not in ("auto", "interpret"):
             raise ValueError(f"execute must be 'auto' or 'interpret', got {self.execute!r}")
 
@@ -146,17 +154,29 @@ def _inductor(gm: fx.GraphModule, example_inputs: Any) -> Callable:
     torch.compile runs in its own partitioner, so without them the GEMMs left to the fallback would miss,
     among others, the padding of unaligned GEMM dimensions: GPT-2's 50257-wide head ran in align-1
     kernels), then its inner compiler."""
+    return _inductor_inner(_decomposed(gm, example_inputs), example_inputs)
+
+
+def _decomposed(gm: fx.GraphModule, example_inputs: Any) -> fx.GraphModule:
+    """gm retraced through Inductor's decomposition table (under the inputs' fake mode, if any)."""
     import contextlib
 
     from torch._guards import detect_fake_mode
-    from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     mode = detect_fake_mode(example_inputs)
     with mode if mode is not None else contextlib.nullcontext():
-        decomposed = make_fx(gm, decomposition_table=select_decomp_table())(*example_inputs)
-    return compile_fx_inner(inductor_joint_passes(decomposed), example_inputs)
+        return make_fx(gm, decomposition_table=select_decomp_table())(*example_inputs)
+
+
+def _inductor_inner(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:
+    """Inductor's joint-graph passes (not again on an inference graph that compile_fx_forward has passed
+    through them: kwargs is_inference), then compile_fx_inner with Inductor's keyword arguments."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    return compile_fx_inner(gm if kwargs.get("is_inference") else inductor_joint_passes(gm), example_inputs,
+                            **kwargs)
 
 
 def inductor_joint_passes(gm: fx.GraphModule) -> fx.GraphModule:
@@ -228,6 +248,13 @@ class CodaBackend:
         def inference(graph: fx.GraphModule, inputs: Any) -> Callable:
             return compile_fn(run(graph, "inference graph"), inputs)
 
+        if opts.cudagraphs and fallback == "inductor" and not self.plan_only:
+            from . import cudagraphs
+
+            forward, backward, infer = cudagraphs.compilers(gm, example_inputs, _decomposed, _inductor_inner)
+            return aot_module_simplified(gm, example_inputs, fw_compiler=forward, bw_compiler=backward,
+                                         partition_fn=partition_fn,
+                                         inference_compiler=lambda g, i: infer(run(g, "inference graph"), i))
         return aot_module_simplified(gm, example_inputs, fw_compiler=compile_fn, bw_compiler=compile_fn,
                                      partition_fn=partition_fn, inference_compiler=inference)
 
