@@ -7,18 +7,18 @@ max-autotune) and torch.compile(backend="coda") side by side (issue 25's benchma
     python -m benchmarks.bench_autofusion --plan                # trace only (CPU): GEMMs, kernels, solve time
     python -m benchmarks.bench_autofusion --device cpu --tiny --steps 2   # tiny configs; coda via the interpreter
 
-Models, from configs with random weights (no downloads), bf16 parameters, AdamW: transformers
-BERT-base and BERT-large (masked LM), GPT-2 124M and 774M (causal LM), ViT-B/16 (image
-classification), a Llama-3.2-1B-like LlamaForCausalLM, and a small MLP (LayerNorm-Linear-GELU-Linear
-blocks with residuals, a classification head). Dropout is 0 unless --dropout says otherwise (coda
-leaves dropout with p > 0 to the fallback). Variants: eager, compile (torch.compile(model)),
-compile_max_autotune (mode="max-autotune"; GPU only), compile_cudagraphs (mode="reduce-overhead": CUDA
-graphs; GPU only), coda (coda_ext.fusion.fuse(model): the "coda" backend, Inductor for what it does not
-fuse), coda_cudagraphs (fuse(model, cudagraphs=True): the same, recorded into CUDA graphs; GPU only) and,
-for Llama, coda_hand (the hand-written coda_ext.hf.apply_coda_to_llama path). Every compiled variant
-traces its Hugging Face model with coda_ext.fusion.hf_masks.plain_masks(): with the transformers and torch of the GPU machine, torch.compile
-otherwise builds an all-true attention mask and SDPA leaves its flash kernel (BERT-base's compiled step
-66 ms against eager's 49 ms): the baseline is the best a user can get.
+Models, from configs with random weights (no downloads), bf16 parameters, AdamW: transformers BERT-base and
+BERT-large (masked LM), GPT-2 124M and 774M (causal LM), ViT-B/16 (image classification), a Llama-3.2-1B-like
+LlamaForCausalLM, and a small MLP (LayerNorm-Linear-GELU-Linear blocks with residuals, a classification head).
+Dropout is 0 unless --dropout says otherwise (coda leaves dropout with p > 0 to the fallback). Variants:
+eager, compile (torch.compile(model)), compile_max_autotune (mode="max-autotune"; GPU only),
+compile_cudagraphs (mode="reduce-overhead": CUDA graphs; GPU only), coda (coda_ext.fusion.fuse(model): the
+"coda" backend, Inductor for what it does not fuse), coda_cudagraphs (fuse(model, cudagraphs=True): the same,
+recorded into CUDA graphs; GPU only) and, for Llama, coda_hand (the hand-written
+coda_ext.hf.apply_coda_to_llama path). Every compiled variant traces its Hugging Face model with
+coda_ext.fusion.hf_masks.plain_masks(): with the transformers and torch of the GPU machine, torch.compile
+otherwise builds an all-true attention mask and SDPA leaves its flash kernel (BERT-base's compiled step 66 ms
+against eager's 49 ms): the baseline is the best a user can get.
 
 Per model and variant: the loss of each of --steps training steps from the same weights on the same
 batches; the step time (median over interleaved rounds, common.time_interleaved on the GPU); peak
