@@ -428,7 +428,7 @@ def breakdown(prof, cfg, tokens: int, device: str, dw_first: str = "activation")
     """ms of one step per component: per_layer (the layers' total / layers: each linear's GEMM and its
     epilogue as <linear>.<fwd|dx|dw>, attention.<fwd|bwd>, elementwise.<fwd|bwd>, gemm.<phase> when a
     GEMM's linear is unknown), lm_head_loss, optimizer, embedding, other (with any kernel time the
-    profiler tied to no op), total; on a GPU also gpu_busy_ms and gpu_idle_ms (busy_and_idle). Device kernel
+    profiler tied to no op), total; on a GPU also gpu_busy_ms and gpu_idle_ms (common.busy_and_idle). Device kernel
     times on a GPU (each kernel under the op that
     launched it), self CPU times on the CPU. The component of
     a kernel: its module scope (uncompiled models; the backward's through the autograd node's
@@ -497,30 +497,12 @@ def breakdown(prof, cfg, tokens: int, device: str, dw_first: str = "activation")
         ran = sum(e.time_range.elapsed_us() for e in gpu) / 1e3
         out["other"] += max(0.0, ran - total)
         total = max(total, ran)
-        out["gpu_busy_ms"], out["gpu_idle_ms"] = busy_and_idle(gpu)
+        out["gpu_busy_ms"], out["gpu_idle_ms"] = common.busy_and_idle(gpu)
     n = max(1, cfg.num_hidden_layers)
     out["layers"] = n
     out["per_layer"] = {k: v / n for k, v in sorted(layers.items())}
     out["total"] = total
     return out
-
-
-def busy_and_idle(kernels) -> tuple[float, float]:
-    """(ms some kernel ran, ms none did) between the first kernel's start and the last one's end: the idle
-    part is the GPU waiting for the host (launches, synchronisations) within the profiled step."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    if not spans:
-        return 0.0, 0.0
-    busy, (start, end) = 0.0, spans[0]
-    for a, b in spans[1:]:
-        if a > end:
-            busy += end - start
-            start, end = a, b
-        else:
-            end = max(end, b)
-    busy += end - start
-    last = max(b for _, b in spans)
-    return busy / 1e3, (last - spans[0][0] - busy) / 1e3
 
 
 CODA_PHASE = {"weight_grad": "dw", "linear_dx": "dx", "rms_norm_backward_linear": "dx",

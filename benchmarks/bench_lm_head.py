@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 from benchmarks import common
 
@@ -129,9 +130,15 @@ def profile(M: int, V: int, d: int, rows: int = 12) -> str:
         fns["coda"](0)
     torch.cuda.synchronize()
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         fns["coda"](0)
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+        wall = (time.perf_counter() - start) * 1e3
+    kernels = [e for e in prof.events() if e.device_type != torch.autograd.DeviceType.CPU
+               and not getattr(e, "is_user_annotation", False)]
+    busy, idle = common.busy_and_idle(kernels)
+    return (prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
+            + f"\nwall {wall:.2f} ms; GPU busy {busy:.2f} ms, idle {idle:.2f} ms between the first kernel and the last")
 
 
 def plot(doc: dict, path) -> None:

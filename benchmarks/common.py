@@ -157,6 +157,24 @@ def summarize(times: dict[str, list[float]], baseline: str) -> dict:
     return out
 
 
+def busy_and_idle(kernels) -> tuple[float, float]:
+    """(ms some kernel ran, ms none did) between the first kernel's start and the last one's end: the idle
+    part is the GPU waiting for the host (launches, synchronisations) within the profiled step."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    if not spans:
+        return 0.0, 0.0
+    busy, (start, end) = 0.0, spans[0]
+    for a, b in spans[1:]:
+        if a > end:
+            busy += end - start
+            start, end = a, b
+        else:
+            end = max(end, b)
+    busy += end - start
+    last = max(b for _, b in spans)
+    return busy / 1e3, (last - spans[0][0] - busy) / 1e3
+
+
 def peak_memory_gb(fn) -> tuple[float, float]:
     """(peak, peak without what fn returns): GB allocated during fn(0) above what was allocated
     before it (fn's result is a tensor or a tuple of tensors, e.g. the gradients a step returns)."""
