@@ -23,7 +23,8 @@ def results(tmp_path_factory):
     torch._dynamo.reset()
     out = tmp_path_factory.mktemp("hf") / "hf_training.json"
     assert bench.main(["--device", "cpu", "--tiny", "--steps", str(STEPS), "--rounds", "2", "--warmup", "1",
-                       "--layers", "1", "--compile-backend", "aot_eager", "--out", str(out)]) == 0
+                       "--layers", "1", "--compile-backend", "aot_eager", "--out", str(out),
+                       "--trace", str(out.parent / "traces")]) == 0
     torch._dynamo.reset()
     return out
 
@@ -50,6 +51,17 @@ def test_results_json_has_every_model_and_variant(results):
         assert set(floor["parts_ms"]) == {f"{lin}.{p}" for lin in ("qkv", "o", "gate_up", "down", "lm_head")
                                           for p in ("fwd", "dx", "dw")} | {"attention"}
     assert results.with_suffix(".png").stat().st_size > 10_000
+
+
+def test_trace_writes_each_variants_profiled_step(results):
+    import gzip
+
+    doc = json.loads(results.read_text())
+    for name, entry in doc["models"].items():
+        for v, row in entry["variants"].items():
+            path = results.parent / "traces" / row["trace"]
+            assert row["trace"] == f"{name}_{v}.json.gz"
+            assert json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
 
 
 def test_breakdown_names_every_gemm_of_a_layer(results):
