@@ -31,6 +31,10 @@ KK_CONFIGS = [
 KN_CONFIGS = [
     ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4, major="kn"),
     ce.KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4, major="kn"),
+    # 2x1 clusters: each CTA pair shares its W tile through TMA multicast, and a swizzle of 8 clusters walks
+    # strips of 16 M tiles (2048 rows), twice CUTLASS's 1x1 limit of 8 (docs/measured.md, "What the peer
+    # does differently")
+    ce.KernelConfig((128, 128, 64), (2, 1), "pingpong", swizzle=8, major="kn"),
 ]
 #: (M, N, K) of the backward families: the 8B-like and 1B-like Llama layers at 16384 tokens.
 DSWIGLU_SHAPES = {"8B": (16384, 14336, 4096), "1B": (16384, 8192, 2048)}
