@@ -15,7 +15,7 @@ figures are medians of per-round ratios to cuBLAS. Writes JSON (GPU, clocks, ver
 cold compile seconds per config, the wall time to compile a graph's configs in parallel, warm
 load seconds; default: graphs_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on: h100,
 h200, …) and a PNG beside it with one panel per case. Every row also gets its speed of light: the IO
-model's time lower bound (coda_ext.analysis, H100 SXM) ÷ the measured median, per variant (1.0 =
+model's time lower bound (coda_ext.analysis, for the GPU it runs on) ÷ the measured median, per variant (1.0 =
 at the bound; the coda variants against the fused kernel of their config, torch.compile against the
 compile-style sequence, eager against the unfused one, cuBLAS against the plain GEMM of config
 "auto"). `--dry-run` lists what would run without a GPU.
@@ -32,6 +32,7 @@ import time
 import coda_ext as ce
 from benchmarks import common, goals, graphs
 from coda_ext import tuning
+from coda_ext.analysis.roofline import current_gpu
 from tests.helpers import rand
 
 #: Llama-3-8B-like training and inference shapes (M, N, K) (the list of issue 3).
@@ -214,7 +215,7 @@ def annotate(results: dict) -> dict:
     """Adds entry["speed_of_light"] to every (case, shape) of a results dict, in place."""
     for case, r in results.items():
         for shape, entry in r["shapes"].items():
-            entry["speed_of_light"] = speed_of_light(case, shape, entry)
+            entry["speed_of_light"] = speed_of_light(case, shape, entry, current_gpu())
     return results
 
 

@@ -21,7 +21,7 @@ the model time compared is max(compute, memory) per kernel, without the launch c
 Compute times kernels, not the gaps between them).
 
 Writes io_validation_<gpu>.json in benchmarks/results/ (--out; <gpu> the GPU it runs on: h100, h200, …) and prints
-a table. The model's GPU is --gpu (default "H100 SXM"; pass --gpu H200 on an H200).
+a table. The model's GPU is --gpu (default: the GPU it runs on).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ import coda_ext as ce
 from benchmarks import common, graphs
 from coda_ext import tuning
 from coda_ext.analysis import io_model
-from coda_ext.analysis.roofline import gpu_spec
+from coda_ext.analysis.roofline import current_gpu, gpu_spec
 from tests.helpers import rand
 
 METRICS = "dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,lts__t_sector_op_read_hit_rate.pct"
@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default=",".join(graphs.CASES))
     p.add_argument("--shapes", nargs="*", default=None, help="M,N,K ... (default: the Llama shapes at M 128 and 16384)")
     p.add_argument("--ncu", default=shutil.which("ncu") or "/usr/local/cuda/bin/ncu")
-    p.add_argument("--gpu", default="H100 SXM", help="the model's GPU (coda_ext.analysis.GPUS)")
+    p.add_argument("--gpu", default=None, help="the model's GPU (coda_ext.analysis.GPUS; default: the GPU it "
+                   "runs on, coda_ext.analysis.roofline.current_gpu)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per profiled run")
     p.add_argument("--out", default=None, help="results JSON (default: io_validation_<gpu>.json in "
                    "benchmarks/results/, <gpu> the GPU measured on, with --merge the first part's: h100, h200, …)")
@@ -236,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown case(s) {unknown}; known: {list(graphs.CASES)}")
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else default_shapes()
-    gpu = dataclasses.replace(gpu_spec(args.gpu), sms=torch.cuda.get_device_properties(0).multi_processor_count)
+    gpu = dataclasses.replace(gpu_spec(args.gpu or current_gpu()),
+                              sms=torch.cuda.get_device_properties(0).multi_processor_count)
     rows = []
     print(f"{'case':<13s} {'M x N x K':<18s} {'config':<32s} {'kernels':>8s} {'read GB model/meas':>21s} "
           f"{'write GB model/meas':>21s} {'time us model/meas':>21s}", flush=True)
