@@ -91,11 +91,11 @@ def _waves(tiles: int, sms: int) -> float:
 
 
 def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue = Epilogue(),
-              major: str = "kk", rows: int | None = None) -> KernelConfig:
-    """The config for an (M, N, K) problem and a kind of epilogue (a few integer operations). M is the
-    row count's bucket (m_bucket) where callers share choices per bucket; rows, when given, the exact row
-    count, which the wave arithmetic below uses (a bucket's rounding would hide a tail: the QKV weight
-    gradient's 3072 rows at 1B are 24 tiles of 128, not the 4096 bucket's 32):
+              major: str = "kk") -> KernelConfig:
+    """The config for an (M, N, K) problem and a kind of epilogue (a few integer operations). M is the exact
+    row count: it enters only as M tiles of 128, and a power-of-two bucket's rounding would hide a wave's
+    tail (the QKV weight gradient's 3072 rows at 1B are 24 tiles, not the 4096 bucket's 32: 192 tiles of
+    128x256 leave a second wave 45 % full, where the bucket's 256 fill two):
     - M <= 128: 64x128 ping-pong tiles, so twice as many CTAs stream W (memory-bound shapes);
     - 128x128 ping-pong where it fills the waves clearly better than 128x256 (192 tiles of
       128x256 on 132 SMs leave the second wave 45 % full; 384 of 128x128 fill 97 % of three);
@@ -142,7 +142,7 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
         if N > 16384:
             return TALL_192
         return TALL_192_PAIRS if epilogue.pairs else TALL_192_S8
-    choice = _by_shape(M, N, K, sms, epilogue, major, M if rows is None else rows)
+    choice = _by_shape(M, N, K, sms, epilogue, major)
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG
     if choice == LARGE and -(-M // 128) >= 32:
@@ -173,14 +173,14 @@ def for_every_m(config: KernelConfig) -> KernelConfig:
     return {LARGE_TALL: LARGE, PINGPONG_PAIR_LOADS: PINGPONG}.get(config, config)
 
 
-def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str, rows: int) -> KernelConfig:
+def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) -> KernelConfig:
     tiles_m = -(-M // 128)
     if tiles_m == 1:
         return SKINNY
-    exact_m = -(-rows // 128)
-    if _waves(exact_m * -(-N // 128), sms) > _waves(exact_m * -(-N // 256), sms) + 0.1:
-        return WAVE_FILL
+    tiles_128 = tiles_m * -(-N // 128)
     tiles_256 = tiles_m * -(-N // 256)
+    if _waves(tiles_128, sms) > _waves(tiles_256, sms) + 0.1:
+        return WAVE_FILL
     if tiles_256 >= 2 * sms:
         if epilogue.col_reduce:
             return LARGE
@@ -193,7 +193,8 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str, 
 
 
 def m_bucket(M: int) -> int:
-    """Token counts share a choice within a power-of-two bucket (64, 128, ..., 16384, then 16384)."""
+    """Token counts share a remembered tuning choice (config="tune") within a power-of-two bucket (64, 128, ...,
+    16384, then 16384)."""
     return min(max(64, 1 << max(0, M - 1).bit_length()), 16384)
 
 

@@ -230,9 +230,22 @@ def test_cudagraphs_compiles_through_inductors_forward_and_backward_compilers(mo
     passes = []
     real_passes = frontend.inductor_joint_passes
     monkeypatch.setattr(frontend, "inductor_joint_passes", lambda gm: passes.append(1) or real_passes(gm))
+    statics = []
+    real_inner = frontend._inductor_inner
+
+    def inner(gm, inputs, **kw):   # the backward's static inputs: every input but the tangents (regression:
+        names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]   # the retrace had renamed them all)
+        if kw.get("is_backward"):
+            statics.append(({names[i] for i in kw["static_input_idxs"]}, names))
+        return real_inner(gm, inputs, **kw)
+
+    monkeypatch.setattr(frontend, "_inductor_inner", inner)
     fused_mlp_matches_eager("inductor", 1e-5, 1e-4, 1e-5, cudagraphs=True)
     assert calls == [("compile_fx_forward", True), ("compile_fx_backward", True)]
     assert len(passes) == 2
+    ((static, names),) = statics
+    assert any(n.startswith("tangents") for n in names)
+    assert static and not any(n.startswith("tangents") for n in static)
     with pytest.raises(ValueError, match="cudagraphs=True records the Inductor fallback"):
         cf.fuse(MLP(), fallback="eager", cudagraphs=True)
     assert set(cudagraphs.ENTRY_POINTS) <= set(dir(compile_fx))

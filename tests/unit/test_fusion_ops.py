@@ -61,3 +61,15 @@ def test_refusals_before_any_work():
     stale = _site().spec().replace('"v":1', '"v":99')
     with pytest.raises(ValueError, match="spec version 99"):
         fop.fusion_kernel(stale, [a, w, bias])
+
+
+def test_fusion_kernel_refuses_tensors_that_require_grad():
+    """It has no autograd formula (AOTAutograd owns the backward of the graphs that call it): a call that would
+    lose gradients says so instead."""
+    a, w, bias = _tensors(torch.Generator().manual_seed(5))
+    spec = _site().spec()
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        fop.fusion_kernel(spec, [a.requires_grad_(), w, bias])
+    with torch.no_grad():
+        (out,) = fop.fusion_kernel(spec, [a, w, bias])
+    torch.testing.assert_close(out, F.silu(a.detach() @ w.t() + bias))

@@ -326,8 +326,8 @@ def test_wave_fill_counts_the_exact_rows_not_their_bucket():
     from coda_ext import graphs
     from coda_ext.runtime.tuned import TunedOp
 
-    assert tuning.heuristic(4096, 2048, 16384, 132) == tuning.MEDIUM            # the bucket alone
-    assert tuning.heuristic(4096, 2048, 16384, 132, rows=3072) == tuning.WAVE_FILL
+    assert tuning.heuristic(4096, 2048, 16384, 132) == tuning.MEDIUM            # the bucket's rows
+    assert tuning.heuristic(3072, 2048, 16384, 132) == tuning.WAVE_FILL
     op = TunedOp(graphs.identity(), "bfloat16", tune=False, major="mn")
     cfg = op.config_for(3072, 2048, 16384, 132)
     assert cfg.tile == tuning.WAVE_FILL.tile and cfg.schedule == tuning.WAVE_FILL.schedule and cfg.major == "mn"

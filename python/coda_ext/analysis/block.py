@@ -121,7 +121,7 @@ def _dswiglu_step(L: LayerShape, dtype: str, gpu: GPU) -> Step:
     ζ1 = Σ (g dg + u du) per row. Listed by hand for the eager sequence; the fused kernel's bytes and
     time are those explain() gives for the op's graph (ops/swiglu_backward.py, pair tiles)."""
     T, F, d, b = L.tokens, L.F, L.d, DTYPE_BYTES[dtype]
-    cfg = tuning.heuristic(tuning.m_bucket(T), F, d, gpu.sms, tuning.Epilogue(tile_load=True), rows=T)
+    cfg = tuning.heuristic(T, F, d, gpu.sms, tuning.Epilogue(tile_load=True))
     sched, operands, work = gemm_operands(T, F, d, dtype, cfg, gpu, ("dx2", "W_down"))
     half, full, row = T * F * b, T * 2 * F * b, T * 4
     partials = T * sched.tiles_n * 4

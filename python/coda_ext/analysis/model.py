@@ -103,7 +103,7 @@ def resolve_config(config: Any, lowered: ir.GraphIR, M: int, N: int, K: int, gpu
         return config, "given"
     if config == "auto":
         epilogue = tuning.Epilogue.of(lowered)
-        return tuning.heuristic(tuning.m_bucket(M), N, K, gpu.sms, epilogue, rows=M), "auto"
+        return tuning.heuristic(M, N, K, gpu.sms, epilogue), "auto"
     raise ValueError(f"config must be None, a KernelConfig or 'auto', got {config!r}")
 
 

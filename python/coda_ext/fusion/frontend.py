@@ -167,7 +167,25 @@ def _decomposed(gm: fx.GraphModule, example_inputs: Any) -> fx.GraphModule:
 
     mode = detect_fake_mode(example_inputs)
     with mode if mode is not None else contextlib.nullcontext():
-        return make_fx(gm, decomposition_table=select_decomp_table())(*example_inputs)
+        out = make_fx(gm, decomposition_table=select_decomp_table())(*example_inputs)
+    return _keep_names(gm, out)
+
+
+def _keep_names(src: fx.GraphModule, dst: fx.GraphModule) -> fx.GraphModule:
+    """dst (src retraced) with src's placeholder names and output meta: Inductor reads roles from the names
+    (primals_*, tangents_*: the static inputs of a CUDA-graph-recorded backward) and output annotations from
+    the output node; make_fx names its placeholders arg0_1, ..."""
+    old = [n for n in src.graph.nodes if n.op == "placeholder"]
+    new = [n for n in dst.graph.nodes if n.op == "placeholder"]
+    for a, b in zip(old, new, strict=True):
+        if b.name != a.name:
+            b._rename(a.name)
+        b.target = a.target
+    dst_out, src_out = (next(n for n in reversed(g.graph.nodes) if n.op == "output") for g in (dst, src))
+    for k, v in src_out.meta.items():
+        dst_out.meta.setdefault(k, v)
+    dst.recompile()
+    return dst
 
 
 def _inductor_inner(gm: fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Callable:

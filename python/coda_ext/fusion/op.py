@@ -160,10 +160,14 @@ def run_site(site: Site, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
 # the results) cost more host time than the launch itself. It has no autograd formula: it runs inside
 # compiled graphs, where AOTAutograd owns the backward.
 _LIB = torch.library.Library("coda_ext", "FRAGMENT")
-_LIB.define("fusion_kernel(str spec, Tensor[] tensors) -> Tensor[]")
+_LIB.define("fusion_kernel(str spec, Tensor[] tensors) -> Tensor[]", tags=(torch.Tag.pt2_compliant_tag,))
 
 
 def _fusion_kernel(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError("coda_ext::fusion_kernel has no autograd formula: it runs inside the graphs the coda "
+                           "backend compiles (coda_ext.fusion.fuse), where AOTAutograd owns the backward; call it "
+                           "under torch.no_grad() or on tensors that do not require grad")
     return run_site(load_site(spec), tensors)
 
 

@@ -19,7 +19,7 @@ Kernels: every kernel a training step launches is built on its first use, one af
 minute each with nvcc); `prebuild_llama(model, tokens)` (or `apply_coda_to_llama(model,
 prebuild_tokens=tokens)`) builds them all ahead, in parallel, with the torch binding, from the
 model's config and the tokens per step (batch × sequence; `step_kernels` lists them). Another token
-count may pick other kernel configs (per power-of-two bucket of tokens): prebuild each count you train
+count may pick other kernel configs: prebuild each count you train
 with. Generation (few tokens per call) launches other configs, built on first use.
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ def compile(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | str | No
     """Returns an op for `graph` with GEMM operands of `dtype`, building its kernel on a cache miss.
 
     config: a KernelConfig; None for the default (coda_ext.DEFAULT_CONFIG, one kernel); "auto" for
-    an op that picks a config per (N, K, M bucket, GPU): the one remembered from tuning, else a
+    an op that picks a config per (N, K, M, GPU): the one remembered from tuning (per M bucket), else a
     shape heuristic (coda_ext.tuning.heuristic) — the fast choice at any shape, compiling each
     config on its first use; "tune" for one that measures the candidate configs on the first call
     of an unknown shape. `prebuild([(graph, dtype, "auto")])` builds what "auto" may use.

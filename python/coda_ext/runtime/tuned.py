@@ -1,5 +1,5 @@
 """Per-shape config dispatch: an op that runs each call on the kernel config chosen for its
-(N, K, M bucket) on this GPU — remembered from tuning, else the shape heuristic (tuning.py)."""
+(N, K, M) on this GPU — remembered from tuning (per power-of-two M bucket), else the shape heuristic (tuning.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +20,7 @@ from .op import compile_config
 
 
 class TunedOp(GraphOp):
-    """Dispatches each call to the config chosen for its (N, K, M bucket) on this GPU."""
+    """Dispatches each call to the config chosen for its (N, K, M) on this GPU."""
 
     def __init__(self, graph: Any, dtype: Any, tune: bool,
                  candidates: tuple[KernelConfig, ...] = tuning.CANDIDATES, reps: int = 20,
@@ -34,7 +34,7 @@ class TunedOp(GraphOp):
         self.epilogue = tuning.Epilogue.of(first.lowered)
         self.candidates = tuple(c for c in self.candidates if tuning.fits(c, self.epilogue))
         self._ops: dict[str, Any] = {}
-        self._chosen: dict[tuple, Any] = {}  # (M bucket, N, K, device) -> op, so a call reads no file
+        self._chosen: dict[tuple, Any] = {}  # (M tiles of 128, N, K, device) -> op, so a call reads no file
         layout = "" if major == "kk" else f"|{major}"
         self._init_interface(first.lowered, first.dtype,
                              f"{self.digest}|{first.dtype}|{'tune' if tune else 'auto'}{layout}")
@@ -67,7 +67,7 @@ class TunedOp(GraphOp):
 
     def config_for(self, M: int, N: int, K: int, sms: int = tuning.DEFAULT_SMS) -> KernelConfig:
         """The heuristic's choice for this graph (used where tuning has remembered nothing)."""
-        return self._laid_out(tuning.heuristic(tuning.m_bucket(M), N, K, sms, self.epilogue, self.major, rows=M))
+        return self._laid_out(tuning.heuristic(M, N, K, sms, self.epilogue, self.major))
 
     def op_for(self, config: KernelConfig):
         if config.tag not in self._ops:
@@ -94,7 +94,7 @@ class TunedOp(GraphOp):
     def launch(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any], M: int, N: int) -> Outputs:
         """After check_call, and before any tuning: no given output overlapping another tensor, an SM90 GPU;
         then the op of the config chosen for this shape launches."""
-        where = (tuning.m_bucket(M), N, A.shape[1], A.device.index)
+        where = (-(-M // 128), N, A.shape[1], A.device.index)   # what the heuristic reads of M: its tiles
         op = self._chosen.get(where)
         if op is None:  # first call of this shape class in this process (the op's launch checks again after)
             tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
