@@ -199,11 +199,13 @@ def _quiet() -> None:
 # --- variants --------------------------------------------------------------------------------------------
 
 
-def skip_reason(variant: str, spec: Spec, device: str, compile_backend: str) -> str | None:
+def skip_reason(variant: str, spec: Spec, device: str, compile_backend: str, coda_fallback: str = "auto") -> str | None:
     if variant == "compile_max_autotune" and device != "cuda":
         return "max-autotune tunes GPU kernels (Triton templates, CUDA graphs): GPU only"
     if variant in ("compile_cudagraphs", "coda_cudagraphs") and device != "cuda":
         return "CUDA graphs: GPU only"
+    if variant == "coda_cudagraphs" and coda_fallback == "eager":
+        return "CUDA graphs record the Inductor fallback (--coda-fallback eager)"
     if variant == "compile_max_autotune" and compile_backend != "inductor":
         return f"max-autotune is an Inductor mode (--compile-backend {compile_backend})"
     if variant == "coda_hand" and spec.family != "llama":
@@ -306,7 +308,7 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
     reports: dict[str, str] = {}
     steps: dict[str, Any] = {}
     for variant in args.variants:
-        reason = skip_reason(variant, spec, device, args.compile_backend)
+        reason = skip_reason(variant, spec, device, args.compile_backend, args.coda_fallback)
         if reason:
             entry["variants"][variant] = {"skipped": reason}
             continue
@@ -354,6 +356,9 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
         out["step_ms"] = statistics.median(ts)
         out["step_ms_iqr"] = [srt[q], srt[-q - 1]]
         out["peak_gb"] = None
+        if device == "cuda" and variant in CUDAGRAPH_VARIANTS:
+            out["peak_gb_note"] = ("CUDA graphs: a replay allocates nothing; the graphs' private memory pool, filled "
+                                   "when they were recorded, is not in this figure")
         if device == "cuda":
             try:
                 out["peak_gb"] = common.peak_memory_gb(steps[variant])[0]

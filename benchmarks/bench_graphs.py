@@ -32,7 +32,7 @@ import time
 import coda_ext as ce
 from benchmarks import common, goals, graphs
 from coda_ext import tuning
-from coda_ext.analysis.roofline import current_gpu
+from coda_ext.analysis.roofline import current_gpu, gpu_spec
 from tests.helpers import rand
 
 #: Llama-3-8B-like training and inference shapes (M, N, K) (the list of issue 3).
@@ -211,11 +211,16 @@ def speed_of_light(case: str, shape: str, entry: dict, gpu: str = "H100 SXM") ->
     return out
 
 
-def annotate(results: dict) -> dict:
-    """Adds entry["speed_of_light"] to every (case, shape) of a results dict, in place."""
+def annotate(results: dict, gpu: str | None = None) -> dict:
+    """Adds entry["speed_of_light"] to every (case, shape) of a results dict, in place, for the GPU the
+    results were measured on (its name as recorded; else this machine's)."""
+    try:
+        model = gpu_spec(gpu).name if gpu else current_gpu()
+    except ValueError:   # a GPU the analysis does not model: this machine's (or the default) instead
+        model = current_gpu()
     for case, r in results.items():
         for shape, entry in r["shapes"].items():
-            entry["speed_of_light"] = speed_of_light(case, shape, entry, current_gpu())
+            entry["speed_of_light"] = speed_of_light(case, shape, entry, model)
     return results
 
 
@@ -330,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.annotate:
         path = pathlib.Path(args.annotate)
         data = json.loads(path.read_text())
-        annotate(data["results"])
+        annotate(data["results"], (data.get("env") or {}).get("gpu"))
         common.write_json(path, data)
         print_table(data["results"])
         print(f"wrote {path}")
@@ -342,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune, args.cold_set) for name in names}
         env["nvidia_smi_after"] = common.gpu_info()["nvidia_smi"]
         reps, max_autotune = args.reps, args.max_autotune
-    annotate(results)
+    annotate(results, env.get("gpu"))
     out = args.out or common.results_path("graphs", gpu=env.get("gpu") or "cpu")   # named by the GPU it ran on
     out = common.write_json(out, {"env": env, "reps": reps, "max_autotune": max_autotune, "results": results})
     plot(results, out.with_suffix(".png"), env["gpu"])

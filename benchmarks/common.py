@@ -24,11 +24,15 @@ RESULTS = HERE / "results"
 
 
 def gpu_tag(name: str | None) -> str:
-    """'h100', 'h200', … from a GPU's name (its model), 'cpu' without one: the results file's suffix."""
+    """'h100', 'h200', … from a GPU's name (its model), 'cpu' without one: the results file's suffix. A model's
+    other forms keep their own files: 'h100_pcie', 'h100_nvl' (other memory, other clocks than the SXM part)."""
     if not name:
         return "cpu"
-    m = re.search(r"\b([A-Z]\d{2,4})\b", name)
-    return (m.group(1) if m else re.sub(r"\W+", "_", name)).lower()
+    m = re.search(r"\b([A-Z]{1,2}\d{2,4})\b", name)
+    if not m:
+        return re.sub(r"\W+", "_", name).lower()
+    form = next((f"_{f.lower()}" for f in ("PCIe", "NVL") if re.search(rf"\b{f}\b", name, re.IGNORECASE)), "")
+    return m.group(1).lower() + form
 
 
 def results_path(stem: str, suffix: str = ".json", gpu: str | None = None) -> pathlib.Path:

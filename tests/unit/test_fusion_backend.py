@@ -248,4 +248,6 @@ def test_cudagraphs_compiles_through_inductors_forward_and_backward_compilers(mo
     assert static and not any(n.startswith("tangents") for n in static)
     with pytest.raises(ValueError, match="cudagraphs=True records the Inductor fallback"):
         cf.fuse(MLP(), fallback="eager", cudagraphs=True)
+    torch._dynamo.reset()
+    assert cf.plan(MLP(), args=mlp_inputs(), cudagraphs=True).report.graphs   # plan() records nothing: no refusal
     assert set(cudagraphs.ENTRY_POINTS) <= set(dir(compile_fx))

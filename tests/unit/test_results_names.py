@@ -12,6 +12,8 @@ def test_gpu_tag_is_the_gpu_model():
     assert common.gpu_tag("NVIDIA H100 80GB HBM3") == "h100"
     assert common.gpu_tag(None) == "cpu"
     assert common.gpu_tag("h200") == "h200"   # a tag is its own tag (goals --gpu)
+    assert common.gpu_tag("NVIDIA H100 PCIe") == "h100_pcie" and common.gpu_tag("NVIDIA H100 NVL") == "h100_nvl"
+    assert common.gpu_tag("NVIDIA GH200 480GB") == "gh200"
 
 
 def test_results_path_is_named_by_the_gpu():

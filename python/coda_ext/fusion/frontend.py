@@ -321,6 +321,7 @@ def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str =
     up to its first graph."""
     from .hf_masks import plain_masks
 
+    options.pop("cudagraphs", None)   # nothing compiles or runs: no graph to record
     backend = CodaBackend(target=target, fallback="eager", execute="interpret", prebuild=False, **options)
     backend.plan_only = True
     try:
