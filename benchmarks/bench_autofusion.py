@@ -385,7 +385,7 @@ def profile_tables(events, steps: int, prefix: str) -> tuple[dict, dict]:
     kernels: dict[str, list[float]] = {}
     sites: dict[str, list[float]] = {}
     for e in events:
-        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+        if common.is_kernel(e):
             k = kernels.setdefault(e.name[:120], [0.0, 0])
             k[0] += e.device_time / 1e3 / steps
             k[1] += 1 / steps
@@ -548,10 +548,10 @@ def goals(name: str, entry: dict) -> list[str]:
 # --- the plan (traced only) and the prebuild ----------------------------------------------------------------
 
 
-def plan_model(name: str, args) -> tuple[dict, list, str]:
-    """One model's training step traced through the coda backend under the GPU kernel's rules
-    (coda_ext.fusion.plan: on the CPU, uninitialised weights, nothing compiles or runs) -> (its
-    numbers, the kernels it launches, the report)."""
+def plan_backend(name: str, args) -> tuple[Any, Any, tuple[int, int], float]:
+    """(the coda backend, the model, the batch, seconds) of model `name`'s training step traced through the
+    backend under the GPU kernel's rules (coda_ext.fusion.plan: on the CPU, uninitialised weights, nothing
+    compiles or runs)."""
     import torch
 
     import coda_ext.fusion as cf
@@ -572,6 +572,15 @@ def plan_model(name: str, args) -> tuple[dict, list, str]:
     trace_s = time.perf_counter() - start
     if not backend.report.graphs:
         raise RuntimeError("nothing was traced: the backend never saw a graph")
+    return backend, model, batch, trace_s
+
+
+def plan_model(name: str, args) -> tuple[dict, list, str]:
+    """One model's planned training step (plan_backend) -> (its numbers, the kernels it launches, the report)."""
+    import coda_ext.fusion as cf
+
+    spec = MODELS[name]
+    backend, model, batch, trace_s = plan_backend(name, args)
     items = cf.kernel_items(backend, sms=args.sms)
     stats = coda_stats(backend)
     if "coda_hand" in args.variants and spec.family == "llama":

@@ -113,17 +113,11 @@ def sharing_parameters(model):
     return copy.deepcopy(model, memo)
 
 
-@contextlib.contextmanager
 def module_globals(module, values: dict):
     """module's globals set to `values` inside the block, restored after."""
-    old = {k: getattr(module, k) for k in values}
-    for k, v in values.items():
-        setattr(module, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(module, k, v)
+    from unittest import mock
+
+    return mock.patch.multiple(module, **values)
 
 
 def liger_variant(model):
@@ -506,8 +500,7 @@ def breakdown(prof, cfg, tokens: int, device: str, dw_first: str = "activation")
                     key = guess or coda_linear(ops, table) or f"gemm.{ph}"
                 add(layers, key, ms)
     if device == "cuda":   # kernels the profiler tied to no op (none, normally)
-        gpu = [e for e in prof.events()   # kernels: not the ranges' GPU annotations
-               if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)]
+        gpu = [e for e in prof.events() if common.is_kernel(e)]
         ran = sum(e.time_range.elapsed_us() for e in gpu) / 1e3
         out["other"] += max(0.0, ran - total)
         total = max(total, ran)

@@ -134,9 +134,7 @@ def profile(M: int, V: int, d: int, rows: int = 12) -> str:
         fns["coda"](0)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3
-    kernels = [e for e in prof.events() if e.device_type != torch.autograd.DeviceType.CPU
-               and not getattr(e, "is_user_annotation", False)]
-    busy, idle = common.busy_and_idle(kernels)
+    busy, idle = common.busy_and_idle([e for e in prof.events() if common.is_kernel(e)])
     return (prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
             + f"\nwall {wall:.2f} ms; GPU busy {busy:.2f} ms, idle {idle:.2f} ms between the first kernel and the last")
 

@@ -161,6 +161,14 @@ def summarize(times: dict[str, list[float]], baseline: str) -> dict:
     return out
 
 
+def is_kernel(event) -> bool:
+    """A torch.profiler event that is a GPU kernel (or copy): not a CPU op, and not the GPU-side annotation a
+    record_function range also leaves on the timeline (counting it would count its kernels twice)."""
+    from torch.autograd import DeviceType
+
+    return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
+
+
 def busy_and_idle(kernels) -> tuple[float, float]:
     """(ms some kernel ran, ms none did) between the first kernel's start and the last one's end: the idle
     part is the GPU waiting for the host (launches, synchronisations) within the profiled step."""

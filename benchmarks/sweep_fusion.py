@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import types
 
 from benchmarks import bench_autofusion as af
 from benchmarks import common
@@ -26,29 +25,12 @@ ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 192, 64), (1, 1)
                 ((128, 256, 64), (2, 1), "cooperative", 4), ((256, 128, 64), (1, 1), "cooperative", 4))
 
 
-def _args(models) -> types.SimpleNamespace:
-    return types.SimpleNamespace(models=list(models), dtype="bfloat16", tiny=False, dropout=0.0, batch={},
-                                 method="ilp", sms=None, variants=["coda"])
-
-
 def kernels(name: str) -> list[dict]:
     """The distinct fused kernels of model `name`'s training step: per (graph, layout, GEMM shape) one
     entry with its site, how often a step launches it, and the IO model's times (planned on the CPU)."""
-    import torch
-
     import coda_ext.fusion as cf
-    from tests.helpers import rand
 
-    spec = af.MODELS[name]
-    args = _args([name])
-    torch._dynamo.reset()
-    with torch.device("meta"):
-        model = af.build_model(spec, False)
-    model = model.to_empty(device="cpu").to(dtype=torch.bfloat16).train()
-    if hasattr(model, "tie_weights"):
-        model.tie_weights()
-    inputs = af.make_batch(spec, model, spec.batch, rand.generator("autofusion", name), torch.bfloat16)
-    backend = cf.plan(model, kwargs=inputs, method=args.method)
+    backend = af.plan_backend(name, af.parse([]))[0]
     cost = cf.CostModel()
     found: dict = {}
     for low in backend.lowered:

@@ -22,6 +22,7 @@ import functools
 import sys
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 
 @functools.cache
@@ -49,18 +50,12 @@ def plain_masks() -> Iterator[None]:
     """Inside: transformers' mask helpers skip the masks nothing needs while torch.compile traces. A no-op
     where transformers is not imported."""
     mu = sys.modules.get("transformers.masking_utils")
-    if mu is None:
+    patches = dict(_patches(mu)) if mu is not None else {}
+    if not patches:
         yield
         return
-    patches = _patches(mu)
-    saved = {name: getattr(mu, name) for name, _ in patches}
-    for name, fn in patches:
-        setattr(mu, name, fn)
-    try:
+    with mock.patch.multiple(mu, **patches):
         yield
-    finally:
-        for name, fn in saved.items():
-            setattr(mu, name, fn)
 
 
 def with_plain_masks(compiled: Any) -> Any:
