@@ -376,34 +376,30 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
 
 
 def profile_tables(events, steps: int, prefix: str) -> tuple[dict, dict]:
-    """({kernel name: [ms, launches] per step}, {fused site: [ms, launches] per step}) from a CUDA profile's
-    events. Kernels only: a record_function range also shows on the GPU's timeline (a user annotation) and
-    would count its kernels twice. A site is a CPU range named prefix + site: the kernels launched inside
-    it (the fused GEMM and its finalize), which the profiler ties to the CPU ops that launched them."""
-    import torch
-
+    """({kernel name: [ms, launches] per step}, {fused site: [ms, calls] per step}) from a CUDA profile's
+    events. Kernels only: a record_function range also shows on the GPU's timeline (a user annotation from
+    its first kernel's start to its last one's end) and would count its kernels twice. A site's time is
+    that GPU-side span of its range (named prefix + site): the fused GEMM and its finalize. (The kernels'
+    ties to the CPU ops that launched them are not used: the profiler links only runtime-API launches, and
+    the fused kernels are launched through the driver API.)"""
     kernels: dict[str, list[float]] = {}
     sites: dict[str, list[float]] = {}
     for e in events:
         if common.is_kernel(e):
             k = kernels.setdefault(e.name[:120], [0.0, 0])
-            k[0] += e.device_time / 1e3 / steps
-            k[1] += 1 / steps
-        elif e.device_type == torch.autograd.DeviceType.CPU and e.name.startswith(prefix):
+        elif getattr(e, "is_user_annotation", False) and e.device_type != _cpu() and e.name.startswith(prefix):
             k = sites.setdefault(e.name[len(prefix):], [0.0, 0])
-            k[0] += sum(x.duration for x in _launched(e)) / 1e3 / steps
-            k[1] += 1 / steps
+        else:
+            continue
+        k[0] += e.device_time / 1e3 / steps
+        k[1] += 1 / steps
     return kernels, sites
 
 
-def _launched(e) -> list:
-    """The kernels a CPU event and the events under it launched."""
-    out, todo = [], [e]
-    while todo:
-        x = todo.pop()
-        out += list(x.kernels)
-        todo += list(x.cpu_children)
-    return out
+def _cpu():
+    from torch.autograd import DeviceType
+
+    return DeviceType.CPU
 
 
 def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:

@@ -418,20 +418,6 @@ def weight_table(cfg) -> dict:
     return table
 
 
-def write_trace(prof, path: pathlib.Path) -> str:
-    """The profile's Chrome trace, gzipped, at path (its folder made); returns the file's name."""
-    import gzip
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        raw = pathlib.Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-            dst.write(src.read())
-    return path.name
-
-
 def breakdown(prof, cfg, tokens: int, device: str, dw_first: str = "activation") -> dict:
     """ms of one step per component: per_layer (the layers' total / layers: each linear's GEMM and its
     epilogue as <linear>.<fwd|dx|dw>, attention.<fwd|bwd>, elementwise.<fwd|bwd>, gemm.<phase> when a
@@ -620,7 +606,7 @@ def run_model(name: str, args, device: str, gpu: str | None) -> dict:
         dw_first = "gradient" if v.startswith("coda") else "activation"   # coda_ext's weight_grad: dzᵀ·x
         entry["variants"][v]["breakdown"] = breakdown(prof, cfg, tokens, device, dw_first)
         if getattr(args, "trace", None):   # the profiled step's timeline, for chrome://tracing or Perfetto
-            entry["variants"][v]["trace"] = write_trace(prof, pathlib.Path(args.trace) / f"{name}_{v}.json.gz")
+            entry["variants"][v]["trace"] = common.write_trace(prof, pathlib.Path(args.trace) / f"{name}_{v}.json.gz")
     entry["variants"] = {v: entry["variants"][v] for v in variants}
     variants.clear()   # the models and optimizers go before the floor's operands come
     fns.clear()

@@ -17,6 +17,7 @@ H100, lm_head_h200.json on an H200), and a PNG beside it.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import statistics
 import time
 
@@ -119,8 +120,9 @@ def check(M: int, V: int, d: int) -> dict:
     return err
 
 
-def profile(M: int, V: int, d: int, rows: int = 12) -> str:
-    """torch.profiler's CUDA-time table of one forward + backward of coda's training path (after warm-up)."""
+def profile(M: int, V: int, d: int, rows: int = 12, trace=None) -> str:
+    """torch.profiler's CUDA-time table of one forward + backward of coda's training path (after warm-up);
+    trace: a path where its Chrome trace (CPU and GPU, gzipped) goes."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -129,12 +131,14 @@ def profile(M: int, V: int, d: int, rows: int = 12) -> str:
     for _ in range(3):
         fns["coda"](0)
     torch.cuda.synchronize()
-    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
         fns["coda"](0)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3
     busy, idle = common.busy_and_idle([e for e in prof.events() if common.is_kernel(e)])
+    if trace is not None:
+        common.write_trace(prof, pathlib.Path(trace))
     return (prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60)
             + f"\nwall {wall:.2f} ms; GPU busy {busy:.2f} ms, idle {idle:.2f} ms between the first kernel and the last")
 
@@ -173,6 +177,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=None, help="results JSON (default: lm_head_<gpu>.json in benchmarks/results/, "
                    "<gpu> the GPU it runs on: h100, h200, …); the PNG goes beside it")
     p.add_argument("--profile", action="store_true", help="also print the per-kernel time of coda's path per shape")
+    p.add_argument("--trace", default=None, metavar="DIR", help="with --profile: a gzipped Chrome trace of coda's "
+                   "path per shape in DIR (lm_head_<shape>.json.gz)")
     args = p.parse_args(argv)
 
     import torch
@@ -194,7 +200,8 @@ def main(argv=None) -> None:
                   f"peak {peak:.2f} GB", flush=True)
         doc["shapes"][name] = row
         if args.profile:
-            print(profile(M, V, d), flush=True)
+            trace = pathlib.Path(args.trace) / f"lm_head_{name}.json.gz" if args.trace else None
+            print(profile(M, V, d, trace=trace), flush=True)
         del fns
         torch.cuda.empty_cache()
     out = args.out or common.results_path("lm_head", gpu=env["gpu"])

@@ -206,3 +206,17 @@ def peak_memory_gb(fn) -> tuple[float, float]:
     returned = sum(t.numel() * t.element_size() for t in outs if isinstance(t, torch.Tensor))
     del out, outs
     return peak / 1e9, (peak - returned) / 1e9
+
+
+def write_trace(prof, path) -> str:
+    """The profile's Chrome trace, gzipped, at path (its folder made); returns the file's name."""
+    import gzip
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = pathlib.Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+            dst.write(src.read())
+    return path.name

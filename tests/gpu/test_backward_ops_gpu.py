@@ -292,16 +292,25 @@ def test_lm_head_train_gradients(shape, scaled, report, monkeypatch):
 
 
 def test_lm_head_train_out_of_range_takes_the_exact_path(report, monkeypatch):
-    """Logits ~ 100 (lse beyond LSE_RANGE): exp(logits) cannot be held in bf16 with its row scale, so the op
-    computes the gradients on the exact (recompute) path, and they still follow the rule."""
+    """Logits ~ 100 (lse beyond LSE_RANGE): exp(logits) cannot be held in bf16 with its row scale. The first
+    call finds it in its backward (the forward leaves the check on the GPU) and recomputes the gradients on the
+    exact path, with a RuntimeWarning; the next call checks in its forward and takes the exact path there, its
+    loss the statistics op's. Both calls' gradients follow the rule."""
     monkeypatch.setattr(lm_head_ce, "TRAIN_CHUNK_BYTES", LM_TRAIN_CHUNK_BYTES)
     monkeypatch.setattr(lm_head_ce, "CHUNK_BYTES", LM_CHUNK_BYTES)
+    monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
     shape = LM_SHAPES[0]
     x, w, rstd, target = _lm_head_case(shape, scale_rstd=12.0)
-    _, lse = ops.lm_head_cross_entropy(x, w, target, rstd)
+    loss_stats, lse = ops.lm_head_cross_entropy(x, w, target, rstd)
     assert lse.abs().max().item() > lm_head_ce.LSE_RANGE
     fused = lambda a, b, c: ops.lm_head_cross_entropy_loss(a, b, target, c)   # noqa: E731
-    got = _lm_head_grads(x, w, rstd, target, fused)
     ref = _lm_head_grads(x.float(), w.float(), rstd, target, _torch_lm_loss(target))
     base = _lm_head_grads(x, w, rstd, target, _torch_lm_loss(target))
+    with pytest.warns(RuntimeWarning, match="recomputed on the exact path"):
+        got = _lm_head_grads(x, w, rstd, target, fused)
+    _check("lm_head_train-out-of-range-deferred", got, ref, base, report)
+    assert lm_head_ce._check_in_forward
+    got = _lm_head_grads(x, w, rstd, target, fused)
     _check("lm_head_train-out-of-range", got, ref, base, report)
+    loss = ops.lm_head_cross_entropy_loss(x, w.detach().requires_grad_(), target, rstd)
+    assert abs(loss.item() - loss_stats.item()) <= 1e-5 * abs(loss_stats.item())

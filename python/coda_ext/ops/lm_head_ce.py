@@ -16,6 +16,8 @@ tensor (chunk_bytes), never the M × V logits.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .. import graphs
@@ -228,9 +230,14 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 #                                     drstd = g · exp(−lse) · Σ_k x ⊙ (e @ W)
 #
 # g is each row's loss gradient for dloss = 1 (1/n_valid for 'mean'); the backward scales by dloss. exp(logits)
-# is not normalized, so it needs |lse| ≤ LSE_RANGE (logits of a trained LM are far inside); a call with a row
-# outside runs the exact four-GEMM path instead (one host sync per call to decide), as does a call under
-# CUDA-graph capture (no sync possible).
+# is not normalized, so it needs |lse| ≤ LSE_RANGE (logits of a trained LM are far inside). A call under CUDA-graph
+# capture (no sync possible) runs the exact four-GEMM path. Otherwise the range is checked on the GPU, and the
+# host reads the answer once per training step, in the backward together with dloss (a sync between the
+# forward and the backward would leave the GPU idle while autograd starts the backward: 2.3 ms a step on an
+# H200). If a row was outside, the backward recomputes the gradients on the exact path (the loss the forward
+# returned is exact up to |lse| ≈ 76, where fp32 Σ exp overflows to inf; a RuntimeWarning says so) and every
+# later call in the process checks in its forward instead, taking the exact path itself when a row is out.
+# Traced by torch.compile, the forward checks (one sync) and the compiled backward does not branch.
 
 train_graph = graphs.lm_head_cross_entropy_train
 #: Bytes of the one exp(logits) chunk the training forward holds (chunk rows × V, 16-bit).
@@ -355,17 +362,18 @@ def weight_gradient(top: torch.Tensor, bottom: torch.Tensor, dtype: torch.dtype)
     return out
 
 
-@torch.library.custom_op("coda_ext::lm_head_cross_entropy_train", mutates_args=())
-def _op_train(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
-              ignore_index: int, reduction: str,
-              chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    common.check_gemm(NAME, **_train_gemm(x, weight, target, rstd, reduction))
-    if common.readable(x):
-        loss, lse, dx, dW, drstd = train_gradients(x, weight, target, rstd, ignore_index, reduction, chunk)
-        out_of_range = (~(lse.abs() <= LSE_RANGE) & (target != ignore_index)).any()   # NaN counts as out
-        if not out_of_range.item():
-            return loss, dx, dW, drstd
-    # the exact path: statistics, then the logits recomputed per vocabulary chunk
+#: Set once a deferred range check failed in this process: later calls check before they return (one sync each).
+_check_in_forward = False
+
+
+def _in_range(lse: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """0-dim bool on lse's device: every counted row's |lse| ≤ LSE_RANGE (NaN counts as out)."""
+    return ((lse.abs() <= LSE_RANGE) | (target == ignore_index)).all()
+
+
+def _exact_train(x, weight, target, rstd, ignore_index: int, reduction: str):
+    """(loss, dx, dW, drstd) for dloss = 1 on the exact path: statistics, then the logits recomputed per
+    vocabulary chunk (four GEMMs; any logit range)."""
     r = common.run_gemm(NAME, **_gemm(x, weight, target, rstd, reduction))
     loss = finish(r.lse, r.target_logit, target, ignore_index, reduction)
     coef, g = row_gradients(torch.ones((), device=x.device), None, target, ignore_index, reduction)
@@ -374,30 +382,84 @@ def _op_train(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd:
     return loss, dx, dW, drstd
 
 
+@torch.library.custom_op("coda_ext::lm_head_cross_entropy_train", mutates_args=())
+def _op_train(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
+              ignore_index: int, reduction: str, chunk: int,
+              deferred: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    common.check_gemm(NAME, **_train_gemm(x, weight, target, rstd, reduction))
+    return _train(x, weight, target, rstd, ignore_index, reduction, chunk, deferred)
+
+
+def _train(x, weight, target, rstd, ignore_index: int, reduction: str, chunk: int, deferred: bool,
+           logits_chunk=None):
+    """The op's outputs (loss, dx, dW, drstd, in_range): the three-GEMM path, with its range check left to the
+    backward (deferred) or made here (taking the exact path when a row is out); logits_chunk as
+    train_gradients takes it."""
+    if common.readable(x):
+        loss, lse, dx, dW, drstd = train_gradients(x, weight, target, rstd, ignore_index, reduction, chunk,
+                                                   logits_chunk)
+        in_range = _in_range(lse, target, ignore_index)
+        if (deferred and not _check_in_forward) or in_range.item():
+            return loss, dx, dW, drstd, in_range
+    loss, dx, dW, drstd = _exact_train(x, weight, target, rstd, ignore_index, reduction)
+    return loss, dx, dW, drstd, torch.ones((), dtype=torch.bool, device=x.device)
+
+
 @_op_train.register_fake
-def _fake_train(x, weight, target, rstd, ignore_index, reduction, chunk):
+def _fake_train(x, weight, target, rstd, ignore_index, reduction, chunk, deferred):
     common.check_gemm(NAME, **_train_gemm(x, weight, target, rstd, reduction))
     return (x.new_empty((), dtype=torch.float32), torch.empty_like(x), torch.empty_like(weight),
-            x.new_empty(x.shape[0], dtype=torch.float32))
+            x.new_empty(x.shape[0], dtype=torch.float32), x.new_empty((), dtype=torch.bool))
+
+
+@torch.library.custom_op("coda_ext::lm_head_train_range_check", mutates_args=())
+def _range_check(dx: torch.Tensor, in_range: torch.Tensor) -> torch.Tensor:
+    if not in_range.item():
+        raise RuntimeError(f"{NAME}: a row's log-sum-exp left ±{LSE_RANGE:g}, so the gradients of the training "
+                           "path are not exact, and this backward was traced (compiled autograd) and cannot recompute "
+                           "them; call lm_head_cross_entropy_loss under torch.compile too, or run the backward "
+                           "eagerly")
+    return dx.clone()
+
+
+@_range_check.register_fake
+def _range_check_fake(dx, in_range):
+    return torch.empty_like(dx)
 
 
 def _setup_train(ctx, inputs, output):
-    _, dx, dW, drstd = output
+    x, weight, target, rstd, ignore_index, reduction, _, deferred = inputs
+    _, dx, dW, drstd, in_range = output
     # dx, dW, drstd are the op's answer, not values the loss depends on: their gradients are None, not V x d
     # (and M x d) zero tensors autograd would allocate and fill at the start of every backward
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(dx, dW, drstd)
-    ctx.scaled = inputs[3] is not None
+    # the inputs too when the range check waits for the backward (nothing more held: x and weight are alive
+    # at the op's peak anyway), to recompute the gradients exactly if it fails
+    ctx.save_for_backward(dx, dW, drstd, in_range, *((x, weight, target, rstd) if deferred else ()))
+    ctx.scaled, ctx.deferred = rstd is not None, deferred
+    ctx.ignore_index, ctx.reduction = ignore_index, reduction
 
 
 def _backward_train(ctx, dloss, *_):
-    dx, dW, drstd = ctx.saved_tensors
+    global _check_in_forward
+    dx, dW, drstd, in_range, *inputs = ctx.saved_tensors
     s = dloss.float()   # 0-dim: bf16 * s stays bf16, computed in fp32
-    if common.readable(s) and s.item() == 1.0:
+    if not common.readable(s):   # traced (torch.compile): no branch on values
+        if ctx.deferred:
+            dx = torch.ops.coda_ext.lm_head_train_range_check(dx, in_range)
+        return dx * s, dW * s, None, (drstd * s) if ctx.scaled else None, None, None, None, None
+    ok, scale = torch.stack([in_range.float(), s]).tolist()   # the one host sync of a training step's loss
+    if not ok:   # a deferred check failed (see the comment above train_graph)
+        warnings.warn(f"{NAME}: a row's log-sum-exp left ±{LSE_RANGE:g}: this call's gradients were recomputed "
+                      "on the exact path, and its loss is exact only if no row passed about ±76 (else inf); later "
+                      "calls in this process check the range before they return", RuntimeWarning, stacklevel=2)
+        _check_in_forward = True
+        _, dx, dW, drstd = _exact_train(*inputs, ctx.ignore_index, ctx.reduction)
+    if scale == 1.0:
         # loss.backward() on the loss itself: the saved gradients are the answer; no pass over the V x d
-        # weight gradient, no second copy of it while the step's activations are alive (one tiny sync)
-        return dx, dW, None, drstd if ctx.scaled else None, None, None, None
-    return dx * s, dW * s, None, (drstd * s) if ctx.scaled else None, None, None, None
+        # weight gradient, no second copy of it while the step's activations are alive
+        return dx, dW, None, drstd if ctx.scaled else None, None, None, None, None
+    return dx * s, dW * s, None, (drstd * s) if ctx.scaled else None, None, None, None, None
 
 
 _op_train.register_autograd(_backward_train, setup_context=_setup_train)
@@ -417,8 +479,10 @@ def lm_head_cross_entropy_loss(x: torch.Tensor, weight: torch.Tensor, target: to
     _, rstd = _check_call(x, weight, target, rstd, reduction)
     xr = common.rows(x)
     chunk = train_chunk_rows(xr.shape[0], weight.shape[0])
+    # eager autograd: the range check waits for the backward (no host sync between the forward and the
+    # backward); traced: the compiled backward cannot branch, so the forward checks
     loss, *_ = torch.ops.coda_ext.lm_head_cross_entropy_train(xr, weight, target.reshape(-1), rstd, int(ignore_index),
-                                                              reduction, chunk)
+                                                              reduction, chunk, not torch.compiler.is_compiling())
     return loss
 
 
