@@ -41,14 +41,19 @@ SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <=
 TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=4)
 TALL_192_S8 = dataclasses.replace(TALL_192, swizzle=8)
 TALL_192_PAIRS = KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8)
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, WIDE, MEDIUM,
-                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_PAIRS)
-STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
+#: A column reduction over a short K loop (K <= 1024): cooperative 128x128 (see heuristic)
+COOP_SHORT_K = dataclasses.replace(COOP_SMALL, swizzle=4)
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, WIDE, MEDIUM,
+                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_PAIRS,
+                                               COOP_SHORT_K)
+STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
 #: SMs assumed when no GPU is at hand (H100 SXM).
 DEFAULT_SMS = 132
+#: The most lowered nodes an epilogue may have for ping-pong 128x192 at N <= 1536 (see heuristic)
+LIGHT_NODES = 20
 MEMORY_FILE = "tuning.json"
 
 
@@ -62,7 +67,8 @@ class Epilogue:
     large_stages: the mainloop stages the epilogue's shared memory leaves the 128x256 configs;
     pairs: it stores pairs of adjacent columns at half width (SwiGLU);
     pair_loads: it reads a pair tile (M x 2N 16-bit values: the dSwiGLU's saved pre-activation);
-    tall_192: a 128x192 tile fits it (its segments divide 192 and it leaves three mainloop stages)."""
+    tall_192: a 128x192 tile fits it (its segments divide 192 and it leaves three mainloop stages);
+    nodes: the lowered graph's node count (how much the epilogue computes and holds)."""
 
     plain: bool = False
     tile_load: bool = False
@@ -71,6 +77,7 @@ class Epilogue:
     pairs: bool = False
     pair_loads: bool = False
     tall_192: bool = True
+    nodes: int = 0
 
     @classmethod
     def of(cls, lowered: Any) -> Epilogue:
@@ -82,7 +89,7 @@ class Epilogue:
         return cls(plain=kinds <= {"accumulator", "output", "cast"}, tile_load=bool(kinds & {"tile", "pair_tile"}),
                    col_reduce="col_reduce" in kinds, large_stages=mainloop_stages(lowered, "bfloat16", LARGE),
                    pairs=bool(kinds & {"pair_gate", "pair_gated_store"}), pair_loads="pair_tile" in kinds,
-                   tall_192=tall_192)
+                   tall_192=tall_192, nodes=len(lowered.nodes))
 
 
 def _waves(tiles: int, sms: int) -> float:
@@ -133,11 +140,22 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       at N <= 16384 (4 above), and pair graphs there in 2x1 clusters (SwiGLU y only at
       16384x16384x2048: 1.031x against 1.151x in 1x1). At N <= 4096, K > 4096 or M = 1024 it loses
       (1.12-2.1x: a 192 tile divides neither N nor the waves), so those keep the configs above;
+      the same at N <= 1536 where 192 divides N, for an epilogue of at most LIGHT_NODES lowered nodes:
+      16384x768x768 and x768x3072 (BERT-base's fused forward GEMMs, LayerNorm folded in, with and without
+      a residual and two row reductions) ran at 1.02-1.09x cuBLAS against 1.50-1.98x in ping-pong 128x128
+      and 1.43-1.79x in cooperative 128x256; a 32-node epilogue (GELU and its derivative beside two row
+      reductions) ran 1.76x slower in 128x192 than in 128x128 (H200, one run,
+      benchmarks/results/sweep_fusion_h200.json);
+    - a column reduction over K <= 1024 (a short mainloop: the reduction's epilogue is most of a tile's
+      time) in cooperative 128x128 with swizzle 4 (COOP_SHORT_K) where 128x256 leaves three stages:
+      16384x3072x768 N-major (BERT's GELU backward with the bias gradient) 246 us against 295 in
+      cooperative 128x256 2x1 swizzle 4 and 358 with swizzle 8 (sweep_fusion_h200.json);
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
       with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md)."""
-    if (-(-M // 128) >= 32 and K <= 4096 and N >= 6144 and major == "kk" and not epilogue.col_reduce
+    narrow = N <= 1536 and N % 192 == 0 and epilogue.nodes <= LIGHT_NODES
+    if (-(-M // 128) >= 32 and K <= 4096 and (N >= 6144 or narrow) and major == "kk" and not epilogue.col_reduce
             and epilogue.tall_192):
         if N > 16384:
             return TALL_192
@@ -161,7 +179,8 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     tall = ()
     if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
         tall = (TALL_192, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
-    skip = (TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
+    skip = (TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,)) + \
+        (() if epilogue.col_reduce else (COOP_SHORT_K,))
     return tuple(c for c in HEURISTIC_CONFIGS if c not in skip) + tall
 
 
@@ -183,7 +202,7 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) 
         return WAVE_FILL
     if tiles_256 >= 2 * sms:
         if epilogue.col_reduce:
-            return LARGE
+            return COOP_SHORT_K if K <= 1024 and epilogue.large_stages >= 3 else LARGE
         if N > 16384:
             return WIDE if tiles_m >= 32 and not (epilogue.plain or epilogue.tile_load) else LARGE
         if K > 4096 or (epilogue.plain and major == "kk"):

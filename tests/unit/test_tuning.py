@@ -131,13 +131,42 @@ def test_epilogue_kind_of_a_graph():
         build(g, g.accumulator())
         e = tuning.Epilogue.of(kernel_source(g, "bfloat16").lowered)
         assert e.large_stages >= 3      # light epilogues leave the 128x256 mainloop its stages
-        return dataclasses.replace(e, large_stages=tuning.Epilogue().large_stages, tall_192=True)
+        assert 2 <= e.nodes <= tuning.LIGHT_NODES
+        return dataclasses.replace(e, large_stages=tuning.Epilogue().large_stages, tall_192=True, nodes=0)
 
     assert kind(lambda g, acc: g.output(acc)) == PLAIN
     assert kind(lambda g, acc: g.output(ce.cast(acc, "float32"))) == PLAIN
     assert kind(lambda g, acc: g.output(ce.silu(acc + g.row_vector("b")))) == POINTWISE
     assert kind(lambda g, acc: g.output(acc + g.tile("r"))) == TILE
     assert kind(lambda g, acc: (g.output(acc), g.col_reduce("c", acc, "sum"))) == COLRED
+
+
+def test_narrow_n_takes_128x192_for_a_light_epilogue():
+    """N <= 1536 divisible by 192 (BERT's 768), K-major, no column reduction, at most LIGHT_NODES lowered
+    nodes: ping-pong 128x192 swizzle 8 (1.02-1.09x cuBLAS against 1.50-1.98x, sweep_fusion_h200.json); a
+    heavier epilogue, N that 192 does not divide, N-major operands or few M tiles keep the older choice."""
+    light = dataclasses.replace(POINTWISE, nodes=16)
+    assert tuning.heuristic(16384, 768, 768, epilogue=light) == tuning.TALL_192_S8
+    assert tuning.heuristic(16384, 768, 3072, epilogue=dataclasses.replace(TILE, nodes=16)) == tuning.TALL_192_S8
+    assert tuning.heuristic(16384, 1536, 768, epilogue=light) == tuning.TALL_192_S8
+    heavy = dataclasses.replace(POINTWISE, nodes=tuning.LIGHT_NODES + 1)
+    assert tuning.heuristic(16384, 768, 768, epilogue=heavy).tile[:2] != (128, 192)
+    assert tuning.heuristic(16384, 1024, 768, epilogue=light).tile[:2] != (128, 192)     # 192 does not divide
+    assert tuning.heuristic(16384, 3072, 768, epilogue=light).tile[:2] != (128, 192)     # Llama-1B's QKV: unmeasured
+    assert tuning.heuristic(16384, 768, 768, epilogue=light, major="kn").tile[:2] != (128, 192)
+    assert tuning.heuristic(2048, 768, 768, epilogue=light).tile[:2] != (128, 192)
+
+
+def test_a_column_reduction_over_a_short_k_takes_cooperative_128x128():
+    """A column reduction with K <= 1024 and stages to spare: cooperative 128x128 swizzle 4 (246 against 295
+    and 358 us at 16384x3072x768, sweep_fusion_h200.json); a longer K keeps cooperative 128x256, and an
+    epilogue that leaves 128x256 fewer than three stages ping-pong 128x128."""
+    assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED, major="kn") == tuning.COOP_SHORT_K
+    assert tuning.heuristic(16384, 3072, 2048, epilogue=COLRED, major="kn") == tuning.LARGE_TALL
+    tight = dataclasses.replace(COLRED, large_stages=2)
+    assert tuning.heuristic(16384, 768, 768, epilogue=tight, major="kn") == tuning.PINGPONG
+    assert tuning.COOP_SHORT_K in tuning.heuristic_configs(COLRED, "kn")
+    assert tuning.COOP_SHORT_K not in tuning.heuristic_configs(POINTWISE)
 
 
 def test_auto_uses_the_graph_epilogue():
