@@ -103,8 +103,8 @@ def _prepare(t: torch.Tensor, role: str, M: int, N: int) -> torch.Tensor:
     """An input in the shape the graph takes it: (M, N), (N,), (M,) or a one-element fp32 tensor."""
     if role == "scalar":
         return t.reshape(1).to(torch.float32)
-    shape = {"tile": (M, N), "row": (N,), "col": (M,)}[role]
-    out = t.reshape(shape)
+    shape = (M, N) if role == "tile" else (N,) if role == "row" else (M,)
+    out = t if t.shape == shape else t.reshape(shape)   # (a reshape per input per call costs host time)
     if role != "tile" and out.dtype == torch.bool:
         out = out.to(torch.float32)
     return out.contiguous()
@@ -147,7 +147,11 @@ def run_site(site: Site, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         taken = set()   # a kernel's outputs are new tensors: only two results of one output can share memory
     results = []
     for o in site.outputs:
-        t = outs[o.name].reshape(o.shape).to(o.dtype)
+        t = outs[o.name]
+        if t.shape != o.shape:
+            t = t.reshape(o.shape)
+        if t.dtype != o.dtype:
+            t = t.to(o.dtype)
         if t.untyped_storage().data_ptr() in taken:
             t = t.clone()
         taken.add(t.untyped_storage().data_ptr())

@@ -187,7 +187,7 @@ class GraphOp:
             return None
         parts: list[Any] = []
         for v in (A, W, *(inputs.get(n, _MISSING) for n in self.input_names)):
-            if type(v) in _PLAIN_TENSORS and v.device.type != "meta":
+            if type(v) in _PLAIN_TENSORS and not v.is_meta:
                 parts.append((v.shape, v.stride(), v.dtype, v.device))
             elif isinstance(v, (int, float)) and not isinstance(v, bool):
                 parts.append((type(v), v))

@@ -21,6 +21,10 @@ _SAME_DEVICE = contextlib.nullcontext()
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+#: (M, N) problem sizes whose output shapes a CompiledOp keeps
+MAX_SPEC_SHAPES = 64
+
+
 def _raw_stream(device: torch.device) -> int:
     if _RAW_STREAM is not None:
         return _RAW_STREAM(device.index)
@@ -52,11 +56,21 @@ class CompiledOp(GraphOp):
         self._lib = ctypes.CDLL(library)
         self._run = ctypes.cast(self._lib.coda_run, ctypes.c_void_p).value
         self._workspace = ctypes.cast(self._lib.coda_workspace_size, ctypes.c_void_p).value
+        self._specs: dict[tuple[int, int], dict] = {}
         self._init_interface(lowered, dtype, f"{graph.digest()}|{dtype}|{config.tag}")
 
     def __repr__(self) -> str:
         return (f"<coda_ext.CompiledOp graph={self.graph.digest()} dtype={self.dtype} config={self.config.tag} "
                 f"inputs={list(self.input_names)} outputs={list(self.output_names)}>")
+
+    def _output_specs(self, M: int, N: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """{output: (shape, dtype)} at (M, N), kept per (M, N) (a launch reads them for every output)."""
+        specs = self._specs.get((M, N))
+        if specs is None:
+            specs = {name: self.output_spec(name, M, N) for name in self.output_names}
+            if len(self._specs) < MAX_SPEC_SHAPES:
+                self._specs[(M, N)] = specs
+        return specs
 
     def workspace_size(self, M: int, N: int, K: int) -> int:
         from ..jit.binding import load_binding
@@ -76,8 +90,10 @@ class CompiledOp(GraphOp):
         checked_inputs: dict[str, torch.Tensor] = {"A": A, "W": W}
         outputs: dict[str, torch.Tensor] = {}
 
+        specs = self._output_specs(M, N)
+
         def output_tensor(name: str) -> torch.Tensor:
-            shape, dtype = self.output_spec(name, M, N)
+            shape, dtype = specs[name]
             outputs[name] = t = out[name] if name in out else torch.empty(shape, dtype=dtype, device=device)
             return t
 
