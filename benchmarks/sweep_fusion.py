@@ -25,12 +25,13 @@ ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 192, 64), (1, 1)
                 ((128, 256, 64), (2, 1), "cooperative", 4), ((256, 128, 64), (1, 1), "cooperative", 4))
 
 
-def kernels(name: str) -> list[dict]:
+def kernels(name: str, tiny: bool = False) -> list[dict]:
     """The distinct fused kernels of model `name`'s training step: per (graph, layout, GEMM shape) one
-    entry with its site, how often a step launches it, and the IO model's times (planned on the CPU)."""
+    entry with its site, how often a step launches it, and the IO model's times (planned on the CPU;
+    tiny: bench_autofusion's tiny config of the model)."""
     import coda_ext.fusion as cf
 
-    backend = af.plan_backend(name, af.parse([]))[0]
+    backend = af.plan_backend(name, af.parse(["--tiny"] if tiny else []))[0]
     cost = cf.CostModel()
     found: dict = {}
     for low in backend.lowered:
