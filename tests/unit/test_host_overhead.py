@@ -19,3 +19,23 @@ def test_host_overhead_measures_every_fused_kernel_and_restores_the_launch(tmp_p
     assert doc["models"]["mlp"]["step_ms"] > 0
     assert (tuned.TunedOp.op_for, tuned.TunedOp.choose, checks.require_gpu, torch.cuda.current_device) == before
     assert not torch.zeros(1).is_cuda
+
+
+def test_the_kernel_path_copies_only_a_repeated_result():
+    """run_site on the kernel's path (launch stubbed): a site whose results repeat one output get distinct
+    tensors (the second a copy); distinct outputs are handed on as the kernel wrote them."""
+    import dataclasses
+    from unittest import mock
+
+    from benchmarks import host_overhead, sweep_fusion
+
+    entry = sweep_fusion.kernels("mlp", tiny=True)[0]
+    site = entry["site"]
+    with host_overhead.stubbed_launch():
+        twice = host_overhead.site_call(dataclasses.replace(site, outputs=(site.outputs[0],) * 2), entry["mnk"])
+        once = host_overhead.site_call(site, entry["mnk"])
+        with mock.patch.object(torch.Tensor, "is_cuda", True):
+            a, b = twice()
+            results = once()
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
+    assert len({r.untyped_storage().data_ptr() for r in results}) == len(results)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-import coda_ext as ce
 from coda_ext.jit import kernel_source
 from coda_ext.runtime import op as rop
 
@@ -18,14 +17,10 @@ def _op(graph) -> rop.CompiledOp:
 
 
 def _graph():
-    g = ce.Graph()
-    acc = g.accumulator()
-    z = acc + g.row_vector("b")
-    g.output(z)
-    g.store("s", ce.silu(z), dtype="float32")
-    g.row_reduce("r", z, "sum")
-    g.col_reduce("c", z * z, "sum")
-    return g
+    """A library graph with a main output, a stored tile and a column reduction (the RMSNorm backward's)."""
+    from coda_ext import graphs
+
+    return graphs.rms_norm_backward_linear(True)
 
 
 def test_output_specs_are_each_output_s_shape_and_dtype_kept_per_problem_size(monkeypatch):

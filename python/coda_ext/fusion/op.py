@@ -144,7 +144,9 @@ def run_site(site: Site, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         taken = {x.untyped_storage().data_ptr() for x in tensors}   # a custom op's results alias nothing
     else:
         outs = launch(site, A, W, inputs)
-        taken = set()   # a kernel's outputs are new tensors: only two results of one output can share memory
+        # a kernel's outputs are new tensors: only two results of one output can share memory (no storage
+        # lookups a call otherwise: each costs host time)
+        taken = set() if len({o.name for o in site.outputs}) < len(site.outputs) else None
     results = []
     for o in site.outputs:
         t = outs[o.name]
@@ -152,9 +154,10 @@ def run_site(site: Site, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
             t = t.reshape(o.shape)
         if t.dtype != o.dtype:
             t = t.to(o.dtype)
-        if t.untyped_storage().data_ptr() in taken:
-            t = t.clone()
-        taken.add(t.untyped_storage().data_ptr())
+        if taken is not None:
+            if t.untyped_storage().data_ptr() in taken:
+                t = t.clone()
+            taken.add(t.untyped_storage().data_ptr())
         results.append(t)
     return results
 
