@@ -382,24 +382,20 @@ def profile_tables(events, steps: int, prefix: str) -> tuple[dict, dict]:
     that GPU-side span of its range (named prefix + site): the fused GEMM and its finalize. (The kernels'
     ties to the CPU ops that launched them are not used: the profiler links only runtime-API launches, and
     the fused kernels are launched through the driver API.)"""
+    from torch.autograd import DeviceType
+
     kernels: dict[str, list[float]] = {}
     sites: dict[str, list[float]] = {}
     for e in events:
         if common.is_kernel(e):
             k = kernels.setdefault(e.name[:120], [0.0, 0])
-        elif getattr(e, "is_user_annotation", False) and e.device_type != _cpu() and e.name.startswith(prefix):
+        elif getattr(e, "is_user_annotation", False) and e.device_type != DeviceType.CPU and e.name.startswith(prefix):
             k = sites.setdefault(e.name[len(prefix):], [0.0, 0])
         else:
             continue
         k[0] += e.device_time / 1e3 / steps
         k[1] += 1 / steps
     return kernels, sites
-
-
-def _cpu():
-    from torch.autograd import DeviceType
-
-    return DeviceType.CPU
 
 
 def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:

@@ -27,6 +27,21 @@ from benchmarks import common
 from benchmarks import sweep_fusion as sf
 
 
+def unbuilt_op(graph, dtype: str, config=None):
+    """graph's CompiledOp in config (default: the default config) from its generated source, without its
+    library: every step of a launch but the kernel (no nvcc, no GPU)."""
+    from coda_ext.jit import kernel_source
+    from coda_ext.runtime import op as rop
+
+    ks = kernel_source(graph, dtype, config)
+    o = object.__new__(rop.CompiledOp)
+    o.graph, o.config, o.major, o.library_path, o.source = ks.graph, ks.config, ks.config.major, "", ks.source
+    o._run = o._workspace = 0
+    o._specs = {}
+    o._init_interface(ks.lowered, ks.dtype, f"{ks.graph.digest()}|{ks.dtype}|{ks.config.tag}|unbuilt")
+    return o
+
+
 @contextlib.contextmanager
 def stubbed_launch():
     """The launch path with its last step stubbed: the binding's launch does nothing, any tensor counts as on
@@ -35,7 +50,6 @@ def stubbed_launch():
     import torch
 
     import coda_ext.jit.binding as binding
-    from coda_ext.jit import kernel_source
     from coda_ext.runtime import checks, tuned
     from coda_ext.runtime import op as rop
 
@@ -43,13 +57,7 @@ def stubbed_launch():
 
     def op_for(self, config):
         if config.tag not in self._ops:
-            ks = kernel_source(self.graph, self.dtype_name, config)
-            o = object.__new__(rop.CompiledOp)
-            o.graph, o.config, o.major, o.library_path, o.source = ks.graph, ks.config, ks.config.major, "", ks.source
-            o._run = o._workspace = 0
-            o._specs = {}
-            o._init_interface(ks.lowered, ks.dtype, f"{ks.graph.digest()}|{ks.dtype}|{ks.config.tag}|host-stub")
-            self._ops[config.tag] = o
+            self._ops[config.tag] = unbuilt_op(self.graph, self.dtype_name, config)
         return self._ops[config.tag]
 
     def choose(self, A, W, inputs, gpu):

@@ -3,17 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from coda_ext.jit import kernel_source
 from coda_ext.runtime import op as rop
 
 
 def _op(graph) -> rop.CompiledOp:
     """A CompiledOp of graph's default config without its library (the launch's bookkeeping only)."""
-    ks = kernel_source(graph, "bfloat16")
-    op = object.__new__(rop.CompiledOp)
-    op.graph, op.config, op.major, op._specs = ks.graph, ks.config, ks.config.major, {}
-    op._init_interface(ks.lowered, ks.dtype, f"{ks.graph.digest()}|{ks.dtype}|{ks.config.tag}|host-test")
-    return op
+    from benchmarks.host_overhead import unbuilt_op
+
+    return unbuilt_op(graph, "bfloat16")
 
 
 def _graph():
