@@ -315,3 +315,24 @@ def test_bad_inputs_are_refused_before_the_training_path(bad, message):
     args = bad(x, w.requires_grad_(), target, rstd)
     with pytest.raises((TypeError, ValueError), match=message):
         ops.lm_head_cross_entropy_loss(*args)
+
+
+def test_range_check_op_hands_dx_on_in_range_and_refuses_out_of_range():
+    """coda_ext::lm_head_train_range_check (the traced backward's check of a forward that deferred it): a copy
+    of dx when every row was in range, an error naming the way out when not; opcheck; one graph under
+    torch.compile(fullgraph=True)."""
+    import torch._dynamo
+
+    gen = rand.generator("lm_head_range_check")
+    dx = rand.randn(gen, 7, 5, dtype=torch.bfloat16)
+    ok, out = torch.ones((), dtype=torch.bool), torch.zeros((), dtype=torch.bool)
+    got = torch.ops.coda_ext.lm_head_train_range_check(dx, ok)
+    assert torch.equal(got, dx) and got.data_ptr() != dx.data_ptr()
+    with pytest.raises(RuntimeError, match=r"left ±60.*traced \(compiled autograd\).*run the backward eagerly"):
+        torch.ops.coda_ext.lm_head_train_range_check(dx, out)
+    torch.library.opcheck(torch.ops.coda_ext.lm_head_train_range_check.default, (dx, ok))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: torch.ops.coda_ext.lm_head_train_range_check(a, b) * 2, fullgraph=True,
+                             backend="aot_eager")
+    assert torch.equal(compiled(dx, ok), dx * 2)
+    torch._dynamo.reset()
