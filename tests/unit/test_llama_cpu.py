@@ -228,8 +228,8 @@ def test_layer_attention_mask_replaces_causal():
 def old_data_flow(layer, x, pos):
     """The layer as it ran before QKVRoPE handed x on: x fed to both Functions, so autograd sums x's two
     gradients in a pass of its own."""
-    qkv, _ = layer.project_qkv(x, pos, "reference")
-    return layer.output_and_mlp(attention(*layer.split_heads(qkv)), x, "reference")
+    q, k, v, _ = layer.project_qkv(x, pos, "reference")
+    return layer.output_and_mlp(attention(q, k, v), x, "reference")
 
 
 def test_residual_gradient_is_added_in_the_qkv_dx_gemm():
@@ -258,8 +258,9 @@ def test_residual_gradient_is_added_in_the_qkv_dx_gemm():
 
 
 def test_qkv_rope_hands_x_on_whichever_output_reaches_the_loss():
-    """QKVRoPE returns x as it took it; x's gradient is the QKV path's plus the handed-on x's, and either
-    output alone reaching the loss works (the other's gradient is None, not zeros)."""
+    """QKVRoPE returns q, k, v and x as it took it; x's gradient is the QKV path's plus the handed-on x's,
+    and any of the outputs alone reaching the loss works (the others' gradients are None, not zeros: the
+    RoPE backward takes a missing head gradient as zeros)."""
     gen = torch.Generator().manual_seed(10)
     layer = randomize(CodaLlamaDecoderLayer(CFG, impl="reference"), seed=10)
     x = torch.randn(B, S, CFG.hidden_size, generator=gen)
@@ -267,18 +268,23 @@ def test_qkv_rope_hands_x_on_whichever_output_reaches_the_loss():
     dr = torch.randn(B, S, CFG.hidden_size, generator=gen)
     pos = torch.arange(S).expand(B, S)
 
-    def grad_of_x(use_qkv: bool, use_x: bool) -> torch.Tensor:
+    def grad_of_x(heads: tuple[bool, bool, bool], use_x: bool) -> torch.Tensor:
         xx = x.clone().requires_grad_()
-        qkv, out = layer.project_qkv(xx, pos, "reference")
+        q, k, v, out = layer.project_qkv(xx, pos, "reference")
         assert torch.equal(out, x)
-        terms = ([(qkv * dq).sum()] if use_qkv else []) + ([(out * dr).sum()] if use_x else [])
+        parts = dq.split([t.shape[-2] * t.shape[-1] for t in (q, k, v)], dim=-1)
+        terms = [(t.flatten(-2) * d).sum() for t, d, used in zip((q, k, v), parts, heads) if used]
+        terms += [(out * dr).sum()] if use_x else []
         sum(terms).backward()
         return xx.grad
 
-    only_qkv, both = grad_of_x(True, False), grad_of_x(True, True)
-    assert torch.equal(grad_of_x(False, True), dr)
+    only_qkv, both = grad_of_x((True, True, True), False), grad_of_x((True, True, True), True)
+    assert torch.equal(grad_of_x((False, False, False), True), dr)
     assert only_qkv.abs().max() > 0.1
     assert_close(both, only_qkv + dr, "gradient of x through both outputs")
+    each = [grad_of_x(tuple(i == j for j in range(3)), False) for i in range(3)]
+    assert min(float(g.abs().max()) for g in each) > 0.01
+    assert_close(sum(each), only_qkv, "gradients of x through q, k and v alone, summed")
 
 
 # --- the model ---------------------------------------------------------------------------------------------

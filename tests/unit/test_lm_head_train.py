@@ -317,22 +317,66 @@ def test_bad_inputs_are_refused_before_the_training_path(bad, message):
         ops.lm_head_cross_entropy_loss(*args)
 
 
-def test_range_check_op_hands_dx_on_in_range_and_refuses_out_of_range():
-    """coda_ext::lm_head_train_range_check (the traced backward's check of a forward that deferred it): a copy
-    of dx when every row was in range, an error naming the way out when not; opcheck; one graph under
+def test_finish_op_scales_in_range_and_recomputes_out_of_range(monkeypatch):
+    """coda_ext::lm_head_train_finish (a traced backward's end of a forward that deferred its range check):
+    the gradients times dloss as fresh tensors when every row was in range; the exact path's gradients times
+    dloss, a RuntimeWarning and the forward check turned on when not; opcheck; one graph under
     torch.compile(fullgraph=True)."""
     import torch._dynamo
 
-    gen = rand.generator("lm_head_range_check")
-    dx = rand.randn(gen, 7, 5, dtype=torch.bfloat16)
-    ok, out = torch.ones((), dtype=torch.bool), torch.zeros((), dtype=torch.bool)
-    got = torch.ops.coda_ext.lm_head_train_range_check(dx, ok)
-    assert torch.equal(got, dx) and got.data_ptr() != dx.data_ptr()
-    with pytest.raises(RuntimeError, match=r"left ±60.*traced \(compiled autograd\).*run the backward eagerly"):
-        torch.ops.coda_ext.lm_head_train_range_check(dx, out)
-    torch.library.opcheck(torch.ops.coda_ext.lm_head_train_range_check.default, (dx, ok))
+    gen = rand.generator("lm_head_finish")
+    x, w, target, rstd = _inputs(torch.bfloat16, True, seed=8)
+    dx, dW, drstd = rand.randn(gen, M, D, dtype=torch.bfloat16), rand.randn(gen, V, D, dtype=torch.bfloat16), \
+        rand.randn(gen, M)
+    exact = (rand.randn(gen, M, D, dtype=torch.bfloat16), rand.randn(gen, V, D, dtype=torch.bfloat16), rand.randn(gen, M))
+    monkeypatch.setattr(lm_head_ce, "_exact_train", lambda *a: (torch.zeros(()), *exact))
+    monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
+    ok, out, dloss = torch.ones((), dtype=torch.bool), torch.zeros((), dtype=torch.bool), torch.tensor(0.75)
+    rest = (x, w, target, rstd, -100, "mean")
+    got = torch.ops.coda_ext.lm_head_train_finish(dx, dW, drstd, ok, dloss, *rest)
+    for g, t in zip(got, (dx, dW, drstd)):
+        assert torch.equal(g, t * dloss) and g.data_ptr() != t.data_ptr()
+    assert not lm_head_ce._check_in_forward
+    with pytest.warns(RuntimeWarning, match="recomputed on the exact path"):
+        got = torch.ops.coda_ext.lm_head_train_finish(dx, dW, drstd, out, dloss, *rest)
+    for g, t in zip(got, exact):
+        assert torch.equal(g, t * dloss)
+    assert lm_head_ce._check_in_forward
+    torch.library.opcheck(torch.ops.coda_ext.lm_head_train_finish.default, (dx, dW, drstd, ok, dloss, *rest))
     torch._dynamo.reset()
-    compiled = torch.compile(lambda a, b: torch.ops.coda_ext.lm_head_train_range_check(a, b) * 2, fullgraph=True,
+    compiled = torch.compile(lambda *a: torch.ops.coda_ext.lm_head_train_finish(*a)[1] * 2, fullgraph=True,
                              backend="aot_eager")
-    assert torch.equal(compiled(dx, ok), dx * 2)
+    assert torch.equal(compiled(dx, dW, drstd, ok, dloss, *rest), dW * dloss * 2)
     torch._dynamo.reset()
+
+
+def test_compiled_forward_reads_no_value_and_its_backward_recomputes_a_miss(cpu_train_kernel, monkeypatch):
+    """Under torch.compile too the forward defers the range check (a sync there left the GPU idle while the
+    compiled backward started); the compiled backward reads it in coda_ext::lm_head_train_finish, which takes
+    the exact path's gradients on a miss, as eager mode does."""
+    import torch._dynamo
+
+    x, w, target, _ = _inputs(torch.bfloat16, False, seed=9)
+    want = _reference_grads(x, w, target, None, "mean")
+    deferred, exact = [], []
+    kernel = cpu_train_kernel
+
+    def exact_train(*args):
+        exact.append(args[4:])
+        return want[0].float(), want[1].to(x.dtype), want[2].to(w.dtype), torch.zeros(M)
+
+    real_train = lm_head_ce._train
+    monkeypatch.setattr(lm_head_ce, "_train", lambda *a, **k: deferred.append(a[7]) or real_train(*a, **k))
+    monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
+    monkeypatch.setattr(lm_head_ce, "LSE_RANGE", 1e-3)       # every row out
+    monkeypatch.setattr(lm_head_ce, "_exact_train", exact_train)
+    torch._dynamo.reset()
+    fn = torch.compile(ops.lm_head_cross_entropy_loss, fullgraph=True, backend="aot_eager")
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = fn(xx, ww, target)
+    assert deferred == [True] and exact == [] and kernel == [M]
+    with pytest.warns(RuntimeWarning, match="recomputed on the exact path"):
+        loss.backward()
+    torch._dynamo.reset()
+    assert exact == [(-100, "mean")] and lm_head_ce._check_in_forward
+    assert torch.equal(xx.grad, want[1].to(x.dtype)) and torch.equal(ww.grad, want[2].to(w.dtype))

@@ -470,7 +470,9 @@ def test_traced_rope_backward_computes_one_head_of_angles_when_told(shared_heads
     """Regression: while torch.compile traces, the table's values cannot be read, so the RoPE backward took
     every pair of the row at its own angle: (n_heads + 2 n_kv_heads)x the fp64 cosines and sines of the eager
     pass (about +2 ms a layer for the 8B model's compiled step). shared_heads=True (what the models pass: their
-    tables come from rope_frequencies) keeps one head's angles; the values equal the eager pass's."""
+    tables come from rope_frequencies) keeps one head's angles; the values equal the eager pass's. Regression
+    too: the angles' cosines and sines are an op of their own (coda_ext::rope_cos_sin), which Inductor cannot
+    fuse into the rotation's kernel (it did: fp64 cosines for every head, 0.48 ms a layer at 1B, 16384 tokens)."""
     from coda_ext.ops import rope_backward
 
     gen = _gen("rope-traced", str(shared_heads))
@@ -482,8 +484,11 @@ def test_traced_rope_backward_computes_one_head_of_angles_when_told(shared_heads
     widths = []
 
     def backend(gm, example_inputs):
-        cosines = [n for n in gm.graph.nodes if n.target in (torch.cos, torch.ops.aten.cos.default)]
-        widths.extend(n.meta.get("example_value", n.meta.get("val")).shape[-1] for n in cosines)
+        inlined = [n for n in gm.graph.nodes if n.target in (torch.cos, torch.ops.aten.cos.default)]
+        assert not inlined, "the angles' cosines are an op of their own, not math the compiler fuses per head"
+        op = torch.ops.coda_ext.rope_cos_sin
+        tables = [n for n in gm.graph.nodes if n.target in (op, op.default)]
+        widths.extend(n.meta.get("example_value", n.meta.get("val"))[0].shape[-1] for n in tables)
         return gm.forward
 
     fn = torch.compile(lambda d, q, p, f: rope_backward.qkv_rope_backward(d, q, p, f, H, KV, shared_heads=shared_heads),

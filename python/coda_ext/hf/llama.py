@@ -65,8 +65,7 @@ class CodaHFLlamaDecoderLayer(CodaLlamaDecoderLayer, GradientCheckpointingLayer)
         x = hidden_states
         impl = self._impl(x)
         pos = position_ids if position_ids is not None else kwargs.get("cache_position")
-        qkv, x = self.project_qkv(x, default_positions(x, pos), impl)   # x handed on, for output_and_mlp
-        q, k, v = self.split_heads(qkv)
+        q, k, v, x = self.project_qkv(x, default_positions(x, pos), impl)   # x handed on, for output_and_mlp
         cache = past_key_values if past_key_values is not None else kwargs.get("past_key_value")
         if cache is not None:   # the cache holds (B, kv_heads, S, hd)
             k, v = (t.transpose(1, 2) for t in cache.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx))

@@ -1,6 +1,6 @@
 """The two autograd Functions of a Llama decoder layer, with the CODA fusions in their backward:
 
-    QKVRoPE   x -> (qkv, x)            input RMSNorm (statistic and h = x ⊙ γ in one element-wise pass,
+    QKVRoPE   x -> (q, k, v, x)        input RMSNorm (statistic and h = x ⊙ γ in one element-wise pass,
                                        ops.rms_norm_input; rstd folded into the QKV GEMM) + QKV
                                        projection + RoPE; x handed on unchanged (the residual stream)
     (attention: torch SDPA under ordinary autograd)
@@ -13,9 +13,10 @@ own: MLPBlock's dx comes back to QKVRoPE's backward, whose QKV dX GEMM adds it i
 
 Backward of MLPBlock, given dx2 (CODA): the SwiGLU backward runs in the down projection's dX GEMM
 (which also yields the ZdZ statistic of the gate/up GEMM), the post-attention norm's backward in
-the gate/up dX GEMM (accumulating the residual gradient dx2). QKVRoPE's backward, given dqkv and the
-residual's gradient dx1 (MLPBlock's dx): rotates dqkv back (element-wise, with its ZdZ) and finishes
-the input norm's backward in the QKV dX GEMM, accumulating dx1 there. Saved: QKVRoPE x, rstd, qkv;
+the gate/up dX GEMM (accumulating the residual gradient dx2). QKVRoPE's backward, given dq, dk, dv
+and the residual's gradient dx1 (MLPBlock's dx): rotates dq, dk, dv back as attention left them
+(element-wise, with its ZdZ; never concatenated into a dqkv first) and finishes the input norm's backward
+in the QKV dX GEMM, accumulating dx1 there. Saved: QKVRoPE x, rstd, qkv;
 MLPBlock y0, x1, rstd1, z1 (h, n, y1 are recomputed in epilogues).
 
 Each Function takes `impl`: "fused" runs coda_ext.ops (16-bit CUDA tensors on an SM90 GPU),
@@ -67,7 +68,7 @@ class _Reference:
     @staticmethod
     def qkv_rope_backward(dqkv, qkv, positions, freqs, n_heads, n_kv_heads, shared_heads=None):
         dz, zdz = rope_backward.reference(dqkv, qkv, positions, freqs, n_heads, n_kv_heads)
-        return dz.to(dqkv.dtype), zdz
+        return dz.to(qkv.dtype), zdz
 
     @staticmethod
     def rms_norm_backward_linear(dz, w, x, rstd, norm_weight, zdz, dx_in=None):
@@ -127,10 +128,12 @@ def _grad(needed: bool, fn):
 
 
 class QKVRoPE(torch.autograd.Function):
-    """(qkv, x): qkv = RoPE(RMSNorm(x) @ W_qkvᵀ), RMSNorm(x) = x·rstd ⊙ γ: rstd in torch (fp32), h = x ⊙ γ,
-    and the QKV GEMM scales its rows by rstd; qkv (..., (n_heads + 2 n_kv_heads)·head_dim). x comes
-    back as it went in (autograd makes it a view whose gradient returns here): give it to MLPBlock, and
-    the residual's gradient is added in this backward's QKV dX GEMM (dx_in) instead of by autograd.
+    """(q, k, v, x): qkv = RoPE(RMSNorm(x) @ W_qkvᵀ) as its heads, q (..., n_heads, head_dim), k and v
+    (..., n_kv_heads, head_dim) (views of one (..., N) tensor), RMSNorm(x) = x·rstd ⊙ γ: rstd in torch
+    (fp32), h = x ⊙ γ, and the QKV GEMM scales its rows by rstd. The backward takes attention's dq, dk, dv
+    as they come (the RoPE backward reads them in place: no concatenation into dqkv). x comes back as it
+    went in (autograd makes it a view whose gradient returns here): give it to MLPBlock, and the
+    residual's gradient is added in this backward's QKV dX GEMM (dx_in) instead of by autograd.
     freqs: a table of ops.rope_frequencies (every head at the same frequencies: the backward's RoPE pass
     computes one head's cosines and sines, also under torch.compile; another layout is refused)."""
 
@@ -143,17 +146,25 @@ class QKVRoPE(torch.autograd.Function):
         ctx.save_for_backward(x, norm_weight, w_qkv, positions, freqs, rstd, qkv)
         ctx.heads, ctx.impl = (n_heads, n_kv_heads), impl
         ctx.set_materialize_grads(False)   # an output that does not reach the loss gets None, not zeros
-        return qkv, x
+        hd = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
+        q, k, v = qkv.unflatten(-1, (n_heads + 2 * n_kv_heads, hd)).split([n_heads, n_kv_heads, n_kv_heads], dim=-2)
+        return q, k, v, x
 
     @staticmethod
-    def backward(ctx, dqkv: torch.Tensor | None, dx_res: torch.Tensor | None):
+    def backward(ctx, dq: torch.Tensor | None, dk: torch.Tensor | None, dv: torch.Tensor | None,
+                 dx_res: torch.Tensor | None):
         x, norm_weight, w_qkv, positions, freqs, rstd, qkv = ctx.saved_tensors
         be, dt = BACKENDS[ctx.impl], x.dtype
         dx_in = None if dx_res is None else dx_res.to(dt).contiguous()
-        if dqkv is None:   # only the handed-on x reached the loss
+        if dq is None and dk is None and dv is None:   # only the handed-on x reached the loss
             return dx_in, None, None, None, None, None, None, None, None
+        n_heads, n_kv_heads = ctx.heads
+        hd = qkv.shape[-1] // (n_heads + 2 * n_kv_heads)
+        lead = qkv.shape[:-1]
+        parts = tuple(qkv.new_zeros(*lead, n, hd) if d is None else d.to(dt)
+                      for d, n in ((dq, n_heads), (dk, n_kv_heads), (dv, n_kv_heads)))
         # the layers' tables come from rope_frequencies (ModelConfig.rope_table, the torchtitan adapter)
-        dz, zdz = be.qkv_rope_backward(dqkv.to(dt).contiguous(), qkv, positions, freqs, *ctx.heads, shared_heads=True)
+        dz, zdz = be.qkv_rope_backward(parts, qkv, positions, freqs, n_heads, n_kv_heads, shared_heads=True)
         w = w_qkv.to(dt)
         dx, n, dgamma = be.rms_norm_backward_linear(dz, w, x, rstd, norm_weight.to(dt), zdz, dx_in=dx_in)
         need = ctx.needs_input_grad

@@ -131,18 +131,13 @@ class CodaLlamaDecoderLayer(nn.Module):
                              "; use impl='reference'")
         return impl
 
-    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(qkv, x): [Q | K | V] (B, S, qkv_size) of the input RMSNorm of x, RoPE applied to Q and K, and x
-        handed on: give that x to output_and_mlp (its gradient then returns through QKVRoPE's backward)."""
+    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor, impl: str):
+        """(q, k, v, x): q (B, S, heads, hd), k and v (B, S, kv_heads, hd) of the input RMSNorm of x, RoPE
+        applied to q and k, and x handed on: give that x to output_and_mlp (its gradient then returns
+        through QKVRoPE's backward)."""
         c = self.config
         return QKVRoPE.apply(x, self.input_layernorm.weight, self.self_attn.qkv_weight, positions, self.rope_freqs,
                              c.num_attention_heads, c.num_key_value_heads, c.rms_norm_eps, impl)
-
-    def split_heads(self, qkv: torch.Tensor):
-        """Views q (B, S, heads, hd), k, v (B, S, kv_heads, hd) of project_qkv's output."""
-        c = self.config
-        hd, nq, nkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
-        return qkv.unflatten(-1, (nq + 2 * nkv, hd)).split([nq, nkv, nkv], dim=-2)
 
     def output_and_mlp(self, y0: torch.Tensor, x: torch.Tensor, impl: str) -> torch.Tensor:
         """x1 = x + y0 @ W_oᵀ, then x1 + MLP(RMSNorm(x1)); x as project_qkv handed it on."""
@@ -153,8 +148,8 @@ class CodaLlamaDecoderLayer(nn.Module):
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """attention_mask: an SDPA attn_mask (B or 1, 1 or heads, S, S) replacing the causal mask."""
         impl = self._impl(x)
-        qkv, x = self.project_qkv(x, default_positions(x, positions), impl)
-        y0 = attention(*self.split_heads(qkv), mask=attention_mask)
+        q, k, v, x = self.project_qkv(x, default_positions(x, positions), impl)
+        y0 = attention(q, k, v, mask=attention_mask)
         return self.output_and_mlp(y0, x, impl)
 
 

@@ -91,12 +91,11 @@ def _block_forward(self, x: torch.Tensor, freqs_cis: torch.Tensor, attention_mas
         self._coda_rope = self._coda_rope.to(x.device)
     a, f = self.attention, self.feed_forward
     impl = resolve_impl(self._coda_impl, x)
-    n_heads, n_kv_heads, head_dim = a._coda_heads
+    n_heads, n_kv_heads, _ = a._coda_heads
     eps = _eps(self.attention_norm, x)
     w_qkv = torch.cat([a.wq.weight, a.wk.weight, a.wv.weight])
-    qkv, x = QKVRoPE.apply(x, self.attention_norm.weight, w_qkv, default_positions(x, positions), self._coda_rope,
-                           n_heads, n_kv_heads, eps, impl)   # x handed on to MLPBlock (as CodaLlamaDecoderLayer)
-    q, k, v = qkv.unflatten(-1, (n_heads + 2 * n_kv_heads, head_dim)).split([n_heads, n_kv_heads, n_kv_heads], -2)
+    q, k, v, x = QKVRoPE.apply(x, self.attention_norm.weight, w_qkv, default_positions(x, positions),
+                               self._coda_rope, n_heads, n_kv_heads, eps, impl)   # x handed on to MLPBlock
     y0 = attention(q, k, v)
     w_gu = interleave_gate_up(f.w1.weight, f.w3.weight)
     return MLPBlock.apply(y0.contiguous(), x, a.wo.weight, self.ffn_norm.weight, w_gu, f.w2.weight,

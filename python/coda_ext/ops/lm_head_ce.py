@@ -237,7 +237,9 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 # H200). If a row was outside, the backward recomputes the gradients on the exact path (the loss the forward
 # returned is exact up to |lse| ≈ 76, where fp32 Σ exp overflows to inf; a RuntimeWarning says so) and every
 # later call in the process checks in its forward instead, taking the exact path itself when a row is out.
-# Traced by torch.compile, the forward checks (one sync) and the compiled backward does not branch.
+# Traced by torch.compile, the same: the compiled backward reads the check in coda_ext::lm_head_train_finish, an
+# op that recomputes the exact gradients itself on a miss (a compiled graph cannot branch on it) and returns the
+# gradients scaled by dloss as fresh tensors (one pass over them, which eager mode skips when dloss is 1).
 
 train_graph = graphs.lm_head_cross_entropy_train
 #: Bytes of the one exp(logits) chunk the training forward holds (chunk rows × V, 16-bit).
@@ -412,19 +414,34 @@ def _fake_train(x, weight, target, rstd, ignore_index, reduction, chunk, deferre
             x.new_empty(x.shape[0], dtype=torch.float32), x.new_empty((), dtype=torch.bool))
 
 
-@torch.library.custom_op("coda_ext::lm_head_train_range_check", mutates_args=())
-def _range_check(dx: torch.Tensor, in_range: torch.Tensor) -> torch.Tensor:
-    if not in_range.item():
-        raise RuntimeError(f"{NAME}: a row's log-sum-exp left ±{LSE_RANGE:g}, so the gradients of the training "
-                           "path are not exact, and this backward was traced (compiled autograd) and cannot recompute "
-                           "them; call lm_head_cross_entropy_loss under torch.compile too, or run the backward "
-                           "eagerly")
-    return dx.clone()
+def _exact_after_miss(x, weight, target, rstd, ignore_index: int, reduction: str):
+    """(dx, dW, drstd) for dloss = 1 on the exact path, after a deferred range check failed: warns, and
+    every later call in the process checks in its forward."""
+    global _check_in_forward
+    warnings.warn(f"{NAME}: a row's log-sum-exp left ±{LSE_RANGE:g}: this call's gradients were recomputed "
+                  "on the exact path, and its loss is exact only if no row passed about ±76 (else inf); later "
+                  "calls in this process check the range before they return", RuntimeWarning, stacklevel=3)
+    _check_in_forward = True
+    return _exact_train(x, weight, target, rstd, ignore_index, reduction)[1:]
 
 
-@_range_check.register_fake
-def _range_check_fake(dx, in_range):
-    return torch.empty_like(dx)
+@torch.library.custom_op("coda_ext::lm_head_train_finish", mutates_args=())
+def _finish(dx: torch.Tensor, dW: torch.Tensor, drstd: torch.Tensor, in_range: torch.Tensor, dloss: torch.Tensor,
+            x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
+            ignore_index: int, reduction: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A traced backward's gradients of a deferred training forward (torch.compile): (dx, dW, drstd) · dloss,
+    fresh tensors, after the range check is read (with dloss: the step's one sync, as in eager mode); when it
+    failed, the exact path's gradients instead (recomputed here: a compiled graph cannot branch on it)."""
+    ok = bool(in_range.item())
+    if not ok:
+        dx, dW, drstd = _exact_after_miss(x, weight, target, rstd, ignore_index, reduction)
+    s = dloss.float()
+    return dx * s, dW * s, drstd * s
+
+
+@_finish.register_fake
+def _finish_fake(dx, dW, drstd, in_range, dloss, x, weight, target, rstd, ignore_index, reduction):
+    return torch.empty_like(dx), torch.empty_like(dW), torch.empty_like(drstd)
 
 
 def _setup_train(ctx, inputs, output):
@@ -441,20 +458,17 @@ def _setup_train(ctx, inputs, output):
 
 
 def _backward_train(ctx, dloss, *_):
-    global _check_in_forward
     dx, dW, drstd, in_range, *inputs = ctx.saved_tensors
     s = dloss.float()   # 0-dim: bf16 * s stays bf16, computed in fp32
     if not common.readable(s):   # traced (torch.compile): no branch on values
         if ctx.deferred:
-            dx = torch.ops.coda_ext.lm_head_train_range_check(dx, in_range)
+            dx, dW, drstd = torch.ops.coda_ext.lm_head_train_finish(dx, dW, drstd, in_range, dloss, *inputs,
+                                                                    ctx.ignore_index, ctx.reduction)
+            return dx, dW, None, drstd if ctx.scaled else None, None, None, None, None
         return dx * s, dW * s, None, (drstd * s) if ctx.scaled else None, None, None, None, None
     ok, scale = torch.stack([in_range.float(), s]).tolist()   # the one host sync of a training step's loss
     if not ok:   # a deferred check failed (see the comment above train_graph)
-        warnings.warn(f"{NAME}: a row's log-sum-exp left ±{LSE_RANGE:g}: this call's gradients were recomputed "
-                      "on the exact path, and its loss is exact only if no row passed about ±76 (else inf); later "
-                      "calls in this process check the range before they return", RuntimeWarning, stacklevel=2)
-        _check_in_forward = True
-        _, dx, dW, drstd = _exact_train(*inputs, ctx.ignore_index, ctx.reduction)
+        dx, dW, drstd = _exact_after_miss(*inputs, ctx.ignore_index, ctx.reduction)
     if scale == 1.0:
         # loss.backward() on the loss itself: the saved gradients are the answer; no pass over the V x d
         # weight gradient, no second copy of it while the step's activations are alive
@@ -479,10 +493,10 @@ def lm_head_cross_entropy_loss(x: torch.Tensor, weight: torch.Tensor, target: to
     _, rstd = _check_call(x, weight, target, rstd, reduction)
     xr = common.rows(x)
     chunk = train_chunk_rows(xr.shape[0], weight.shape[0])
-    # eager autograd: the range check waits for the backward (no host sync between the forward and the
-    # backward); traced: the compiled backward cannot branch, so the forward checks
+    # the range check waits for the backward (no host sync between the forward and the backward), eager or
+    # traced (a traced backward reads it in coda_ext::lm_head_train_finish)
     loss, *_ = torch.ops.coda_ext.lm_head_cross_entropy_train(xr, weight, target.reshape(-1), rstd, int(ignore_index),
-                                                              reduction, chunk, not torch.compiler.is_compiling())
+                                                              reduction, chunk, True)
     return loss
 
 
