@@ -326,9 +326,10 @@ def test_finish_op_scales_in_range_and_recomputes_out_of_range(monkeypatch):
 
     gen = rand.generator("lm_head_finish")
     x, w, target, rstd = _inputs(torch.bfloat16, True, seed=8)
-    dx, dW, drstd = rand.randn(gen, M, D, dtype=torch.bfloat16), rand.randn(gen, V, D, dtype=torch.bfloat16), \
-        rand.randn(gen, M)
-    exact = (rand.randn(gen, M, D, dtype=torch.bfloat16), rand.randn(gen, V, D, dtype=torch.bfloat16), rand.randn(gen, M))
+    def gradients():
+        return rand.randn(gen, M, D, dtype=torch.bfloat16), rand.randn(gen, V, D, dtype=torch.bfloat16), rand.randn(gen, M)
+
+    (dx, dW, drstd), exact = gradients(), gradients()
     monkeypatch.setattr(lm_head_ce, "_exact_train", lambda *a: (torch.zeros(()), *exact))
     monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
     ok, out, dloss = torch.ones((), dtype=torch.bool), torch.zeros((), dtype=torch.bool), torch.tensor(0.75)
