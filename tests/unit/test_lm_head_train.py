@@ -326,8 +326,10 @@ def test_finish_op_scales_in_range_and_recomputes_out_of_range(monkeypatch):
 
     gen = rand.generator("lm_head_finish")
     x, w, target, rstd = _inputs(torch.bfloat16, True, seed=8)
+
     def gradients():
-        return rand.randn(gen, M, D, dtype=torch.bfloat16), rand.randn(gen, V, D, dtype=torch.bfloat16), rand.randn(gen, M)
+        bf16 = torch.bfloat16
+        return rand.randn(gen, M, D, dtype=bf16), rand.randn(gen, V, D, dtype=bf16), rand.randn(gen, M)
 
     (dx, dW, drstd), exact = gradients(), gradients()
     monkeypatch.setattr(lm_head_ce, "_exact_train", lambda *a: (torch.zeros(()), *exact))
