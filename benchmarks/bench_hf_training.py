@@ -205,7 +205,9 @@ def batches(cfg, args, n: int, seed: int, device: str) -> list[dict]:
     from coda_ext.tools.train_demo import make_batches
 
     ids = make_batches(n, args.batch, args.seq, cfg.vocab_size, seed)
-    return [{"input_ids": t.to(device), "labels": t.to(device)} for t in ids]
+    # use_cache=False: no variant builds a KV cache in training (transformers' default config.use_cache would
+    # copy every layer's keys and values into one; the patched model skips it by itself)
+    return [{"input_ids": t.to(device), "labels": t.to(device), "use_cache": False} for t in ids]
 
 
 def train_step(variant: dict, batch: dict, scopes: bool = False):

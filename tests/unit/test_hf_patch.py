@@ -273,3 +273,27 @@ def test_patch_warns_nothing_deprecated():
     ref.train()
     close(loss, ref(ids, labels=labels, use_cache=False).loss, "loss")
     close(step[:, -1], full[:, -1], "cached last-token logits")
+
+
+def test_training_forward_builds_no_kv_cache_unless_asked(monkeypatch):
+    """A training forward (train mode, gradients on, use_cache not given) builds no KV cache: transformers'
+    model builds one from config.use_cache, and every layer copied its keys and values into it (3 ms a step,
+    and the copies held to the step's end, at Llama-3.2-1B-like sizes). use_cache=True still gets one, and
+    eval mode keeps transformers' default; the loss is the same."""
+    from transformers import cache_utils
+
+    ref, patched = pair()
+    ids, labels = batch(7)
+    updates = []
+    real = cache_utils.DynamicCache.update
+    monkeypatch.setattr(cache_utils.DynamicCache, "update",
+                        lambda self, *a, **k: updates.append(1) or real(self, *a, **k))
+    patched.train()
+    out = patched(ids, labels=labels)
+    assert out.past_key_values is None and updates == []
+    close(out.loss, ref(ids, labels=labels, use_cache=False).loss, "loss")
+    asked = patched(ids, labels=labels, use_cache=True)
+    assert asked.past_key_values is not None and len(updates) == patched.config.num_hidden_layers
+    patched.eval()
+    with torch.no_grad():
+        assert patched(ids).past_key_values is not None
