@@ -14,8 +14,8 @@ own: MLPBlock's dx comes back to QKVRoPE's backward, whose QKV dX GEMM adds it i
 Backward of MLPBlock, given dx2 (CODA): the SwiGLU backward runs in the down projection's dX GEMM
 (which also yields the ZdZ statistic of the gate/up GEMM), the post-attention norm's backward in
 the gate/up dX GEMM (accumulating the residual gradient dx2). QKVRoPE's backward, given dq, dk, dv
-and the residual's gradient dx1 (MLPBlock's dx): rotates dq, dk, dv back as attention left them
-(element-wise, with its ZdZ; never concatenated into a dqkv first) and finishes the input norm's backward
+and the residual's gradient dx1 (MLPBlock's dx): rotates them back (element-wise, with its ZdZ) and
+finishes the input norm's backward
 in the QKV dX GEMM, accumulating dx1 there. Saved: QKVRoPE x, rstd, qkv;
 MLPBlock y0, x1, rstd1, z1 (h, n, y1 are recomputed in epilogues).
 
@@ -131,9 +131,9 @@ class QKVRoPE(torch.autograd.Function):
     """(q, k, v, x): qkv = RoPE(RMSNorm(x) @ W_qkvᵀ) as its heads, q (..., n_heads, head_dim), k and v
     (..., n_kv_heads, head_dim) (views of one (..., N) tensor), RMSNorm(x) = x·rstd ⊙ γ: rstd in torch
     (fp32), h = x ⊙ γ, and the QKV GEMM scales its rows by rstd. The backward takes attention's dq, dk, dv
-    as they come (the RoPE backward reads them in place: no concatenation into dqkv). x comes back as it
-    went in (autograd makes it a view whose gradient returns here): give it to MLPBlock, and the
-    residual's gradient is added in this backward's QKV dX GEMM (dx_in) instead of by autograd.
+    as they come. x comes back as it went in (autograd makes it a view whose gradient returns here): give it
+    to MLPBlock, and the residual's gradient is added in this backward's QKV dX GEMM (dx_in) instead of by
+    autograd.
     freqs: a table of ops.rope_frequencies (every head at the same frequencies: the backward's RoPE pass
     computes one head's cosines and sines, also under torch.compile; another layout is refused)."""
 
