@@ -27,7 +27,9 @@ fall).
 
 Per model and variant: the loss of each of --steps steps from the initial weights; the step time
 (forward, backward, optimizer step; the median of --rounds interleaved rounds, common.time_interleaved
-on the GPU); tokens/s; MFU (model FLOPs: 6 x tokens x linear parameters, LM head included, plus causal
+on the GPU); each phase of a step (forward, backward, optimizer) on the device and on the host, medians of
+PHASE_REPS steps each started on an idle device (phase_times: where a step's time goes with no profiler
+in it); tokens/s; MFU (model FLOPs: 6 x tokens x linear parameters, LM head included, plus causal
 attention, over the GPU's dense bf16 peak); peak memory of one step beyond what was allocated before
 it; a per-component breakdown from torch.profiler of one step (breakdown()). The floor: the bare
 cuBLAS GEMMs of the step (forward, dX, dW of every linear and the LM head) + SDPA forward and backward
@@ -46,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import itertools
 import json
 import os
 import pathlib
@@ -162,6 +165,8 @@ def make_optimizer(model, device: str, lr: float):
 #: and SDPA took its masked path: 155 against 140 ms a step at 1B-8L on an H200); the patched model builds no
 #: cache in training by itself.
 NO_CACHE = {"use_cache": False}
+#: Steps of each variant timed phase by phase (phase_times)
+PHASE_REPS = 5
 
 
 def build_variants(cfg, args, device: str, dtype) -> tuple[dict, dict, dict]:
@@ -231,6 +236,44 @@ def train_step(variant: dict, batch: dict, scopes: bool = False):
         variant["opt"].step()
         variant["opt"].zero_grad(set_to_none=True)
     return loss.detach()
+
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+def phase_times(variant: dict, batch: dict, reps: int, device: str) -> dict:
+    """Medians over `reps` steps (each started on an idle device, as a timed round starts) of each phase's time
+    on the device (CUDA events between the phases; on a CPU the host's clock) and on the host: where a step's
+    time goes without a profiler's own host cost in it ({"gpu": {phase: ms}, "host": {phase: ms}})."""
+    import torch
+
+    gpu, host = [], []
+    for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda._sleep(common.LEAD_CYCLES)
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(len(PHASES) + 1)]
+        stamps = [time.perf_counter()]
+        if device == "cuda":
+            events[0].record()
+        for i, phase in enumerate(PHASES):
+            if phase == "forward":
+                loss = variant["call"](**batch, **variant.get("kwargs", {})).loss
+            elif phase == "backward":
+                loss.backward()
+            else:
+                variant["opt"].step()
+                variant["opt"].zero_grad(set_to_none=True)
+            if device == "cuda":
+                events[i + 1].record()
+            stamps.append(time.perf_counter())
+        if device == "cuda":
+            events[-1].synchronize()
+        spans = [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
+        host.append(spans)
+        gpu.append([a.elapsed_time(b) for a, b in itertools.pairwise(events)] if device == "cuda" else spans)
+    med = [statistics.median(x) for x in zip(*gpu)], [statistics.median(x) for x in zip(*host)]
+    return {"gpu": dict(zip(PHASES, med[0])), "host": dict(zip(PHASES, med[1]))}
 
 
 def loss_curve(variant: dict, initial: dict, data: list[dict]) -> list[float]:
@@ -609,6 +652,7 @@ def run_model(name: str, args, device: str, gpu: str | None) -> dict:
         row.update(step_ms=ms, step_ms_rounds=times[v], tokens_per_s=tokens / ms * 1e3,
                    mfu=flops / (ms / 1e3) / peak if peak else None)
         row["peak_gb"] = common.peak_memory_gb(fns[v])[0] if device == "cuda" else None
+        row["phases"] = phase_times(variants[v], timing[0], PHASE_REPS, device)
     order = sorted(variants, key=lambda v: not variants[v]["compiled"])   # compiled first: no hooks seen yet
     for v in order:
         prof = profile_step(variants[v], timing[0], device)
@@ -665,6 +709,11 @@ def report(name: str, entry: dict) -> list[str]:
                      f"{r['loss'][0]:>10.4f}→{r['loss'][-1]:<8.4f}{'' if gap is None else f'{gap:.2%}':>10}")
     lines.append(f"  {'floor':<13}{floor['step_ms']:>9.2f}   (GEMMs {floor['gemms_ms']:.2f} + attention "
                  f"{floor['attention_ms']:.2f} + optimizer {floor['optimizer_ms']:.2f})")
+    for v, r in rows.items():
+        if "phases" in r:
+            g, h = r["phases"]["gpu"], r["phases"]["host"]
+            parts = ", ".join(f"{p} {g[p]:.2f} / {h[p]:.2f}" for p in PHASES)
+            lines.append(f"  {v} phases (ms, device / host): {parts}; sum {sum(g.values()):.2f}")
     for v, r in rows.items():
         b = r["breakdown"]
         layer = ", ".join(f"{k} {ms:.2f}" for k, ms in b["per_layer"].items())

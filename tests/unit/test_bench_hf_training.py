@@ -44,6 +44,9 @@ def test_results_json_has_every_model_and_variant(results):
             assert len(row["loss"]) == STEPS and row["step_ms"] > 0
             assert row["tokens_per_s"] == pytest.approx(64 / row["step_ms"] * 1e3)
             assert row["mfu"] is None and row["peak_gb"] is None   # no GPU: neither is measured
+            # each phase of a step on its own (on a CPU the device's times are the host's)
+            assert set(row["phases"]) == {"gpu", "host"} and row["phases"]["gpu"] == row["phases"]["host"]
+            assert list(row["phases"]["host"]) == list(bench.PHASES) and min(row["phases"]["host"].values()) > 0
             # fp32 everywhere: every variant's curve is eager's to a few roundings
             assert row["loss"] == pytest.approx(eager, rel=1e-4), v
         floor = entry["floor"]
