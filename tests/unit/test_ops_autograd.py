@@ -510,6 +510,31 @@ def test_rope_backward_refuses_a_table_that_is_not_shared_when_told_it_is():
         ops.qkv_rope_backward(torch.zeros(M, N), torch.zeros(M, N), torch.zeros(M), freqs, H, KV, shared_heads=True)
 
 
+def test_rope_backward_takes_attention_s_three_gradients():
+    """dqkv as (dq, dk, dv) (what the layer's backward gets from attention: per head, in attention's layout, or
+    flattened) gives what the concatenated (..., N) gradient gives; parts of the wrong shape, dtype or type
+    are refused, naming the part."""
+    gen = _gen("rope-parts")
+    H, KV, hd, B, S = 4, 2, 8, 2, 3
+    N = (H + 2 * KV) * hd
+    freqs = ops.rope_frequencies(hd, H, KV)
+    pos = torch.arange(S, dtype=torch.float32).expand(B, S) * 7
+    qkv, dqkv = _randn(gen, B, S, N), _randn(gen, B, S, N)
+    want = ops.qkv_rope_backward(dqkv, qkv, pos, freqs, H, KV)
+    dq, dk, dv = dqkv.unflatten(-1, (H + 2 * KV, hd)).split([H, KV, KV], dim=-2)
+    as_attention = tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in (dq, dk, dv))   # (B, heads, S, hd)
+    for parts in ((dq, dk, dv), as_attention, tuple(t.flatten(-2) for t in (dq, dk, dv))):
+        got = ops.qkv_rope_backward(parts, qkv, pos, freqs, H, KV)
+        torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+        torch.testing.assert_close(got[1], want[1], atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"dk must be \(2, 3, 2, 8\) or \(2, 3, 16\)"):
+        ops.qkv_rope_backward((dq, dq, dv), qkv, pos, freqs, H, KV)
+    with pytest.raises(ValueError, match=r"dv is torch\.float64"):
+        ops.qkv_rope_backward((dq, dk, dv.double()), qkv, pos, freqs, H, KV)
+    with pytest.raises(TypeError, match=r"the tuple \(dq, dk, dv\)"):
+        ops.qkv_rope_backward((dq, dk), qkv, pos, freqs, H, KV)
+
+
 def test_compiled_rows_makes_one_graph_for_every_row_count():
     """The element-wise passes (rope_backward, norm_input) compile with only the row count dynamic: new
     row counts reuse the graph (regression: with every size dynamic the RoPE backward ran 3.5x slower);
