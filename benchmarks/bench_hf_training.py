@@ -222,23 +222,27 @@ def batches(cfg, args, n: int, seed: int, device: str) -> list[dict]:
     return [{"input_ids": t.to(device), "labels": t.to(device)} for t in ids]
 
 
-def train_step(variant: dict, batch: dict, scopes: bool = False):
+PHASES = ("forward", "backward", "optimizer")
+
+
+def train_step(variant: dict, batch: dict, scopes: bool = False, after=None):
     """Forward, backward, optimizer step (gradients cleared); returns the loss (not synchronized).
-    scopes: the phases as profiler ranges."""
+    scopes: the phases as profiler ranges; after(i): called when phase PHASES[i] has been issued."""
     from torch.profiler import record_function
 
     scope = record_function if scopes else (lambda name: contextlib.nullcontext())
+    mark = after or (lambda i: None)
     with scope("bench:forward"):
         loss = variant["call"](**batch, **variant.get("kwargs", {})).loss
+    mark(0)
     with scope("bench:backward"):
         loss.backward()
+    mark(1)
     with scope("bench:optimizer"):
         variant["opt"].step()
         variant["opt"].zero_grad(set_to_none=True)
+    mark(2)
     return loss.detach()
-
-
-PHASES = ("forward", "backward", "optimizer")
 
 
 def phase_times(variant: dict, batch: dict, reps: int, device: str) -> dict:
@@ -254,19 +258,15 @@ def phase_times(variant: dict, batch: dict, reps: int, device: str) -> dict:
             torch.cuda._sleep(common.LEAD_CYCLES)
             events = [torch.cuda.Event(enable_timing=True) for _ in range(len(PHASES) + 1)]
         stamps = [time.perf_counter()]
-        if device == "cuda":
-            events[0].record()
-        for i, phase in enumerate(PHASES):
-            if phase == "forward":
-                loss = variant["call"](**batch, **variant.get("kwargs", {})).loss
-            elif phase == "backward":
-                loss.backward()
-            else:
-                variant["opt"].step()
-                variant["opt"].zero_grad(set_to_none=True)
+
+        def after(i):
             if device == "cuda":
                 events[i + 1].record()
             stamps.append(time.perf_counter())
+
+        if device == "cuda":
+            events[0].record()
+        train_step(variant, batch, after=after)
         if device == "cuda":
             events[-1].synchronize()
         spans = [(b - a) * 1e3 for a, b in itertools.pairwise(stamps)]
