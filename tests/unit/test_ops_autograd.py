@@ -510,6 +510,28 @@ def test_rope_backward_refuses_a_table_that_is_not_shared_when_told_it_is():
         ops.qkv_rope_backward(torch.zeros(M, N), torch.zeros(M, N), torch.zeros(M), freqs, H, KV, shared_heads=True)
 
 
+def test_rope_cos_sin_op_is_the_eager_tables():
+    """coda_ext::rope_cos_sin (the angles' tables as an op a tracing compiler keeps whole): the eager tables,
+    (M, 1, width/2) fp32; opcheck (schema, fake, AOT dispatch); one graph under torch.compile(fullgraph=True)."""
+    import torch._dynamo
+
+    from coda_ext.ops import rope_backward
+
+    H, KV, hd = 4, 2, 8
+    freqs = ops.rope_frequencies(hd, H, KV)
+    pos = torch.arange(6, dtype=torch.float32).reshape(2, 3) * 13
+    want = rope_backward._cos_sin(pos, freqs, hd)
+    got = torch.ops.coda_ext.rope_cos_sin(pos, freqs, hd)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == (6, 1, hd // 2) and g.dtype == torch.float32 and torch.equal(g, w)
+    torch.library.opcheck(torch.ops.coda_ext.rope_cos_sin.default, (pos, freqs, hd))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda p, f: torch.ops.coda_ext.rope_cos_sin(p, f, hd)[0] * 2, fullgraph=True,
+                             backend="aot_eager")
+    assert torch.equal(compiled(pos, freqs), want[0] * 2)
+    torch._dynamo.reset()
+
+
 def test_rope_backward_takes_attention_s_three_gradients():
     """dqkv as (dq, dk, dv) (what the layer's backward gets from attention: per head, in attention's layout, or
     flattened) gives what the concatenated (..., N) gradient gives; parts of the wrong shape, dtype or type
