@@ -352,3 +352,34 @@ def test_final_norm_saves_its_input_and_statistic_only():
     assert bytes_ref == M * d * 6 + M * 4 + d * 2
     patched = apply_coda_to_llama(hf_model(), impl="reference")
     assert patched.model.norm.forward.__func__ is hf_llama._final_norm_forward
+
+
+def test_final_norm_generated_kernels_match_its_math():
+    """On a GPU the final norm runs as kernels torch.compile generates (one graph for every row count); here the
+    same functions through Inductor's CPU backend: within bf16 round-off of the eager math, forward and
+    backward (regression: the eager backward's fp32 temporaries, M · d · 4 bytes each, set the 8B step's peak)."""
+    from torch._dynamo.utils import counters
+
+    from coda_ext.hf import llama as hf_llama
+
+    assert hf_llama._norm_fused.__wrapped__ is hf_llama._norm_math
+    assert hf_llama._norm_backward_fused.__wrapped__ is hf_llama._norm_backward_math
+    gen = torch.Generator().manual_seed(12)
+    d = 96
+    w = (1 + 0.2 * torch.randn(d, generator=gen)).to(torch.bfloat16)
+    torch._dynamo.reset()
+    counters.clear()
+    for m in (5, 33, 130):
+        x = torch.randn(m, d, generator=gen).to(torch.bfloat16)
+        g = torch.randn(m, d, generator=gen).to(torch.bfloat16)
+        y, rstd = hf_llama._norm_fused(x, w, 1e-5)
+        y_ref, rstd_ref = hf_llama._norm_math(x, w, 1e-5)
+        torch.testing.assert_close(rstd, rstd_ref, rtol=1e-5, atol=0)
+        torch.testing.assert_close(y.float(), y_ref.float(), rtol=2 ** -7, atol=2 ** -7 * y_ref.abs().max().item())
+        dx, dw = hf_llama._norm_backward_fused(g, x, w, rstd_ref)
+        dx_ref, dw_ref = hf_llama._norm_backward_math(g, x, w, rstd_ref)
+        assert dx.dtype == torch.bfloat16 and dw.dtype == torch.float32 and dx.shape == (m, d) and dw.shape == (d,)
+        torch.testing.assert_close(dx.float(), dx_ref.float(), rtol=2 ** -7, atol=2 ** -7 * dx_ref.abs().max().item())
+        # Inductor may skip the bf16 rounding of the normalized x that eager applies before the product
+        torch.testing.assert_close(dw, dw_ref, rtol=2 ** -7, atol=2 ** -7 * dw_ref.abs().max().item())
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])

@@ -10,7 +10,8 @@ What changes, in place:
   (transformers builds one from `config.use_cache`, copying every layer's keys and values into it).
 - the final norm (`model.model.norm`) keeps its math and weight but saves only its input and statistic
   for the backward (transformers' eager norm saves an fp32 copy of its input too: 0.40 against 0.13 GB
-  at 16384 tokens, d = 4096).
+  at 16384 tokens, d = 4096); on a GPU its forward and backward run as kernels torch.compile generates
+  (the eager backward's fp32 temporaries set the step's memory peak).
 What does not: the embedding, the rotary tables, generation, gradient
 checkpointing (`activation_checkpointing_enable()`, before transformers 5 `gradient_checkpointing_enable()`),
 `state_dict()` and `save_pretrained()`
@@ -35,6 +36,7 @@ import types
 import torch
 import transformers
 from packaging import version
+from torch._subclasses.fake_tensor import is_fake
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaForCausalLM
@@ -44,6 +46,7 @@ from ..graph.builder import dtype_name
 from ..models.config import LlamaConfig
 from ..models.functions import IMPLS, lm_head_loss, resolve_impl, training_kernels
 from ..models.llama import CodaLlamaDecoderLayer, attention, default_positions, shift_labels
+from ..ops import common
 from ..runtime import prebuild
 
 MIN_VERSION = "4.54"   # decoder layers return a tensor (earlier: a tuple)
@@ -84,6 +87,30 @@ class CodaHFLlamaDecoderLayer(CodaLlamaDecoderLayer, GradientCheckpointingLayer)
         return self.output_and_mlp(y0, x, impl)
 
 
+def _norm_math(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """LlamaRMSNorm's forward of rows x (M, d): (weight ⊙ (x · rstd in fp32, cast to x's dtype), rstd (M, 1) fp32)."""
+    rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return weight * (x.float() * rstd).to(x.dtype), rstd
+
+
+def _norm_backward_math(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor):
+    """(dx in x's dtype, dweight fp32) of _norm_math's rows for the output gradient g, as autograd forms them."""
+    xhat = x.float() * rstd
+    dweight = (g.float() * xhat.to(x.dtype).float()).sum(0)
+    gn = (g * weight).float()                       # the gradient of the normalized x
+    dx = rstd * (gn - xhat * (gn * xhat).mean(-1, keepdim=True))
+    return dx.to(x.dtype), dweight
+
+
+#: on a GPU, each direction one or two generated kernels (eagerly: about ten passes, with fp32 temporaries of
+#: M · d · 4 bytes alive together in the backward, at the step's memory peak)
+_norm_fused, _norm_backward_fused = common.compiled_rows(_norm_math), common.compiled_rows(_norm_backward_math)
+
+
+def _generated(x: torch.Tensor) -> bool:
+    return x.is_cuda and not (torch.compiler.is_compiling() or is_fake(x))
+
+
 class _FinalNorm(torch.autograd.Function):
     """LlamaRMSNorm's forward, weight ⊙ (x · rsqrt(mean(x²) + eps) in fp32, cast to x's dtype), saving only x
     and the fp32 statistic for the backward. transformers' eager norm leaves its autograd graph an fp32 copy of
@@ -92,18 +119,17 @@ class _FinalNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-        ctx.save_for_backward(x, weight, rstd)
-        return weight * (x.float() * rstd).to(x.dtype)
+        x2 = x.reshape(-1, x.shape[-1])
+        y, rstd = (_norm_fused if _generated(x) else _norm_math)(x2, weight, eps)
+        ctx.save_for_backward(x2, weight, rstd)
+        return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        x, weight, rstd = ctx.saved_tensors
-        xhat = x.float() * rstd
-        dweight = (g.float() * xhat.to(x.dtype).float()).reshape(-1, x.shape[-1]).sum(0)
-        gn = (g * weight).float()                       # the gradient of the normalized x, as autograd forms it
-        dx = rstd * (gn - xhat * (gn * xhat).mean(-1, keepdim=True))
-        return dx.to(x.dtype), dweight.to(weight.dtype), None
+        x2, weight, rstd = ctx.saved_tensors
+        g2 = g.reshape(x2.shape)
+        dx, dweight = (_norm_backward_fused if _generated(g) else _norm_backward_math)(g2, x2, weight, rstd)
+        return dx.view(g.shape), dweight.to(weight.dtype), None
 
 
 def _final_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
