@@ -292,13 +292,11 @@ def test_lm_head_train_gradients(shape, scaled, report, monkeypatch):
 
 
 def test_lm_head_train_out_of_range_takes_the_exact_path(report, monkeypatch):
-    """Logits ~ 100 (lse beyond LSE_RANGE): exp(logits) cannot be held in bf16 with its row scale. The first
-    call finds it in its backward (the forward leaves the check on the GPU) and recomputes the gradients on the
-    exact path, with a RuntimeWarning; the next call checks in its forward and takes the exact path there, its
-    loss the statistics op's. Both calls' gradients follow the rule."""
+    """Logits ~ 100 (lse beyond LSE_RANGE): exp(logits) cannot be held in bf16 with its row scale. The forward's
+    range check (read after its GEMMs are queued) finds it: a RuntimeWarning, and the exact path's loss (the
+    statistics op's) and gradients, which follow the rule."""
     monkeypatch.setattr(lm_head_ce, "TRAIN_CHUNK_BYTES", LM_TRAIN_CHUNK_BYTES)
     monkeypatch.setattr(lm_head_ce, "CHUNK_BYTES", LM_CHUNK_BYTES)
-    monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
     shape = LM_SHAPES[0]
     x, w, rstd, target = _lm_head_case(shape, scale_rstd=12.0)
     loss_stats, lse = ops.lm_head_cross_entropy(x, w, target, rstd)
@@ -306,11 +304,41 @@ def test_lm_head_train_out_of_range_takes_the_exact_path(report, monkeypatch):
     fused = lambda a, b, c: ops.lm_head_cross_entropy_loss(a, b, target, c)   # noqa: E731
     ref = _lm_head_grads(x.float(), w.float(), rstd, target, _torch_lm_loss(target))
     base = _lm_head_grads(x, w, rstd, target, _torch_lm_loss(target))
-    with pytest.warns(RuntimeWarning, match="recomputed on the exact path"):
+    with pytest.warns(RuntimeWarning, match="come from the exact path"):
         got = _lm_head_grads(x, w, rstd, target, fused)
-    _check("lm_head_train-out-of-range-deferred", got, ref, base, report)
-    assert lm_head_ce._check_in_forward
-    got = _lm_head_grads(x, w, rstd, target, fused)
     _check("lm_head_train-out-of-range", got, ref, base, report)
-    loss = ops.lm_head_cross_entropy_loss(x, w.detach().requires_grad_(), target, rstd)
+    with pytest.warns(RuntimeWarning, match="come from the exact path"):
+        loss = ops.lm_head_cross_entropy_loss(x, w.detach().requires_grad_(), target, rstd)
     assert abs(loss.item() - loss_stats.item()) <= 1e-5 * abs(loss_stats.item())
+
+
+def test_scale_by_writes_nothing_at_one_and_scales_otherwise():
+    """ops.scale.scale_by_ on the GPU (its Triton kernel): a factor of exactly 1 writes nothing (a NaN with a
+    payload keeps its bits; a write would make it the canonical NaN), any other factor scales every element in
+    fp32, rounded once, at sizes that are not multiples of its block; the host reads no value (it is captured
+    in a CUDA graph)."""
+    from coda_ext.ops import scale
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for dtype, n in ((torch.bfloat16, 4096 * 7 + 3), (torch.float32, 1000), (torch.bfloat16, 5)):
+        t = torch.randn(n, generator=gen, device="cuda").to(dtype)
+        bits = t.view(torch.int16 if dtype == torch.bfloat16 else torch.int32)
+        bits[0] = 0x7FA5 if dtype == torch.bfloat16 else 0x7FA00005   # a NaN whose payload a write would lose
+        before = t.clone()
+        scale.scale_by_([t], torch.ones((), device="cuda"))
+        assert torch.equal(t.view(bits.dtype), before.view(bits.dtype))
+        f = torch.tensor(0.37, device="cuda")
+        scale.scale_by_([t], f)
+        want = (before.float() * 0.37).to(dtype)
+        assert torch.equal(t[1:], want[1:]) and torch.isnan(t[0])
+    # no host read: it records into a CUDA graph (a sync would fail the capture), and the replay scales
+    t = torch.randn(3000, generator=gen, device="cuda").to(torch.bfloat16)
+    f = torch.tensor(2.0, device="cuda")
+    scale.scale_by_([t], torch.ones((), device="cuda"))   # warm-up outside the capture
+    before = t.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scale.scale_by_([t], f)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(t, (before.float() * 2).to(torch.bfloat16))

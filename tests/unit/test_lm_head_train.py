@@ -55,8 +55,9 @@ def test_train_gradients_match_fp64_autograd(scaled, reduction):
     """fp32 operands: the algorithm (exp(logits) with its target entry replaced, the row scales, the fp32
     weight-gradient accumulator across chunks) equals fp64 autograd to fp32 round-off."""
     x, w, target, rstd = _inputs(torch.float32, scaled)
-    loss, lse, dx, dW, drstd = lm_head_ce.train_gradients(x, w, target, rstd, -100, reduction, CHUNK,
-                                                          logits_chunk=reference_step)
+    loss, lse, dx, dW, drstd, in_range = lm_head_ce.train_gradients(x, w, target, rstd, -100, reduction, CHUNK,
+                                                                    logits_chunk=reference_step)
+    assert in_range is True
     want = _reference_grads(x, w, target, rstd, reduction)
     assert dx.dtype == torch.float32 and dW.dtype == torch.float32
     for name, got, ref in zip(("loss", "dx", "dW", "drstd"), (loss, dx, dW, drstd), want):
@@ -72,8 +73,8 @@ def test_train_gradients_match_fp64_autograd(scaled, reduction):
 def test_train_gradients_bf16_within_rounding():
     """bf16 operands: every gradient within bf16 rounding of the fp64 answer (e and the scaled rows are 16-bit)."""
     x, w, target, rstd = _inputs(torch.bfloat16, True)
-    _, _, dx, dW, drstd = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK,
-                                                     logits_chunk=reference_step)
+    _, _, dx, dW, drstd, _ = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK,
+                                                        logits_chunk=reference_step)
     want = _reference_grads(x, w, target, rstd, "mean")
     for name, got, ref in zip(("dx", "dW", "drstd"), (dx, dW, drstd), want[1:]):
         err = (got.double() - ref).abs().max().item()
@@ -86,9 +87,9 @@ def test_weight_gradient_takes_the_accumulator_s_memory(monkeypatch, block):
     (V · d · 2 bytes less at the op's peak), with the values of the fp32 accumulator rounded once."""
     monkeypatch.setattr(lm_head_ce, "CONVERT_BLOCK_ROWS", block)
     x, w, target, rstd = _inputs(torch.bfloat16, True)
-    *_, dW, _ = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK, logits_chunk=reference_step)
+    *_, dW, _, _ = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK, logits_chunk=reference_step)
     monkeypatch.setattr(lm_head_ce, "accumulator_halves", lambda V, dtype: (slice(0, V),))
-    *_, want, _ = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK, logits_chunk=reference_step)
+    *_, want, _, _ = lm_head_ce.train_gradients(x, w, target, rstd, -100, "mean", CHUNK, logits_chunk=reference_step)
     assert dW.dtype == w.dtype and dW.shape == w.shape and dW.is_contiguous()
     assert torch.equal(dW, want)
     assert dW.untyped_storage().nbytes() == w.numel() * w.element_size()
@@ -125,10 +126,9 @@ def cpu_train_kernel(monkeypatch):
     lib = torch.library.Library("coda_ext", "FRAGMENT")
     calls = []
 
-    def kernel(x, weight, target, rstd, ignore_index, reduction, chunk, deferred):
+    def kernel(x, weight, target, rstd, ignore_index, reduction, chunk):
         calls.append(chunk)
-        return lm_head_ce._train(x, weight, target, rstd, ignore_index, reduction, chunk, deferred,
-                                 logits_chunk=reference_step)
+        return lm_head_ce._train(x, weight, target, rstd, ignore_index, reduction, chunk, logits_chunk=reference_step)
 
     torch.library.impl("coda_ext::lm_head_cross_entropy_train", "cpu", kernel, lib=lib)
     yield calls
@@ -185,11 +185,19 @@ def test_backward_fills_no_zero_gradients(cpu_train_kernel):
     assert ww.grad is not None and xx.grad is not None and rr.grad is not None
 
 
-def test_eager_forward_reads_no_value_and_the_backward_one(cpu_train_kernel, monkeypatch):
-    """Eager training: the forward leaves its range check on the device (a host sync there left the GPU idle
-    while autograd started the backward: 2.3 ms a step on an H200); the backward reads the check and dloss
-    together, one sync."""
+def test_the_range_check_is_read_once_after_every_gemm_is_queued(cpu_train_kernel, monkeypatch):
+    """The forward reads its range check once, only after the last chunk's GEMMs are queued (the host then waits
+    while the GPU still has them to run; a read at the start of the backward left the GPU idle while autograd
+    went on: 2.3 ms a step on an H200); the backward runs no GEMM and reads no value but dloss on the CPU (on a
+    GPU ops.scale reads none)."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    events = []
+    for name in ("_mm_f32", "_addmm_f32_"):
+        real = getattr(lm_head_ce, name)
+        monkeypatch.setattr(lm_head_ce, name, lambda *a, real=real: events.append("gemm") or real(*a))
+    passed = lm_head_ce._RangeCheck.passed
+    monkeypatch.setattr(lm_head_ce._RangeCheck, "passed", lambda self: events.append("read") or passed(self))
 
     class Reads(TorchDispatchMode):
         def __init__(self):
@@ -200,19 +208,19 @@ def test_eager_forward_reads_no_value_and_the_backward_one(cpu_train_kernel, mon
             self.reads += func.overloadpacket in (torch.ops.aten._local_scalar_dense, torch.ops.aten.item)
             return func(*args, **(kwargs or {}))
 
-    monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
     x, w, target, _ = _inputs(torch.bfloat16, False, seed=6)
     ww = w.clone().requires_grad_()
-    with Reads() as forward:
-        loss = ops.lm_head_cross_entropy_loss(x, ww, target)
-    assert forward.reads == 0
-    loss.backward()
+    loss = ops.lm_head_cross_entropy_loss(x, ww, target)
+    assert events == ["gemm"] * 3 + ["read"], events   # one chunk of 37 rows: e @ W, eᵀ @ y in two halves
+    events.clear()
+    with Reads() as backward:
+        loss.backward()
+    assert events == [] and backward.reads <= 1
     assert ww.grad is not None and torch.isfinite(ww.grad.float()).all()
 
 
-def test_a_deferred_range_miss_recomputes_exactly_in_the_backward(cpu_train_kernel, monkeypatch):
-    """A row out of range found in the backward: a RuntimeWarning, the gradients of the exact path, and every
-    later call checks in its forward (and takes the exact path there)."""
+def test_a_range_miss_takes_the_exact_path_in_the_forward(cpu_train_kernel, monkeypatch):
+    """A row out of range: a RuntimeWarning in the forward, and the loss and gradients of the exact path."""
     x, w, target, _ = _inputs(torch.bfloat16, False, seed=7)
     want = _reference_grads(x, w, target, None, "mean")
     exact = []
@@ -221,26 +229,38 @@ def test_a_deferred_range_miss_recomputes_exactly_in_the_backward(cpu_train_kern
         exact.append(args[4:])
         return want[0].float(), want[1].to(x.dtype), want[2].to(w.dtype), torch.zeros(M)
 
-    monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
     monkeypatch.setattr(lm_head_ce, "LSE_RANGE", 1e-3)       # every row out
     monkeypatch.setattr(lm_head_ce, "_exact_train", exact_train)
-    for call in range(2):
-        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    with pytest.warns(RuntimeWarning, match="come from the exact path"):
         loss = ops.lm_head_cross_entropy_loss(xx, ww, target)
-        assert len(exact) == 2 * call     # the first call's forward did not check; the second's took the exact path
-        if call == 0:
-            with pytest.warns(RuntimeWarning, match="recomputed on the exact path"):
-                loss.backward()
-        else:
-            loss.backward()                                    # the forward took the exact path: nothing to redo
-            assert abs(loss.item() - want[0].item()) <= 1e-6 * abs(want[0].item())
-        assert exact == [(-100, "mean")] * (call + 1) and lm_head_ce._check_in_forward
-        assert torch.equal(xx.grad, want[1].to(x.dtype)) and torch.equal(ww.grad, want[2].to(w.dtype))
+    assert exact == [(-100, "mean")]
+    assert abs(loss.item() - want[0].item()) <= 1e-6 * abs(want[0].item())
+    loss.backward()
+    assert torch.equal(xx.grad, want[1].to(x.dtype)) and torch.equal(ww.grad, want[2].to(w.dtype))
+
+
+def test_backward_scales_in_place_and_again_through_a_retained_graph(cpu_train_kernel):
+    """The backward scales the gradients the forward computed by dloss in place (no second V x d tensor); run
+    again through a retained graph with another dloss, each run gets its own; after a dloss of 0 another run is
+    refused with the reason."""
+    x, w, target, _ = _inputs(torch.bfloat16, False, seed=10)
+    want = _reference_grads(x, w, target, None, "mean")
+    xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+    loss = ops.lm_head_cross_entropy_loss(xx, ww, target)
+    for dloss in (2.0, 0.5, 1.0):
+        gx, gw = torch.autograd.grad(loss, (xx, ww), torch.tensor(dloss), retain_graph=True)
+        for got, ref in ((gx, want[1]), (gw, want[2])):
+            err = (got.double() - dloss * ref).abs().max().item()
+            assert err <= dloss * 2 ** -6 * ref.abs().max().item(), (dloss, err)
+    torch.autograd.grad(loss, (xx, ww), torch.tensor(0.0), retain_graph=True)
+    with pytest.raises(RuntimeError, match="scaled the gradients the forward computed by dloss 0"):
+        torch.autograd.grad(loss, (xx, ww), torch.tensor(1.0))
 
 
 def test_opcheck(cpu_train_kernel):
     x, w, target, rstd = _inputs(torch.bfloat16, True, seed=2)
-    args = (x, w.requires_grad_(), target, rstd, -100, "mean", CHUNK, True)
+    args = (x, w.requires_grad_(), target, rstd, -100, "mean", CHUNK)
     torch.library.opcheck(torch.ops.coda_ext.lm_head_cross_entropy_train.default, args)
 
 
@@ -317,69 +337,27 @@ def test_bad_inputs_are_refused_before_the_training_path(bad, message):
         ops.lm_head_cross_entropy_loss(*args)
 
 
-def test_finish_op_scales_in_range_and_recomputes_out_of_range(monkeypatch):
-    """coda_ext::lm_head_train_finish (a traced backward's end of a forward that deferred its range check):
-    the gradients times dloss as fresh tensors when every row was in range; the exact path's gradients times
-    dloss, a RuntimeWarning and the forward check turned on when not; opcheck; one graph under
-    torch.compile(fullgraph=True)."""
-    import torch._dynamo
-
-    gen = rand.generator("lm_head_finish")
-    x, w, target, rstd = _inputs(torch.bfloat16, True, seed=8)
-
-    def gradients():
-        bf16 = torch.bfloat16
-        return rand.randn(gen, M, D, dtype=bf16), rand.randn(gen, V, D, dtype=bf16), rand.randn(gen, M)
-
-    (dx, dW, drstd), exact = gradients(), gradients()
-    monkeypatch.setattr(lm_head_ce, "_exact_train", lambda *a: (torch.zeros(()), *exact))
-    monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
-    ok, out, dloss = torch.ones((), dtype=torch.bool), torch.zeros((), dtype=torch.bool), torch.tensor(0.75)
-    rest = (x, w, target, rstd, -100, "mean")
-    got = torch.ops.coda_ext.lm_head_train_finish(dx, dW, drstd, ok, dloss, *rest)
-    for g, t in zip(got, (dx, dW, drstd)):
-        assert torch.equal(g, t * dloss) and g.data_ptr() != t.data_ptr()
-    assert not lm_head_ce._check_in_forward
-    with pytest.warns(RuntimeWarning, match="recomputed on the exact path"):
-        got = torch.ops.coda_ext.lm_head_train_finish(dx, dW, drstd, out, dloss, *rest)
-    for g, t in zip(got, exact):
-        assert torch.equal(g, t * dloss)
-    assert lm_head_ce._check_in_forward
-    torch.library.opcheck(torch.ops.coda_ext.lm_head_train_finish.default, (dx, dW, drstd, ok, dloss, *rest))
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda *a: torch.ops.coda_ext.lm_head_train_finish(*a)[1] * 2, fullgraph=True,
-                             backend="aot_eager")
-    assert torch.equal(compiled(dx, dW, drstd, ok, dloss, *rest), dW * dloss * 2)
-    torch._dynamo.reset()
-
-
-def test_compiled_forward_reads_no_value_and_its_backward_recomputes_a_miss(cpu_train_kernel, monkeypatch):
-    """Under torch.compile too the forward defers the range check (a sync there left the GPU idle while the
-    compiled backward started); the compiled backward reads it in coda_ext::lm_head_train_finish, which takes
-    the exact path's gradients on a miss, as eager mode does."""
+def test_compiled_forward_takes_the_exact_path_on_a_miss(cpu_train_kernel, monkeypatch):
+    """Under torch.compile the op runs its range check inside itself as in eager mode: a miss gives a
+    RuntimeWarning in the forward and the exact path's gradients."""
     import torch._dynamo
 
     x, w, target, _ = _inputs(torch.bfloat16, False, seed=9)
     want = _reference_grads(x, w, target, None, "mean")
-    deferred, exact = [], []
-    kernel = cpu_train_kernel
+    exact = []
 
     def exact_train(*args):
         exact.append(args[4:])
         return want[0].float(), want[1].to(x.dtype), want[2].to(w.dtype), torch.zeros(M)
 
-    real_train = lm_head_ce._train
-    monkeypatch.setattr(lm_head_ce, "_train", lambda *a, **k: deferred.append(a[7]) or real_train(*a, **k))
-    monkeypatch.setattr(lm_head_ce, "_check_in_forward", False)
     monkeypatch.setattr(lm_head_ce, "LSE_RANGE", 1e-3)       # every row out
     monkeypatch.setattr(lm_head_ce, "_exact_train", exact_train)
     torch._dynamo.reset()
     fn = torch.compile(ops.lm_head_cross_entropy_loss, fullgraph=True, backend="aot_eager")
     xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
-    loss = fn(xx, ww, target)
-    assert deferred == [True] and exact == [] and kernel == [M]
-    with pytest.warns(RuntimeWarning, match="recomputed on the exact path"):
-        loss.backward()
+    with pytest.warns(RuntimeWarning, match="come from the exact path"):
+        loss = fn(xx, ww, target)
+    assert cpu_train_kernel == [M] and exact == [(-100, "mean")]
+    loss.backward()
     torch._dynamo.reset()
-    assert exact == [(-100, "mean")] and lm_head_ce._check_in_forward
     assert torch.equal(xx.grad, want[1].to(x.dtype)) and torch.equal(ww.grad, want[2].to(w.dtype))

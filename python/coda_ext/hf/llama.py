@@ -58,6 +58,9 @@ MIN_VERSION = "4.54"   # decoder layers return a tensor (earlier: a tuple)
 #: a traced mask is all causal), and SDPA with a mask tensor leaves the flash kernel for one 2-3x
 #: slower; with this flag a compiled model keeps the flash kernel.
 CAUSAL_FLAG = "coda_plain_causal"
+#: The attention mask the patched forward hands transformers' model with CAUSAL_FLAG: 4-D (passed through as an
+#: already built mask), empty, never read.
+_UNREAD_MASK = torch.empty((0, 0, 0, 0), dtype=torch.bool)
 
 
 class CodaHFLlamaDecoderLayer(CodaLlamaDecoderLayer, GradientCheckpointingLayer):
@@ -254,6 +257,9 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
         use_cache = False
     if attention_mask is None and (past_key_values is None or past_key_values.get_seq_length() == 0):
         kwargs[CAUSAL_FLAG] = True
+        # transformers returns a 4-D mask as given (the layers never read it under the flag): without one, its mask
+        # code checks position_ids for packed sequences with a host read, which stalled the forward on the GPU
+        attention_mask = _UNREAD_MASK
     outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs)
     hidden = outputs.last_hidden_state

@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from .. import graphs
-from . import common, linear_grad
+from . import common, linear_grad, scale
 
 NAME = "lm_head_cross_entropy"
 REDUCTIONS = ("none", "sum", "mean")
@@ -229,17 +229,15 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 #     GEMM 3 (cuBLAS, fp32 accum)     dW += eᵀ @ (a ⊙row x)           (fp32 accumulator across chunks)
 #                                     drstd = g · exp(−lse) · Σ_k x ⊙ (e @ W)
 #
-# g is each row's loss gradient for dloss = 1 (1/n_valid for 'mean'); the backward scales by dloss. exp(logits)
-# is not normalized, so it needs |lse| ≤ LSE_RANGE (logits of a trained LM are far inside). A call under CUDA-graph
-# capture (no sync possible) runs the exact four-GEMM path. Otherwise the range is checked on the GPU, and the
-# host reads the answer once per training step, in the backward together with dloss (a sync between the
-# forward and the backward would leave the GPU idle while autograd starts the backward: 2.3 ms a step on an
-# H200). If a row was outside, the backward recomputes the gradients on the exact path (the loss the forward
-# returned is exact up to |lse| ≈ 76, where fp32 Σ exp overflows to inf; a RuntimeWarning says so) and every
-# later call in the process checks in its forward instead, taking the exact path itself when a row is out.
-# Traced by torch.compile, the same: the compiled backward reads the check in coda_ext::lm_head_train_finish, an
-# op that recomputes the exact gradients itself on a miss (a compiled graph cannot branch on it) and returns the
-# gradients scaled by dloss as fresh tensors (one pass over them, which eager mode skips when dloss is 1).
+# g is each row's loss gradient for dloss = 1 (1/n_valid for 'mean'); the backward scales the gradients by dloss
+# in place (ops.scale: on a GPU without reading dloss on the host, and writing nothing when it is 1). exp(logits)
+# is not normalized, so it needs |lse| ≤ LSE_RANGE (logits of a trained LM are far inside). The range check is
+# queued before the last chunk's two GEMMs and read once they are queued too: the host waits while the GPU still
+# has those GEMMs to run (a read at the end of the forward, or at the start of the backward, left the GPU idle
+# while the host launched what followed: 2.3 ms a step on an H200). A row outside: a RuntimeWarning, and the
+# exact path's loss and gradients (the loss is exact up to |lse| ≈ 76, where fp32 Σ exp overflows to inf). A call
+# under CUDA-graph capture (no read possible) runs the exact four-GEMM path. Traced by torch.compile the op runs
+# the same (its check inside it); the traced backward scales by dloss as fresh tensors (a pass over them).
 
 train_graph = graphs.lm_head_cross_entropy_train
 #: Bytes of the one exp(logits) chunk the training forward holds (chunk rows × V, 16-bit).
@@ -294,12 +292,14 @@ def _logits_chunk(x, weight, target, rstd):
 
 
 def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, chunk: int, logits_chunk=None):
-    """(loss, lse, dx, dW, drstd) for dloss = 1, rows `chunk` at a time (the algorithm above); dW accumulates in
-    fp32 and is returned in the weight's dtype (weight_gradient).
+    """(loss, lse, dx, dW, drstd, in_range) for dloss = 1, rows `chunk` at a time (the algorithm above); dW
+    accumulates in fp32 and is returned in the weight's dtype (weight_gradient); in_range (a bool read on the host
+    after every kernel is queued): whether every counted row's |lse| ≤ LSE_RANGE, which the result needs.
     logits_chunk(x_c, weight, target_c, rstd_c) -> (e, lse, target_logit): the GEMM (default the kernel;
     the CPU tests pass a reference)."""
     step = logits_chunk or _logits_chunk
     M = x.shape[0]
+    check = None
     _, g = row_gradients(torch.ones((), device=x.device), None, target, ignore_index, reduction)
     valid = target != ignore_index
     lse, tl = (torch.empty(M, dtype=torch.float32, device=x.device) for _ in range(2))
@@ -311,6 +311,8 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
         xc, tc, vc = x[rows], target[rows], valid[rows]
         rc = rstd[rows] if rstd is not None else None
         e, lse[rows], tl[rows] = step(xc, weight, tc, rc)
+        if m0 + chunk >= M:   # every row's lse is known: the check is queued ahead of this chunk's two GEMMs
+            check = _RangeCheck(lse, target, ignore_index)
         lc, tlc = lse[rows], tl[rows]
         # dlogits = g · (p − onehot) = g · exp(−lse) · e once e's target entry is (p_t − 1) · exp(lse)
         idx = torch.arange(xc.shape[0], device=x.device)
@@ -332,7 +334,7 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
                 _addmm_f32_(acc, et[r], y)
         del e, et, ew, y   # the last chunk's buffers go before dW is converted (the op's peak)
     dW = weight_gradient(*dW, weight.dtype) if len(dW) == 2 else dW[0].to(weight.dtype)
-    return finish(lse, tl, target, ignore_index, reduction), lse, dx, dW, drstd
+    return finish(lse, tl, target, ignore_index, reduction), lse, dx, dW, drstd, check.passed()
 
 
 #: Rows of the fp32 accumulator converted per step where the 16-bit weight gradient takes its place.
@@ -364,13 +366,25 @@ def weight_gradient(top: torch.Tensor, bottom: torch.Tensor, dtype: torch.dtype)
     return out
 
 
-#: Set once a deferred range check failed in this process: later calls check before they return (one sync each).
-_check_in_forward = False
+class _RangeCheck:
+    """Every counted row's |lse| ≤ LSE_RANGE (NaN counts as out), computed on lse's device when made and read by
+    passed(): on a GPU through pinned memory and an event, so the host waits only for the work queued before it."""
 
+    def __init__(self, lse: torch.Tensor, target: torch.Tensor, ignore_index: int):
+        flag = ((lse.abs() <= LSE_RANGE) | (target == ignore_index)).all()
+        self.event = None
+        if flag.is_cuda:
+            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.flag.copy_(flag, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.flag = flag
 
-def _in_range(lse: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
-    """0-dim bool on lse's device: every counted row's |lse| ≤ LSE_RANGE (NaN counts as out)."""
-    return ((lse.abs() <= LSE_RANGE) | (target == ignore_index)).all()
+    def passed(self) -> bool:
+        if self.event is not None:
+            self.event.synchronize()
+        return bool(self.flag)
 
 
 def _exact_train(x, weight, target, rstd, ignore_index: int, reduction: str):
@@ -386,94 +400,64 @@ def _exact_train(x, weight, target, rstd, ignore_index: int, reduction: str):
 
 @torch.library.custom_op("coda_ext::lm_head_cross_entropy_train", mutates_args=())
 def _op_train(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
-              ignore_index: int, reduction: str, chunk: int,
-              deferred: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+              ignore_index: int, reduction: str,
+              chunk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     common.check_gemm(NAME, **_train_gemm(x, weight, target, rstd, reduction))
-    return _train(x, weight, target, rstd, ignore_index, reduction, chunk, deferred)
+    return _train(x, weight, target, rstd, ignore_index, reduction, chunk)
 
 
-def _train(x, weight, target, rstd, ignore_index: int, reduction: str, chunk: int, deferred: bool,
-           logits_chunk=None):
-    """The op's outputs (loss, dx, dW, drstd, in_range): the three-GEMM path, with its range check left to the
-    backward (deferred) or made here (taking the exact path when a row is out); logits_chunk as
+def _train(x, weight, target, rstd, ignore_index: int, reduction: str, chunk: int, logits_chunk=None):
+    """The op's outputs (loss, dx, dW, drstd) for dloss = 1: the three-GEMM path when its range check passes
+    (else a RuntimeWarning and the exact path), the exact path in CUDA-graph capture; logits_chunk as
     train_gradients takes it."""
     if common.readable(x):
-        loss, lse, dx, dW, drstd = train_gradients(x, weight, target, rstd, ignore_index, reduction, chunk,
-                                                   logits_chunk)
-        in_range = _in_range(lse, target, ignore_index)
-        if (deferred and not _check_in_forward) or in_range.item():
-            return loss, dx, dW, drstd, in_range
-    loss, dx, dW, drstd = _exact_train(x, weight, target, rstd, ignore_index, reduction)
-    return loss, dx, dW, drstd, torch.ones((), dtype=torch.bool, device=x.device)
+        loss, _, dx, dW, drstd, in_range = train_gradients(x, weight, target, rstd, ignore_index, reduction, chunk,
+                                                           logits_chunk)
+        if in_range:
+            return loss, dx, dW, drstd
+        del dx, dW, drstd
+        warnings.warn(f"{NAME}: a row's log-sum-exp left ±{LSE_RANGE:g}: the loss and gradients of this call come "
+                      "from the exact path (the logits recomputed in the backward's way; the loss is exact only if "
+                      "no row passed about ±76, else inf)", RuntimeWarning, stacklevel=3)
+    return _exact_train(x, weight, target, rstd, ignore_index, reduction)
 
 
 @_op_train.register_fake
-def _fake_train(x, weight, target, rstd, ignore_index, reduction, chunk, deferred):
+def _fake_train(x, weight, target, rstd, ignore_index, reduction, chunk):
     common.check_gemm(NAME, **_train_gemm(x, weight, target, rstd, reduction))
     return (x.new_empty((), dtype=torch.float32), torch.empty_like(x), torch.empty_like(weight),
-            x.new_empty(x.shape[0], dtype=torch.float32), x.new_empty((), dtype=torch.bool))
-
-
-def _exact_after_miss(x, weight, target, rstd, ignore_index: int, reduction: str):
-    """(dx, dW, drstd) for dloss = 1 on the exact path, after a deferred range check failed: warns, and
-    every later call in the process checks in its forward."""
-    global _check_in_forward
-    warnings.warn(f"{NAME}: a row's log-sum-exp left ±{LSE_RANGE:g}: this call's gradients were recomputed "
-                  "on the exact path, and its loss is exact only if no row passed about ±76 (else inf); later "
-                  "calls in this process check the range before they return", RuntimeWarning, stacklevel=3)
-    _check_in_forward = True
-    return _exact_train(x, weight, target, rstd, ignore_index, reduction)[1:]
-
-
-@torch.library.custom_op("coda_ext::lm_head_train_finish", mutates_args=())
-def _finish(dx: torch.Tensor, dW: torch.Tensor, drstd: torch.Tensor, in_range: torch.Tensor, dloss: torch.Tensor,
-            x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
-            ignore_index: int, reduction: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A traced backward's gradients of a deferred training forward (torch.compile): (dx, dW, drstd) · dloss,
-    fresh tensors, after the range check is read (with dloss: the step's one sync, as in eager mode); when it
-    failed, the exact path's gradients instead (recomputed here: a compiled graph cannot branch on it)."""
-    ok = bool(in_range.item())
-    if not ok:
-        dx, dW, drstd = _exact_after_miss(x, weight, target, rstd, ignore_index, reduction)
-    s = dloss.float()
-    return dx * s, dW * s, drstd * s
-
-
-@_finish.register_fake
-def _finish_fake(dx, dW, drstd, in_range, dloss, x, weight, target, rstd, ignore_index, reduction):
-    return torch.empty_like(dx), torch.empty_like(dW), torch.empty_like(drstd)
+            x.new_empty(x.shape[0], dtype=torch.float32))
 
 
 def _setup_train(ctx, inputs, output):
-    x, weight, target, rstd, ignore_index, reduction, _, deferred = inputs
-    _, dx, dW, drstd, in_range = output
+    _, _, _, rstd, *_ = inputs
+    _, dx, dW, drstd = output
     # dx, dW, drstd are the op's answer, not values the loss depends on: their gradients are None, not V x d
     # (and M x d) zero tensors autograd would allocate and fill at the start of every backward
     ctx.set_materialize_grads(False)
-    # the inputs too when the range check waits for the backward (nothing more held: x and weight are alive
-    # at the op's peak anyway), to recompute the gradients exactly if it fails
-    ctx.save_for_backward(dx, dW, drstd, in_range, *((x, weight, target, rstd) if deferred else ()))
-    ctx.scaled, ctx.deferred = rstd is not None, deferred
-    ctx.ignore_index, ctx.reduction = ignore_index, reduction
+    ctx.save_for_backward(dx, dW, drstd)
+    ctx.scaled = rstd is not None
+    ctx.applied = None   # the dloss the saved gradients are scaled by (None: 1), for a backward run twice
 
 
 def _backward_train(ctx, dloss, *_):
-    dx, dW, drstd, in_range, *inputs = ctx.saved_tensors
+    dx, dW, drstd = ctx.saved_tensors
+    grads = (dx, dW, drstd) if ctx.scaled else (dx, dW)
     s = dloss.float()   # 0-dim: bf16 * s stays bf16, computed in fp32
-    if not common.readable(s):   # traced (torch.compile): no branch on values
-        if ctx.deferred:
-            dx, dW, drstd = torch.ops.coda_ext.lm_head_train_finish(dx, dW, drstd, in_range, dloss, *inputs,
-                                                                    ctx.ignore_index, ctx.reduction)
-            return dx, dW, None, drstd if ctx.scaled else None, None, None, None, None
-        return dx * s, dW * s, None, (drstd * s) if ctx.scaled else None, None, None, None, None
-    ok, scale = torch.stack([in_range.float(), s]).tolist()   # the one host sync of a training step's loss
-    if not ok:   # a deferred check failed (see the comment above train_graph)
-        dx, dW, drstd = _exact_after_miss(*inputs, ctx.ignore_index, ctx.reduction)
-    if scale == 1.0:
-        # loss.backward() on the loss itself: the saved gradients are the answer; no pass over the V x d
-        # weight gradient, no second copy of it while the step's activations are alive
-        return dx, dW, None, drstd if ctx.scaled else None, None, None, None, None
-    return dx * s, dW * s, None, (drstd * s) if ctx.scaled else None, None, None, None, None
+    if not common.readable(s):   # traced (torch.compile): fresh tensors
+        grads = tuple(g * s for g in grads)
+    else:
+        # in place, without a host read of dloss, nothing written when it is 1 (loss.backward()): no pass over the
+        # V x d weight gradient, no second copy of it while the step's activations are alive
+        if ctx.applied is not None and float(ctx.applied) == 0.0:   # a second backward (retain_graph): may read
+            raise RuntimeError(f"{NAME}: an earlier backward through this graph scaled the gradients the forward "
+                               "computed by dloss 0, in place; they cannot be recovered for this one (compute the "
+                               "loss again)")
+        factor = s if ctx.applied is None else s / ctx.applied
+        scale.scale_by_(grads, factor.contiguous())
+        ctx.applied = s.clone()
+    dx, dW, *rest = grads
+    return dx, dW, None, rest[0] if ctx.scaled else None, None, None, None
 
 
 _op_train.register_autograd(_backward_train, setup_context=_setup_train)
@@ -493,10 +477,8 @@ def lm_head_cross_entropy_loss(x: torch.Tensor, weight: torch.Tensor, target: to
     _, rstd = _check_call(x, weight, target, rstd, reduction)
     xr = common.rows(x)
     chunk = train_chunk_rows(xr.shape[0], weight.shape[0])
-    # the range check waits for the backward (no host sync between the forward and the backward), eager or
-    # traced (a traced backward reads it in coda_ext::lm_head_train_finish)
     loss, *_ = torch.ops.coda_ext.lm_head_cross_entropy_train(xr, weight, target.reshape(-1), rstd, int(ignore_index),
-                                                              reduction, chunk, True)
+                                                              reduction, chunk)
     return loss
 
 
