@@ -192,6 +192,20 @@ def test_backward_ops_repeat_bit_identical():
         assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_swiglu_backward_over_z_is_bit_identical(model):
+    """swiglu_backward_linear(..., overwrite_z=True) writes dz over z (the epilogue reads each pair of z before it
+    writes dz's there): the same bits as into a tensor of its own, at a row count that is not a tile multiple."""
+    dy, w, z = _inputs("swiglu_backward", model, (333,), "bfloat16")
+    want = ops.swiglu_backward_linear(dy, w, z)
+    zz = z.clone()
+    got = ops.swiglu_backward_linear(dy, w, zz, overwrite_z=True)
+    torch.cuda.synchronize()
+    assert got[0] is zz
+    for g, t in zip(got, want):
+        assert torch.equal(g, t)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_backward_matches_autograd(dtype):
     """qkv_rope_backward on the GPU: dz is the autograd gradient of the fp64 RoPE reference."""

@@ -14,6 +14,7 @@ import torch
 
 from coda_ext.graph.interpret import Outputs, interpret
 from coda_ext.jit import kernel_source
+from coda_ext.runtime import checks
 from coda_ext.runtime.tuned import TunedOp
 
 #: Modules that import coda_ext.models.functions.resolve_impl by name (the fused impl is refused
@@ -36,7 +37,9 @@ def kernel_standin(monkeypatch) -> Launches:
     """CPU tensors run the fused impl; every kernel launch is recorded (returned) and interpreted."""
     launches = Launches()
 
-    def launch(self, A, W, inputs, out, M, N):
+    def launch(self, A, W, inputs, out, M, N, aliases=None):
+        tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        checks.check_no_overlap(out, {"A": A, "W": W, **tensors}, aliases=aliases)   # as the launch checks
         config = self.choose(A, W, inputs, "stand-in")   # the tuning memory, else the heuristic: as on a GPU
         ks = kernel_source(self.graph, self.dtype_name, config)
         launches.labels[ks.label] += 1

@@ -35,8 +35,8 @@ def cpu_as_gpu(monkeypatch) -> type[Launched]:
     monkeypatch.setattr(checks, "require_sm90", lambda device: None)
     real = checks.check_no_overlap
 
-    def last_check(outputs, inputs, given=None):
-        real(outputs, inputs, given)
+    def last_check(outputs, inputs, given=None, aliases=None):
+        real(outputs, inputs, given, aliases)
         raise Launched(outputs)
 
     monkeypatch.setattr(checks, "check_no_overlap", last_check)

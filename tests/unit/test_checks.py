@@ -177,6 +177,21 @@ def test_adjacent_and_separate_buffers_do_not_overlap():
     checks.check_no_overlap({"out": torch.empty(4)}, {"a": x, "b": x[8:]})
 
 
+def test_an_allowed_alias_is_the_input_itself():
+    """aliases={output: input}: that output may be the input's tensor itself (an epilogue that reads each element
+    before it writes it there); a partial overlap, another shape or another output's overlap is refused."""
+    z = torch.empty(37, 72, dtype=BF16)
+    checks.check_no_overlap({"dz": z, "y": torch.empty(37, 36)}, {"z": z}, aliases={"dz": "z"})
+    with pytest.raises(ValueError, match=r"output 'dz' may alias input 'z' only as the same tensor"):
+        checks.check_no_overlap({"dz": z[1:]}, {"z": z}, aliases={"dz": "z"})
+    with pytest.raises(ValueError, match=r"output 'dz' may alias input 'z' only as the same tensor"):
+        checks.check_no_overlap({"dz": z.view(72, 37)}, {"z": z}, aliases={"dz": "z"})
+    with pytest.raises(ValueError, match=r"output '(dz|y)' overlaps '(y|z)'"):
+        checks.check_no_overlap({"dz": z, "y": z[:, :36]}, {"z": z}, aliases={"dz": "z"})
+    with pytest.raises(ValueError, match=r"output 'dz' overlaps 'z'"):
+        checks.check_no_overlap({"dz": z}, {"z": z})
+
+
 def test_strided_view_extent_counts_its_last_element():
     buf = torch.empty(37, 80, dtype=BF16)
     padded = buf[:, :72]

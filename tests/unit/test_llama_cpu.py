@@ -213,6 +213,28 @@ def test_layer_output_and_every_gradient(positions):
         assert_close(g, dict(ref.named_parameters())[name].grad, f"gradient of {name}")
 
 
+def test_layer_backward_overwrites_its_saved_z_only_when_the_graph_is_freed(monkeypatch):
+    """MLPBlock's backward writes dz over its saved gate/up pre-activation z (the layer's memory peak: no second
+    M × 2F tensor) when the graph is freed after it; run twice through a retained graph, it keeps z, so both runs
+    give the same gradients."""
+    from coda_ext.models import functions
+
+    seen = []
+    real = functions._saved_used_once
+    monkeypatch.setattr(functions, "_saved_used_once", lambda t: seen.append(real(t)) or seen[-1])
+    layer = CodaLlamaDecoderLayer(CFG, impl="reference")
+    randomize(layer, seed=5)
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(B, S, CFG.hidden_size, generator=gen, requires_grad=True)
+    dy = torch.randn(B, S, CFG.hidden_size, generator=gen)
+    out = layer(x)
+    first = torch.autograd.grad(out, [x, *layer.parameters()], dy, retain_graph=True)
+    second = torch.autograd.grad(out, [x, *layer.parameters()], dy)
+    assert seen == [False, True]
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
 def test_layer_attention_mask_replaces_causal():
     ref = randomize(RefLayer(CFG), seed=5)
     layer = CodaLlamaDecoderLayer(CFG, impl="reference")

@@ -73,7 +73,14 @@ KERNELS = {
     "linear_residual": lambda x, w, r: linear_grad.reference_linear_residual(x, w, r).to(x.dtype),
     "rms_norm_backward_linear": lambda *a: _cast_first(norm_backward.reference(*a), 2),
     "swiglu_backward_linear": lambda *a: _cast_first(swiglu_backward.reference(*a), 2),
+    "swiglu_backward_linear_": lambda dy, w, z: _swiglu_backward_over_z(dy, w, z),
 }
+
+
+def _swiglu_backward_over_z(dy, w, z):
+    dz, y, zdz = swiglu_backward.reference(dy, w, z)
+    z.copy_(dz)
+    return y.to(dy.dtype), zdz
 
 
 def _cast_first(outs, n):
@@ -621,6 +628,30 @@ def test_backward_ops_opcheck_and_compile(reference_kernels, case):
     got = torch.compile(lambda *a: op(*a), fullgraph=True, backend="aot_eager")(*args)
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
         assert torch.equal(g, w)
+
+
+def test_swiglu_backward_over_z(reference_kernels):
+    """overwrite_z=True: dz written over z and returned as z itself, equal to the op's own dz; the mutating
+    custom op passes opcheck (schema, fake, AOT dispatch) and compiles to one graph; a non-contiguous z is
+    refused."""
+    gen = _gen("swiglu-over-z")
+    dy, w, z = (_randn(gen, *s, dtype=BF16) for s in ((M, 64), (64, 48), (M, 96)))
+    want = ops.swiglu_backward_linear(dy, w, z)
+    zz = z.clone()
+    got = ops.swiglu_backward_linear(dy, w, zz, overwrite_z=True)
+    assert got[0] is zz and reference_kernels[-1] == "swiglu_backward_linear_"
+    for g, t in zip(got, want):
+        assert torch.equal(g, t)
+    torch.library.opcheck(torch.ops.coda_ext.swiglu_backward_linear_.default, (dy, w, z.clone()),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch._dynamo.reset()
+    zz = z.clone()
+    got = torch.compile(lambda *a: ops.swiglu_backward_linear(*a, overwrite_z=True), fullgraph=True,
+                        backend="aot_eager")(dy, w, zz)
+    torch._dynamo.reset()
+    assert torch.equal(zz, want[0]) and torch.equal(got[1], want[1])
+    with pytest.raises(ValueError, match="overwrite_z needs a contiguous z"):
+        ops.swiglu_backward_linear(dy, w, torch.empty(96, M, dtype=BF16).t(), overwrite_z=True)
 
 
 @pytest.mark.parametrize("call, error, match", [

@@ -90,8 +90,10 @@ class _Reference:
         return linear_grad.reference_linear_residual(x, w, residual).to(x.dtype)
 
     @staticmethod
-    def swiglu_backward_linear(dy, w, z):
+    def swiglu_backward_linear(dy, w, z, overwrite_z=False):
         dz, y, zdz = swiglu_backward.reference(dy, w, z)
+        if overwrite_z:   # as the fused op: dz in z's memory
+            return z.copy_(dz), y.to(dy.dtype), zdz
         return dz.to(dy.dtype), y.to(dy.dtype), zdz
 
     @staticmethod
@@ -193,13 +195,23 @@ class MLPBlock(torch.autograd.Function):
         be, dt = BACKENDS[ctx.impl], y0.dtype
         need = ctx.needs_input_grad
         dx2 = dx2.to(dt).contiguous()
-        dz1, y1, zdz1 = be.swiglu_backward_linear(dx2, w_down.to(dt), z1)
+        # dz1 over z1 (needed no more) unless the graph runs again (retain_graph) or is traced
+        dz1, y1, zdz1 = be.swiglu_backward_linear(dx2, w_down.to(dt), z1, overwrite_z=_saved_used_once(z1))
         dw_down = _grad(need[5], lambda: be.weight_grad(dx2, y1).to(w_down.dtype))
         dx1, n1, dgamma = be.rms_norm_backward_linear(dz1, w_gu.to(dt), x1, r1, norm_weight.to(dt), zdz1, dx_in=dx2)
         dw_gu = _grad(need[4], lambda: be.weight_grad(dz1, n1).to(w_gu.dtype))
         dy0 = _grad(need[0], lambda: be.linear_dx(dx1, w_o.to(dt)))
         dw_o = _grad(need[2], lambda: be.weight_grad(dx1, y0).to(w_o.dtype))
         return dy0, dx1.to(ctx.x_dtype), dw_o, dgamma.to(norm_weight.dtype), dw_gu, dw_down, None, None
+
+
+def _saved_used_once(t: torch.Tensor) -> bool:
+    """Whether a backward may overwrite t, a tensor its Function saved for it alone: the graph is freed after
+    this backward (retain_graph off; unknown: no), and t is contiguous with values (not traced)."""
+    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    if keep is None or torch.compiler.is_compiling() or ops.common.traced(t):
+        return False
+    return not keep() and t.is_contiguous()
 
 
 def lm_head_loss(h: torch.Tensor, w_lm: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,

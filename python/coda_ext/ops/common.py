@@ -83,12 +83,15 @@ def check_vector(op: str, name: str, t: Any, length: int, device: torch.device,
         raise ValueError(f"{op}: {name} is on {t.device} but x is on {device}; move it with .to(x.device)")
 
 
+def traced(t: torch.Tensor) -> bool:
+    """Whether t has no values to compute with: traced (torch.compile, fake tensors) or on the meta device."""
+    return torch.compiler.is_compiling() or is_fake(t) or t.device.type == "meta"
+
+
 def readable(t: torch.Tensor) -> bool:
     """Whether t's values can be read now: not while traced (torch.compile, fake tensors), on the meta
     device, or in CUDA-graph capture."""
-    if torch.compiler.is_compiling() or is_fake(t) or t.device.type == "meta":
-        return False
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    return not traced(t) and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def rows(x: torch.Tensor) -> torch.Tensor:

@@ -444,9 +444,9 @@ def _backward_train(ctx, dloss, *_):
     dx, dW, drstd = ctx.saved_tensors
     grads = (dx, dW, drstd) if ctx.scaled else (dx, dW)
     s = dloss.float()   # 0-dim: bf16 * s stays bf16, computed in fp32
-    if not common.readable(s):   # traced (torch.compile): fresh tensors
+    if common.traced(s):   # torch.compile: fresh tensors
         grads = tuple(g * s for g in grads)
-    else:
+    else:   # (CUDA-graph capture too: scale_by_ reads nothing on the host)
         # in place, without a host read of dloss, nothing written when it is 1 (loss.backward()): no pass over the
         # V x d weight gradient, no second copy of it while the step's activations are alive
         if ctx.applied is not None and float(ctx.applied) == 0.0:   # a second backward (retain_graph): may read

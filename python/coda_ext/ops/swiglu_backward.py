@@ -42,6 +42,21 @@ def _op(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor) -> tuple[torch.
     return r.dz, r.y, r.zdz
 
 
+@torch.library.custom_op("coda_ext::swiglu_backward_linear_", mutates_args=("z",))
+def _op_overwrite(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_op with dz written over z (the epilogue reads each pair of z before it writes dz's pair there, in the same
+    tile): (y, zdz); z holds dz after it."""
+    op = common.check_gemm(NAME, **_gemm(dy, weight, z))
+    r = op.launch(dy, weight.t(), {"z": z}, {"dz": z}, dy.shape[0], weight.shape[1], aliases={"dz": "z"})
+    return r.y, r.zdz
+
+
+@_op_overwrite.register_fake
+def _fake_overwrite(dy, weight, z):
+    common.check_gemm(NAME, **_gemm(dy, weight, z))
+    return dy.new_empty(dy.shape[0], weight.shape[1]), dy.new_empty(dy.shape[0], dtype=torch.float32)
+
+
 def _gemm(dy, weight, z):
     """The op's GEMM (weight read as stored: a transposed view), as common.run_gemm and check_gemm take it."""
     return dict(build=graph, args=(), A=dy, W=weight.t(), inputs={"z": z}, major="kn", operands=("dy", "weight.t()"))
@@ -54,13 +69,21 @@ def _fake(dy, weight, z):
     return dy.new_empty(M, 2 * F_), dy.new_empty(M, F_), dy.new_empty(M, dtype=torch.float32)
 
 
-def swiglu_backward_linear(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor):
+def swiglu_backward_linear(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor, overwrite_z: bool = False):
     """(dz, y, zdz) from dy (..., d), the gradient of the down projection's output, its weight (d, F) as
     stored, and z (..., 2F) the interleaved pre-activation linear_swiglu_train saved. dz (..., 2F) and
-    y (..., F) in dy's dtype, zdz (...) fp32. F must be a multiple of 4 (z's rows 16-byte aligned)."""
+    y (..., F) in dy's dtype, zdz (...) fp32. F must be a multiple of 4 (z's rows 16-byte aligned).
+    overwrite_z: dz is written over z (a contiguous z; dz is then z itself): no second M × 2F tensor, for a
+    backward that needs z no more (the layer's memory peak is there)."""
     common.check_gradient_linear(NAME, dy, "dy", weight)
     lead, F_ = tuple(dy.shape[:-1]), weight.shape[1]
     common.check_rows(NAME, "z", z, lead, 2 * F_, dy.dtype, dy.device)
+    if overwrite_z:
+        if not z.is_contiguous():
+            raise ValueError(f"{NAME}: overwrite_z needs a contiguous z, got strides {z.stride()}; pass "
+                             "z.contiguous() or overwrite_z=False")
+        y, zdz = torch.ops.coda_ext.swiglu_backward_linear_(common.rows(dy), weight, common.rows(z))
+        return z, y.reshape(*lead, F_), zdz.reshape(lead)
     dz, y, zdz = torch.ops.coda_ext.swiglu_backward_linear(common.rows(dy), weight, common.rows(z))
     return dz.reshape(*lead, 2 * F_), y.reshape(*lead, F_), zdz.reshape(lead)
 

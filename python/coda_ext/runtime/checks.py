@@ -139,16 +139,28 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
 
 
 def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor],
-                     given: Any = None) -> None:
+                     given: Any = None, aliases: dict[str, str] | None = None) -> None:
     """Outputs may overlap neither each other nor any input. given: the names of the outputs the caller
     gave (default all); the others were just allocated and overlap nothing, so they are not compared
-    (each extent is computed once)."""
+    (each extent is computed once). aliases: {output: input} pairs where the output may be that input's
+    tensor itself (same memory, shape and strides: an epilogue that reads each element before it writes it
+    there), never a partial overlap."""
     names = [n for n in outputs if given is None or n in given]
     if not names:
         return
+    aliases = aliases or {}
+    for out, inp in aliases.items():
+        if out in outputs and inp in inputs and not _same_tensor(outputs[out], inputs[inp]):
+            raise ValueError(f"output {out!r} may alias input {inp!r} only as the same tensor (same memory, shape "
+                             "and strides); give it its own tensor or the input itself")
     items = [(name, _extent(outputs[name])) for name in names]
     others = items + [(name, _extent(t)) for name, t in inputs.items()]
     for i, (a, (lo_a, hi_a)) in enumerate(items):
         for b, (lo_b, hi_b) in others[i + 1:]:
-            if lo_a < hi_b and lo_b < hi_a:
+            if lo_a < hi_b and lo_b < hi_a and aliases.get(a) != b:
                 raise ValueError(f"output {a!r} overlaps {b!r} in memory; give every output its own tensor")
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype)

@@ -196,9 +196,9 @@ class GraphOp:
         return tuple(parts)
 
     def launch(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor],
-               M: int, N: int) -> Outputs:
-        """run() after check_call: the checks of the launch itself (no output overlapping another tensor, an
-        SM90 GPU, last), then the kernel."""
+               M: int, N: int, aliases: dict[str, str] | None = None) -> Outputs:
+        """run() after check_call: the checks of the launch itself (no output overlapping another tensor but an
+        allowed alias, {output: input}, that is the input itself; an SM90 GPU, last), then the kernel."""
         raise NotImplementedError
 
     def _flatten_out(self, name: str, v: Any, n_lead: int) -> Any:

@@ -78,9 +78,11 @@ class CompiledOp(GraphOp):
         return load_binding().workspace_size(self._workspace, M, N, K)
 
     def launch(self, A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any], out: dict[str, torch.Tensor],
-               M: int, N: int) -> Outputs:
+               M: int, N: int, aliases: dict[str, str] | None = None) -> Outputs:
         """After check_call: allocates the outputs not in `out`, checks that no output overlaps another
-        tensor and (last) that A is on an SM90 GPU, launches."""
+        tensor (but for `aliases`, {output: input} pairs the caller knows the epilogue reads element by element
+        before it writes them: such an output may be that input's tensor itself) and (last) that A is on an
+        SM90 GPU, launches."""
         from ..jit.binding import load_binding
 
         device = A.device
@@ -119,7 +121,7 @@ class CompiledOp(GraphOp):
             tensors.append(t)
             lds.append(ld)
             values.append(value)
-        checks.check_no_overlap(outputs, checked_inputs, given=out)
+        checks.check_no_overlap(outputs, checked_inputs, given=out, aliases=aliases)
         checks.require_gpu(A)
 
         # the launch goes to the current device: made A's for the call where it is another one

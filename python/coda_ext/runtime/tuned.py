@@ -91,17 +91,18 @@ class TunedOp(GraphOp):
         tuning.remember(key, best.tag, timings)
         return best
 
-    def launch(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any], M: int, N: int) -> Outputs:
-        """After check_call, and before any tuning: no given output overlapping another tensor, an SM90 GPU;
-        then the op of the config chosen for this shape launches."""
+    def launch(self, A: Any, W: Any, inputs: dict[str, Any], out: dict[str, Any], M: int, N: int,
+               aliases: dict[str, str] | None = None) -> Outputs:
+        """After check_call, and before any tuning: no given output overlapping another tensor (but for
+        `aliases`, as CompiledOp.launch), an SM90 GPU; then the op of the config chosen for this shape launches."""
         where = (-(-M // 128), N, A.shape[1], A.device.index)   # what the heuristic reads of M: its tiles
         op = self._chosen.get(where)
         if op is None:  # first call of this shape class in this process (the op's launch checks again after)
             tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-            checks.check_no_overlap(out, {"A": A, "W": W, **tensors})
+            checks.check_no_overlap(out, {"A": A, "W": W, **tensors}, aliases=aliases)
             checks.require_gpu(A)
             op = self._chosen[where] = self.op_for(self.choose(A, W, inputs, torch.cuda.get_device_name(A.device)))
-        return op.launch(A, W, inputs, out, M, N)
+        return op.launch(A, W, inputs, out, M, N, aliases)
 
     def prebuild_items(self) -> list[tuple[Any, Any, KernelConfig]]:
         """What this op may compile: the heuristic's configs, or every candidate when tuning."""
