@@ -357,7 +357,7 @@ def test_final_norm_saves_its_input_and_statistic_only():
 def test_final_norm_generated_kernels_match_its_math():
     """On a GPU the final norm runs as kernels torch.compile generates (one graph for every row count); here the
     same functions through Inductor's CPU backend: within bf16 round-off of the eager math, forward and
-    backward (regression: the eager backward's fp32 temporaries, M · d · 4 bytes each, set the 8B step's peak)."""
+    backward (the eager math launched about ten passes with fp32 temporaries of M · d · 4 bytes)."""
     from torch._dynamo.utils import counters
 
     from coda_ext.hf import llama as hf_llama

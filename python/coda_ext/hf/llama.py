@@ -11,7 +11,7 @@ What changes, in place:
 - the final norm (`model.model.norm`) keeps its math and weight but saves only its input and statistic
   for the backward (transformers' eager norm saves an fp32 copy of its input too: 0.40 against 0.13 GB
   at 16384 tokens, d = 4096); on a GPU its forward and backward run as kernels torch.compile generates
-  (the eager backward's fp32 temporaries set the step's memory peak).
+  (one or two each, where the eager math launched about ten passes with fp32 temporaries).
 What does not: the embedding, the rotary tables, generation, gradient
 checkpointing (`activation_checkpointing_enable()`, before transformers 5 `gradient_checkpointing_enable()`),
 `state_dict()` and `save_pretrained()`
@@ -106,7 +106,7 @@ def _norm_backward_math(g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, 
 
 
 #: on a GPU, each direction one or two generated kernels (eagerly: about ten passes, with fp32 temporaries of
-#: M · d · 4 bytes alive together in the backward, at the step's memory peak)
+#: M · d · 4 bytes)
 _norm_fused, _norm_backward_fused = common.compiled_rows(_norm_math), common.compiled_rows(_norm_backward_math)
 
 
