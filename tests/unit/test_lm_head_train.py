@@ -361,3 +361,29 @@ def test_compiled_forward_takes_the_exact_path_on_a_miss(cpu_train_kernel, monke
     loss.backward()
     torch._dynamo.reset()
     assert torch.equal(xx.grad, want[1].to(x.dtype)) and torch.equal(ww.grad, want[2].to(w.dtype))
+
+
+def test_chunk_row_math_generated_kernels_match_the_eager_math():
+    """On a GPU a chunk's row math (the target logits' dot products; dx, y and the rstd gradient after the e @ W
+    GEMM) runs as kernels torch.compile generates, one graph for every chunk's row count; here the same functions
+    through Inductor's CPU backend: within fp32 round-off of the eager math, the 16-bit outputs within one
+    rounding."""
+    from torch._dynamo.utils import counters
+
+    assert lm_head_ce._row_dots_fused.__wrapped__ is lm_head_ce._row_dots
+    assert lm_head_ce._chunk_gradients_fused.__wrapped__ is lm_head_ce._chunk_gradients
+    gen = rand.generator("lm_head_chunk_rows")
+    torch._dynamo.reset()
+    counters.clear()
+    for C in (16, 5, 37):
+        x, w = rand.randn(gen, C, D, dtype=torch.bfloat16), rand.randn(gen, C, D, dtype=torch.bfloat16)
+        ew, a, gs = rand.randn(gen, C, D), rand.randn(gen, C), rand.randn(gen, C)
+        torch.testing.assert_close(lm_head_ce._row_dots_fused(x, w), lm_head_ce._row_dots(x, w), rtol=1e-5,
+                                   atol=1e-5)
+        got, want = lm_head_ce._chunk_gradients_fused(ew, x, a, gs), lm_head_ce._chunk_gradients(ew, x, a, gs)
+        for g, t in zip(got, want):
+            assert g.dtype == t.dtype and g.shape == t.shape
+            tol = 2 ** -7 if t.dtype == torch.bfloat16 else 1e-5
+            torch.testing.assert_close(g.float(), t.float(), rtol=tol, atol=tol * t.float().abs().max().item())
+    torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])

@@ -281,13 +281,30 @@ def _train_gemm(x, weight, target, rstd, reduction):
     return dict(build=train_graph, args=(rstd is not None,), A=x, W=weight, inputs=inputs)
 
 
+def _row_dots(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Σ_k x · w per row, fp32, of two (C, d) 16-bit tensors."""
+    return (x.float() * w.float()).sum(-1)
+
+
+def _chunk_gradients(ew: torch.Tensor, x: torch.Tensor, a: torch.Tensor, gs: torch.Tensor):
+    """A chunk's rows after the e @ W GEMM (ew, fp32): dx = a ⊙row ew and y = a ⊙row x in x's dtype, and the
+    rstd gradient gs · Σ_k x ⊙ ew (fp32)."""
+    xf = x.float()
+    return (a[:, None] * ew).to(x.dtype), (a[:, None] * xf).to(x.dtype), gs * (xf * ew).sum(-1)
+
+
+#: On a GPU the two as kernels torch.compile generates (one pass each, where the eager math made about a dozen
+#: over the chunk's C × d rows with fp32 temporaries)
+_row_dots_fused, _chunk_gradients_fused = common.compiled_rows(_row_dots), common.compiled_rows(_chunk_gradients)
+
+
 def _logits_chunk(x, weight, target, rstd):
     """(e, lse, target_logit) of one chunk of rows: the train_graph GEMM, and the target logits as dot products
     of the rows with their target's weight row (fp32; any value where the target is ignored)."""
     inputs = {} if rstd is None else {"rstd": rstd}
     r = common.graph_op(train_graph, common.dtype_name(x.dtype), "auto", rstd is not None).run(x, weight, inputs, {})
     picked = weight[target.clamp(0, weight.shape[0] - 1)]
-    tl = (x.float() * picked.float()).sum(-1)
+    tl = (_row_dots_fused if x.is_cuda else _row_dots)(x, picked)
     return r.e, torch.log(r.sumexp), tl if rstd is None else tl * rstd
 
 
@@ -322,10 +339,9 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
         gs = g[rows] * torch.exp(-lc)
         a = gs if rc is None else gs * rc
         ew = _mm_f32(e, weight)
-        dx[rows] = (a[:, None] * ew).to(x.dtype)
+        dx[rows], y, dr = (_chunk_gradients_fused if x.is_cuda else _chunk_gradients)(ew, xc, a, gs)
         if rc is not None:
-            drstd[rows] = gs * (xc.float() * ew).sum(-1)
-        y = (a[:, None] * xc.float()).to(x.dtype)
+            drstd[rows] = dr
         et = e.t()
         if dW is None:
             dW = [_mm_f32(et[r], y) for r in halves]
