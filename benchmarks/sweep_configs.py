@@ -16,6 +16,7 @@ import sys
 
 import coda_ext as ce
 from benchmarks import bench_graphs, common, graphs
+from coda_ext import graphs as coda_graphs
 from tests.helpers import rand
 
 K = ce.KernelConfig
@@ -33,10 +34,13 @@ SWEEP = (
     K((128, 192, 64), (1, 2), "pingpong"),
 )
 SWEEP_CASES = ("identity", "design")
+#: Graphs swept beside the goal graphs: the training LM head's logits GEMM (exp(logits) stored, Σ exp per row;
+#: ops.lm_head_ce.train_graph unscaled), at its 2048-row chunks: --cases lm_head_train --shapes 2048,128256,2048
+CASES = {**graphs.CASES, "lm_head_train": (lambda: coda_graphs.lm_head_cross_entropy_train(False), None)}
 
 
 def build_items(case_names=SWEEP_CASES):
-    return [(graphs.CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in SWEEP]
+    return [(CASES[c][0](), "bfloat16", cfg) for c in case_names for cfg in SWEEP]
 
 
 def selected(only: str | None):
@@ -48,7 +52,7 @@ def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP, rasters=("he
     import torch
     import torch.nn.functional as F
 
-    graph = graphs.CASES[name][0]().build()
+    graph = CASES[name][0]().build()
     # one kernel per compiled config; the swizzle variants load the same cached library
     configs = [dataclasses.replace(cfg, swizzle=s, raster=r) for cfg in sweep for s in swizzles for r in rasters]
     ops = {c.tag: ce.compile(graph, "bfloat16", c) for c in configs}
@@ -74,7 +78,7 @@ def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP, rasters=("he
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cases", default="identity", help=f"comma-separated, from {list(graphs.CASES)}")
+    p.add_argument("--cases", default="identity", help=f"comma-separated, from {list(CASES)}")
     p.add_argument("--shapes", nargs="+", default=["llama"], help="presets (llama, design) or M,N,K")
     p.add_argument("--swizzles", default="1,4,8")
     p.add_argument("--rasters", default="heuristic", help="comma-separated: heuristic, along_m, along_n")

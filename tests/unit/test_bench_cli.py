@@ -234,3 +234,17 @@ ptxas info    : Used 168 registers, used 2 barriers, 136 bytes cumulative stack 
     with pytest.raises(ValueError, match="no 'Used N registers'"):
         ptxas_usage.parse("nothing here")
     assert len(ptxas_usage.cases()) == 8
+
+
+def test_sweep_configs_takes_the_lm_head_logits_graph(capsys):
+    """sweep_configs sweeps the training LM head's logits GEMM beside the goal graphs (its configs at its chunk
+    shapes): the case builds, and a dry run lists the selected configs."""
+    from benchmarks import sweep_configs
+
+    graph = sweep_configs.CASES["lm_head_train"][0]().build()
+    names = {dict(n.attrs).get("name") for n in graph.nodes}
+    assert {"e", "sumexp"} <= names
+    assert sweep_configs.main(["--cases", "lm_head_train", "--shapes", "2048,128256,2048", "--only",
+                               "ping_128x192x64_c2x1", "--swizzles", "8", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "['lm_head_train'] ping_128x192x64_c2x1_s8" in out and "(2048, 128256, 2048)" in out
