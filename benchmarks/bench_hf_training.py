@@ -551,7 +551,8 @@ def breakdown(prof, cfg, tokens: int, device: str, dw_first: str = "activation")
 
 
 CODA_PHASE = {"weight_grad": "dw", "linear_dx": "dx", "rms_norm_backward_linear": "dx",
-              "swiglu_backward_linear": "dx", "qkv_rope": "fwd", "linear_residual_norm": "fwd",
+              "swiglu_backward_linear": "dx", "swiglu_backward_linear_": "dx", "qkv_rope": "fwd",
+              "linear_residual_norm": "fwd",
               "linear_swiglu_train": "fwd", "linear_residual": "fwd"}
 
 

@@ -185,3 +185,21 @@ def test_breakdown_counts_kernels_not_the_ranges_gpu_annotations():
     out = bench.breakdown(prof, bench.hf_config("llama-1b", 2, tiny=True), 64, "cuda")
     assert out["other"] == pytest.approx(3.5) and out["total"] == pytest.approx(3.5)
     assert out["gpu_busy_ms"] == pytest.approx(3.0) and out["gpu_idle_ms"] == pytest.approx(2.0)
+
+
+def test_coda_ops_name_their_linear_and_part():
+    """The breakdown names a coda op's GEMM by its weight and the op: the dSwiGLU backward that writes dz over z
+    (coda_ext::swiglu_backward_linear_) is the down projection's dX GEMM as the other form is (it was counted as
+    an unnamed backward GEMM)."""
+    import types
+
+    from benchmarks import bench_hf_training as b
+
+    cfg = types.SimpleNamespace(hidden_size=64, intermediate_size=160, head_dim=16, num_attention_heads=4,
+                                num_key_value_heads=2, vocab_size=256)
+    table = b.weight_table(cfg)
+    for name in ("coda_ext::swiglu_backward_linear", "coda_ext::swiglu_backward_linear_"):
+        op = types.SimpleNamespace(name=name, input_shapes=[[37, 64], [64, 160], [37, 320]])
+        assert b.coda_linear([op], table) == "down.dx"
+    op = types.SimpleNamespace(name="coda_ext::weight_grad", input_shapes=[[37, 64], [37, 160]])
+    assert b.coda_linear([op], table) == "down.dw"
