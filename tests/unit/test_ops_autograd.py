@@ -673,3 +673,32 @@ def test_backward_ops_refuse_bad_inputs_before_any_launch(call, error, match):
     gen = _gen("bad-backward")
     with pytest.raises(error, match=match):
         call(lambda *shape: _randn(gen, *shape, dtype=BF16))
+
+
+def test_rope_backward_tables_are_computed_once_for_the_layers_of_a_step(monkeypatch):
+    """qkv_rope_backward's cos/sin tables (about ten small kernels) are reused while positions (the same memory,
+    even through another view), freqs' values (each layer has its own equal table) and the width are unchanged, as
+    between the layers of a step; positions changed in place, or other positions, recompute them; the gradients
+    are the same either way."""
+    from coda_ext.ops import rope_backward
+
+    calls = []
+    real = rope_backward._cos_sin
+    monkeypatch.setattr(rope_backward, "_cos_sin", lambda *a: calls.append(a[2]) or real(*a))
+    monkeypatch.setattr(rope_backward, "_LAST_TABLES", [])
+    gen = _gen("rope-tables")
+    nh, nkv, hd = 4, 2, 16
+    N = (nh + 2 * nkv) * hd
+    freqs = ops.rope_frequencies(hd, nh, nkv)
+    pos = torch.arange(2 * 8).reshape(2, 8) + 5
+    dqkv, qkv = _randn(gen, 2, 8, N, dtype=BF16), _randn(gen, 2, 8, N, dtype=BF16)
+    first = ops.qkv_rope_backward(dqkv, qkv, pos, freqs, nh, nkv)
+    again = ops.qkv_rope_backward(dqkv, qkv, pos.view(2, 8), freqs, nh, nkv)     # another view, same memory
+    assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first, again))
+    ops.qkv_rope_backward(dqkv, qkv, pos, freqs.clone(), nh, nkv)                 # another layer's equal table
+    assert len(calls) == 1
+    pos.add_(3)                                                                    # in place: a new version
+    moved = ops.qkv_rope_backward(dqkv, qkv, pos, freqs, nh, nkv)
+    assert len(calls) == 2 and not torch.equal(moved[0], first[0])
+    fresh = ops.qkv_rope_backward(dqkv, qkv, pos.clone(), freqs, nh, nkv)          # other memory, same values
+    assert len(calls) == 3 and torch.equal(fresh[0], moved[0])
