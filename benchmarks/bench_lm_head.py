@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_lm_head                   # Llama-3 1B and 8B heads at 16384 tokens (GPU)
     python -m benchmarks.bench_lm_head --tokens 8192 --reps 10
+    python -m benchmarks.bench_lm_head --train-chunk-mb 1024 2048     # + coda with bigger exp(logits) chunks
 
 Variants (the gradients of x and W of the 'mean' loss; one process, interleaved, L2 flushed, inputs rotated):
   cublas_3   the floor: logits = x @ Wᵀ, dx = logits @ W, dW = logitsᵀ @ x, bare cuBLAS GEMMs (bf16)
@@ -28,15 +29,32 @@ VARIANTS = ("cublas_3", "coda", "coda_recompute", "liger", "torch", "compile")
 GOAL = 1.05
 
 
-def build_items(tokens: int = 16384) -> list:
-    """(graph, dtype, config) of coda's kernels for every shape (for prebuild, on any machine with nvcc)."""
+def build_items(tokens: int = 16384, train_chunk_mb: tuple[int, ...] = ()) -> list:
+    """(graph, dtype, config) of coda's kernels for every shape (for prebuild, on any machine with nvcc), with
+    the training path's kernels at each extra chunk budget too (--train-chunk-mb)."""
     from coda_ext.ops import lm_head_ce
     from coda_ext.runtime import auto_items
 
     gemms = []
     for V, d in SHAPES.values():
         gemms += lm_head_ce.gemms(tokens, V, d, False, train=True) + lm_head_ce.gemms(tokens, V, d, False)
+        for mb in train_chunk_mb:
+            gemms += lm_head_ce.gemms(tokens, V, d, False, train=True, train_chunk_bytes=mb << 20)
     return auto_items(gemms, "bfloat16")
+
+
+def _with_chunk_budget(mb: int):
+    """ops.lm_head_cross_entropy_loss with the training path's exp(logits) chunk budget at mb MiB."""
+    from coda_ext import ops
+    from coda_ext.ops import lm_head_ce
+
+    def loss(x, w, t):
+        old, lm_head_ce.TRAIN_CHUNK_BYTES = lm_head_ce.TRAIN_CHUNK_BYTES, mb << 20
+        try:
+            return ops.lm_head_cross_entropy_loss(x, w, t)
+        finally:
+            lm_head_ce.TRAIN_CHUNK_BYTES = old
+    return loss
 
 
 def _liger():
@@ -48,8 +66,10 @@ def _liger():
     return lambda x, w, t: liger_fused_linear_cross_entropy(x, w, t)
 
 
-def variants(M: int, V: int, d: int) -> tuple[dict, dict]:
-    """({name: fn(i)}, {name: reason skipped}) on two input sets (i = 0, 1)."""
+def variants(M: int, V: int, d: int, train_chunk_mb: tuple[int, ...] = ()) -> tuple[dict, dict]:
+    """({name: fn(i)}, {name: reason skipped}) on two input sets (i = 0, 1); train_chunk_mb: also coda's training
+    path at these exp(logits) chunk budgets ("coda_chunk<MB>": fewer chunks, fewer passes over the fp32 weight
+    gradient, more memory)."""
     import torch
     import torch.nn.functional as F
 
@@ -85,6 +105,8 @@ def variants(M: int, V: int, d: int) -> tuple[dict, dict]:
         "torch": grads(torch_loss),
         "compile": grads(common.compile_for_one_shape(torch_loss)),
     }
+    for mb in train_chunk_mb:
+        out[f"coda_chunk{mb}"] = grads(_with_chunk_budget(mb))
     skipped = {}
     liger = _liger()
     if isinstance(liger, str):
@@ -150,7 +172,8 @@ def plot(doc: dict, path) -> None:
 
     names = list(doc["shapes"])
     fig, ax = plt.subplots(figsize=(8, 4))
-    present = [v for v in VARIANTS if any(v in doc["shapes"][n]["variants"] for n in names)]
+    extra = sorted({v for n in names for v in doc["shapes"][n]["variants"] if v not in VARIANTS})   # coda_chunk<MB>
+    present = [v for v in (*VARIANTS, *extra) if any(v in doc["shapes"][n]["variants"] for n in names)]
     width = 0.8 / len(present)
     for k, v in enumerate(present):
         vals = [doc["shapes"][n]["variants"].get(v, {}).get("median_ratio_to_cublas_3", 0) for n in names]
@@ -176,6 +199,9 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--out", default=None, help="results JSON (default: lm_head_<gpu>.json in benchmarks/results/, "
                    "<gpu> the GPU it runs on: h100, h200, …); the PNG goes beside it")
+    p.add_argument("--train-chunk-mb", nargs="*", type=int, default=[], metavar="MB",
+                   help="also time coda's training path at these exp(logits) chunk budgets (default budget: "
+                        "lm_head_ce.TRAIN_CHUNK_BYTES, 512 MiB)")
     p.add_argument("--profile", action="store_true", help="also print the per-kernel time of coda's path per shape")
     p.add_argument("--trace", default=None, metavar="DIR", help="with --profile: a gzipped Chrome trace of coda's "
                    "path per shape in DIR (lm_head_<shape>.json.gz)")
@@ -188,7 +214,7 @@ def main(argv=None) -> None:
     for name in args.shapes:
         V, d = SHAPES[name]
         M = args.tokens
-        fns, skipped = variants(M, V, d)
+        fns, skipped = variants(M, V, d, tuple(args.train_chunk_mb))
         times = common.time_interleaved(fns, args.reps)
         row = {"M": M, "V": V, "d": d, "skipped": skipped, "errors": check(min(M, 4096), V, d), "variants": {}}
         for v, ts in times.items():

@@ -218,6 +218,32 @@ def test_lm_head_bench_prebuild_items_and_plot(tmp_path):
         for n, (V, d) in bench_lm_head.SHAPES.items()}}
     bench_lm_head.plot(doc, tmp_path / "lm_head.png")
     assert (tmp_path / "lm_head.png").stat().st_size > 10_000
+    # extra chunk budgets: the training path's GEMMs at their chunk rows too, and a bar of their own in the plot
+    more = bench_lm_head.build_items(16384, (2048,))
+    assert len(more) > len(items)
+    doc["shapes"]["llama-1b"]["variants"]["coda_chunk2048"] = {"median_ratio_to_cublas_3": 1.1}
+    bench_lm_head.plot(doc, tmp_path / "lm_head2.png")
+    assert (tmp_path / "lm_head2.png").stat().st_size > 10_000
+
+
+def test_lm_head_bench_chunk_budget_is_set_for_the_call_only(monkeypatch):
+    """coda_chunk<MB>: the training path's chunk budget is MB MiB during the call and restored after it, also when
+    the call raises."""
+    from benchmarks import bench_lm_head
+    from coda_ext import ops
+    from coda_ext.ops import lm_head_ce
+
+    seen = []
+    before = lm_head_ce.TRAIN_CHUNK_BYTES
+
+    def fake_loss(*args):
+        seen.append(lm_head_ce.TRAIN_CHUNK_BYTES)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(ops, "lm_head_cross_entropy_loss", fake_loss)
+    with pytest.raises(RuntimeError, match="stop"):
+        bench_lm_head._with_chunk_budget(1024)(None, None, None)
+    assert seen == [1024 << 20] and lm_head_ce.TRAIN_CHUNK_BYTES == before
 
 
 def test_ptxas_usage_reads_the_gemm_entry_of_ptxas_output():
