@@ -601,6 +601,33 @@ def test_compiled_rows_makes_one_graph_for_every_row_count():
     assert graphs == [1, 1], graphs
 
 
+def test_compiled_rows_past_the_recompile_limit_runs_eagerly():
+    """A generated function that meets more input variants than Dynamo recompiles for (fullgraph=True raises then)
+    runs those eagerly with a RuntimeWarning, its results the plain math's; compiled variants keep running."""
+    import warnings
+
+    import torch._dynamo
+
+    from coda_ext.ops import common
+
+    def f(x, w):
+        return x * w, (x.float() ** 2).sum(-1)
+
+    run = common.compiled_rows(f)
+    torch._dynamo.reset()
+    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    with torch._dynamo.config.patch(**{limit: 1}):
+        x, w = torch.randn(5, 8), torch.randn(8)
+        torch.testing.assert_close(run(x, w), f(x, w))
+        with pytest.warns(RuntimeWarning, match="recompile_limit"):
+            got = run(x.double(), w.double())                   # a second variant: past the limit of 1
+        torch.testing.assert_close(got, f(x.double(), w.double()))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.testing.assert_close(run(x, w), f(x, w))      # the compiled variant, no warning
+    torch._dynamo.reset()
+
+
 def _backward_op_cases():
     """The backward GEMM ops on bf16 CPU tensors (their CPU kernels: the fp32 references)."""
     gen = _gen("backward-ops")
@@ -677,15 +704,15 @@ def test_backward_ops_refuse_bad_inputs_before_any_launch(call, error, match):
 
 def test_rope_backward_tables_are_computed_once_for_the_layers_of_a_step(monkeypatch):
     """qkv_rope_backward's cos/sin tables (about ten small kernels) are reused while positions (the same memory,
-    even through another view), freqs' values (each layer has its own equal table) and the width are unchanged, as
-    between the layers of a step; positions changed in place, or other positions, recompute them; the gradients
-    are the same either way."""
+    even through another view), the frequency table (the same tensor: the layers of a model share their config's,
+    LlamaConfig.rope_table) and the width are unchanged, as between the layers of a step; another table, positions
+    changed in place, or other positions recompute them; the gradients are the same either way."""
     from coda_ext.ops import rope_backward
 
     calls = []
     real = rope_backward._cos_sin
     monkeypatch.setattr(rope_backward, "_cos_sin", lambda *a: calls.append(a[2]) or real(*a))
-    monkeypatch.setattr(rope_backward, "_LAST_TABLES", [])
+    monkeypatch.setattr(rope_backward, "_LAST_TABLES", {})
     gen = _gen("rope-tables")
     nh, nkv, hd = 4, 2, 16
     N = (nh + 2 * nkv) * hd
@@ -695,10 +722,24 @@ def test_rope_backward_tables_are_computed_once_for_the_layers_of_a_step(monkeyp
     first = ops.qkv_rope_backward(dqkv, qkv, pos, freqs, nh, nkv)
     again = ops.qkv_rope_backward(dqkv, qkv, pos.view(2, 8), freqs, nh, nkv)     # another view, same memory
     assert len(calls) == 1 and all(torch.equal(a, b) for a, b in zip(first, again))
-    ops.qkv_rope_backward(dqkv, qkv, pos, freqs.clone(), nh, nkv)                 # another layer's equal table
-    assert len(calls) == 1
+    other = ops.qkv_rope_backward(dqkv, qkv, pos, freqs.clone(), nh, nkv)         # another table object
+    assert len(calls) == 2 and torch.equal(other[0], first[0])
+    ops.qkv_rope_backward(dqkv, qkv, pos, freqs, nh, nkv)
+    assert len(calls) == 3
     pos.add_(3)                                                                    # in place: a new version
     moved = ops.qkv_rope_backward(dqkv, qkv, pos, freqs, nh, nkv)
-    assert len(calls) == 2 and not torch.equal(moved[0], first[0])
+    assert len(calls) == 4 and not torch.equal(moved[0], first[0])
     fresh = ops.qkv_rope_backward(dqkv, qkv, pos.clone(), freqs, nh, nkv)          # other memory, same values
-    assert len(calls) == 3 and torch.equal(fresh[0], moved[0])
+    assert len(calls) == 5 and torch.equal(fresh[0], moved[0])
+
+
+def test_the_layers_of_a_model_share_one_rope_table():
+    """LlamaConfig.rope_table: one tensor per config and device, so a model's layers (built from one config, moved
+    to a device) hold the same table object, which the RoPE backward's table reuse needs."""
+    from coda_ext.models import CodaLlamaDecoderLayer, LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, num_hidden_layers=2, vocab_size=64)
+    assert cfg.rope_table() is cfg.rope_table() and cfg.rope_table("cpu") is cfg.rope_table()
+    layers = [CodaLlamaDecoderLayer(cfg, impl="reference").to(torch.bfloat16) for _ in range(2)]
+    assert layers[0].rope_freqs is layers[1].rope_freqs and layers[0].rope_freqs.dtype == torch.float32

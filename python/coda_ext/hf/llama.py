@@ -123,7 +123,10 @@ class _FinalNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        y, rstd = (_norm_fused if _generated(x) else _norm_math)(x2, weight, eps)
+        # generated kernels where a gradient is wanted (training); evaluation and generation (few rows, other
+        # input variants) keep the eager math
+        fused = _generated(x) and any(ctx.needs_input_grad[:2])
+        y, rstd = (_norm_fused if fused else _norm_math)(x2, weight, eps)
         ctx.save_for_backward(x2, weight, rstd)
         return y.view(x.shape)
 

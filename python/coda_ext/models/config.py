@@ -17,6 +17,9 @@ import torch
 
 from .. import ops
 
+#: LlamaConfig.rope_table's tables: {(config, device): table}
+_ROPE_TABLES: dict = {}
+
 
 @dataclasses.dataclass(frozen=True)
 class LlamaConfig:
@@ -60,11 +63,21 @@ class LlamaConfig:
             return ops.default_inv_freq(self.head_dim, self.rope_theta)
 
     def rope_table(self, device=None) -> torch.Tensor:
-        """The (2, qkv_size) fp32 frequency table of coda_ext.ops.qkv_rope."""
-        with torch.device("cpu"):
-            table = ops.rope_frequencies(self.head_dim, self.num_attention_heads, self.num_key_value_heads,
-                                         inv_freq=self.inv_freq())
-        return table.to(device)
+        """The (2, qkv_size) fp32 frequency table of coda_ext.ops.qkv_rope: one tensor per config and device,
+        shared by the layers that ask (the RoPE backward then computes its cos/sin tables once a step, not once
+        a layer)."""
+        key = (self, str(torch.device(device) if device is not None else torch.device("cpu")))
+        try:
+            table = _ROPE_TABLES.get(key)
+        except TypeError:   # a config with an unhashable field: a table of its own
+            key, table = None, None
+        if table is None:
+            with torch.device("cpu"):
+                table = ops.rope_frequencies(self.head_dim, self.num_attention_heads, self.num_key_value_heads,
+                                             inv_freq=self.inv_freq()).to(device)
+            if key is not None:
+                _ROPE_TABLES[key] = table
+        return table
 
     def fused_problems(self) -> list[str]:
         """What keeps this shape from the fused kernels (empty when they take it)."""

@@ -148,6 +148,25 @@ def compiled_rows(fn: Callable, backend: Any = "inductor") -> Callable:
         for a in args:
             if isinstance(a, torch.Tensor) and a.dim():
                 torch._dynamo.maybe_mark_dynamic(a, 0)
-        return compiled()(*args)
+        try:
+            return compiled()(*args)
+        except _RECOMPILE_LIMIT:   # every variant compiled so far still runs its kernels
+            _warn_eager(fn)
+            return fn(*args)
 
     return run
+
+
+#: What torch.compile raises (fullgraph=True) for a variant past Dynamo's recompile limit
+_RECOMPILE_LIMIT = tuple(getattr(torch._dynamo.exc, name) for name in ("FailOnRecompileLimitHit", "FailOnCacheLimitHit")
+                         if hasattr(torch._dynamo.exc, name))
+
+
+@functools.cache
+def _warn_eager(fn: Callable) -> None:
+    import warnings
+
+    warnings.warn(f"coda_ext: {fn.__module__}.{fn.__qualname__} met more input variants (dtype, device, strides, "
+                  "gradient mode) than torch.compile recompiles a function for "
+                  "(torch._dynamo.config.recompile_limit); further variants run eagerly, the compiled ones keep "
+                  "their kernels", RuntimeWarning, stacklevel=3)

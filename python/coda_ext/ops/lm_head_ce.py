@@ -230,7 +230,8 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 #                                     drstd = g · exp(−lse) · Σ_k x ⊙ (e @ W)
 #
 # g is each row's loss gradient for dloss = 1 (1/n_valid for 'mean'); the backward scales the gradients by dloss
-# in place (ops.scale: on a GPU without reading dloss on the host, and writing nothing when it is 1). exp(logits)
+# in place (ops.scale: on a GPU without reading dloss on the host, and writing nothing when it is 1), or as fresh
+# tensors when the graph is kept for another backward (retain_graph). exp(logits)
 # is not normalized, so it needs |lse| ≤ LSE_RANGE (logits of a trained LM are far inside). The range check is
 # queued before the last chunk's two GEMMs and read once they are queued too: the host waits while the GPU still
 # has those GEMMs to run (a read at the end of the forward, or at the start of the backward, left the GPU idle
@@ -393,7 +394,7 @@ class _RangeCheck:
             self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
             self.flag.copy_(flag, non_blocking=True)
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(flag.device))   # the copy's stream, on lse's device
         else:
             self.flag = flag
 
@@ -453,27 +454,28 @@ def _setup_train(ctx, inputs, output):
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(dx, dW, drstd)
     ctx.scaled = rstd is not None
-    ctx.applied = None   # the dloss the saved gradients are scaled by (None: 1), for a backward run twice
 
 
 def _backward_train(ctx, dloss, *_):
     dx, dW, drstd = ctx.saved_tensors
     grads = (dx, dW, drstd) if ctx.scaled else (dx, dW)
     s = dloss.float()   # 0-dim: bf16 * s stays bf16, computed in fp32
-    if common.traced(s):   # torch.compile: fresh tensors
+    if common.traced(s) or _graph_kept():
+        # traced (torch.compile), or a graph kept for another backward (retain_graph): fresh tensors, the saved
+        # gradients unchanged (the gradients this backward returns may be held while the next one runs)
         grads = tuple(g * s for g in grads)
-    else:   # (CUDA-graph capture too: scale_by_ reads nothing on the host)
+    else:
         # in place, without a host read of dloss, nothing written when it is 1 (loss.backward()): no pass over the
         # V x d weight gradient, no second copy of it while the step's activations are alive
-        if ctx.applied is not None and float(ctx.applied) == 0.0:   # a second backward (retain_graph): may read
-            raise RuntimeError(f"{NAME}: an earlier backward through this graph scaled the gradients the forward "
-                               "computed by dloss 0, in place; they cannot be recovered for this one (compute the "
-                               "loss again)")
-        factor = s if ctx.applied is None else s / ctx.applied
-        scale.scale_by_(grads, factor.contiguous())
-        ctx.applied = s.clone()
+        scale.scale_by_(grads, s.contiguous())
     dx, dW, *rest = grads
     return dx, dW, None, rest[0] if ctx.scaled else None, None, None, None
+
+
+def _graph_kept() -> bool:
+    """Whether the running backward keeps its graph for another (retain_graph or create_graph; unknown: yes)."""
+    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if keep is None else bool(keep())
 
 
 _op_train.register_autograd(_backward_train, setup_context=_setup_train)

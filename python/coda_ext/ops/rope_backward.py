@@ -69,40 +69,26 @@ def _cos_sin_fake(positions, freqs, width):
     return (positions.new_empty(shape, dtype=torch.float32), positions.new_empty(shape, dtype=torch.float32))
 
 
-#: The last eager _cos_sin tables: [(key, positions' storage, (cos, sin))]. A model's layers share one positions
-#: tensor (or views of it) in a step and equal frequency tables (one per layer, equal values), so the tables
-#: (about ten small kernels) are computed once a step, not once a layer; the storage is held, so its memory
-#: cannot come back under another tensor while the key names it.
-_LAST_TABLES: list = []
-_DIGESTS: dict[int, tuple] = {}   # id(freqs) -> (weakref, version, digest of its values)
-
-
-def _digest(freqs: torch.Tensor) -> bytes:
-    """A digest of freqs' values, read once per tensor object and version (a host read the first time)."""
-    seen = _DIGESTS.get(id(freqs))
-    if seen is not None and seen[0]() is freqs and seen[1] == freqs._version:
-        return seen[2]
-    import hashlib
-
-    f = freqs.detach().cpu().contiguous()
-    digest = hashlib.sha1(f.numpy().tobytes() + str((f.dtype, tuple(f.shape))).encode()).digest()
-    for key in [k for k, v in _DIGESTS.items() if v[0]() is None]:   # tables that are gone
-        del _DIGESTS[key]
-    _DIGESTS[id(freqs)] = (weakref.ref(freqs), freqs._version, digest)
-    return digest
+#: The last eager _cos_sin tables per device: {device: (key, positions' storage, weakref to freqs, (cos, sin))}.
+#: A model's layers share one positions tensor (or views of it) in a step and one frequency table
+#: (LlamaConfig.rope_table), so the tables (about ten small kernels) are computed once a step, not once a layer;
+#: the storage is held, so its memory cannot come back under another tensor while the key names it.
+_LAST_TABLES: dict = {}
 
 
 def _cos_sin_shared(positions: torch.Tensor, freqs: torch.Tensor, width: int):
-    """_cos_sin, reusing the last call's tables when positions are the same memory and version, freqs the same
-    values, and width the same (not in CUDA-graph capture: a captured graph keeps its own)."""
+    """_cos_sin, reusing the last call's tables on this device when positions are the same memory and version,
+    freqs the same tensor and version, and width the same (not in CUDA-graph capture: a captured graph keeps its
+    own)."""
     if positions.is_cuda and torch.cuda.is_current_stream_capturing():
         return _cos_sin(positions, freqs, width)
     key = (positions.untyped_storage().data_ptr(), positions.storage_offset(), tuple(positions.shape),
-           positions.stride(), positions.dtype, positions.device, positions._version, _digest(freqs), width)
-    if _LAST_TABLES and _LAST_TABLES[0][0] == key:
-        return _LAST_TABLES[0][2]
+           positions.stride(), positions.dtype, positions._version, id(freqs), freqs._version, width)
+    last = _LAST_TABLES.get(positions.device)   # one read: autograd runs a thread per device
+    if last is not None and last[0] == key and last[2]() is freqs:
+        return last[3]
     tables = _cos_sin(positions, freqs, width)
-    _LAST_TABLES[:] = [(key, positions.untyped_storage(), tables)]
+    _LAST_TABLES[positions.device] = (key, positions.untyped_storage(), weakref.ref(freqs), tables)
     return tables
 
 

@@ -31,10 +31,10 @@ def _kernel():
     @triton.jit
     def scale_kernel(ptr, n, factor_ptr, BLOCK: tl.constexpr):
         f = tl.load(factor_ptr)
-        if f != 1.0:
-            step = tl.num_programs(0) * BLOCK
-            for start in range(tl.program_id(0) * BLOCK, n, step):
-                offs = start.to(tl.int64) + tl.arange(0, BLOCK)
+        if f != 1.0:   # 64-bit loop bounds: a 32-bit start + step would wrap for n near 2**31
+            step = tl.num_programs(0).to(tl.int64) * BLOCK
+            for start in range(tl.program_id(0).to(tl.int64) * BLOCK, n, step):
+                offs = start + tl.arange(0, BLOCK)
                 mask = offs < n
                 v = tl.load(ptr + offs, mask=mask)
                 tl.store(ptr + offs, (v.to(tl.float32) * f).to(ptr.dtype.element_ty), mask=mask)
