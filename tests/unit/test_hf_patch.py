@@ -404,11 +404,30 @@ def test_training_forward_reads_no_value_for_its_mask():
 
     ref, patched = pair()
     ids, labels = batch()
-    pos = torch.arange(S)[None].expand(B, S)
     with Reads() as r:
-        hf = ref(ids, labels=labels, position_ids=pos, use_cache=False)
+        hf = ref(ids, labels=labels, use_cache=False)
     assert r.reads >= 1   # transformers' own check (if this fails, transformers dropped it: drop the workaround)
     with Reads() as r:
-        out = patched(ids, labels=labels, position_ids=pos)
+        out = patched(ids, labels=labels)
     assert r.reads == 0
     torch.testing.assert_close(out.loss, hf.loss, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_sequences_keep_to_their_own_tokens():
+    """position_ids that restart within a row (several sequences packed in it): transformers builds their block
+    causal mask, and the patched model's loss and gradients follow it (regression: with no attention_mask the
+    patched forward called every training forward plain causal, and tokens attended across the packed sequences)."""
+    ref, patched = pair()
+    ids, labels = batch()
+    half = S // 2
+    packed = torch.cat([torch.arange(half), torch.arange(S - half)]).expand(B, S)
+    plain = ref(ids, labels=labels, use_cache=False).loss
+    hf = ref(ids, labels=labels, position_ids=packed, use_cache=False).loss
+    out = patched(ids, labels=labels, position_ids=packed).loss
+    assert abs(hf.item() - plain.item()) > 1e-4   # packing changes the loss here
+    torch.testing.assert_close(out, hf, rtol=1e-4, atol=1e-4)
+    hf.backward()
+    out.backward()
+    for name, g in grads_by_hf_name(patched).items():
+        want = dict(ref.named_parameters())[name].grad
+        torch.testing.assert_close(g, want, rtol=1e-3, atol=1e-4 * want.abs().max().item(), msg=name)

@@ -53,7 +53,7 @@ MIN_VERSION = "4.54"   # decoder layers return a tensor (earlier: a tuple)
 
 
 #: The keyword the patched forward hands its decoder layers when the attention is plain causal (no
-#: attention_mask given, no tokens in the KV cache): the layers then run SDPA with is_causal=True and
+#: attention_mask or position_ids given, no tokens in the KV cache): the layers then run SDPA with is_causal=True and
 #: no mask. transformers builds the causal mask as a tensor while torch.compile traces (it cannot tell
 #: a traced mask is all causal), and SDPA with a mask tensor leaves the flash kernel for one 2-3x
 #: slower; with this flag a compiled model keeps the flash kernel.
@@ -258,7 +258,9 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
         # a training step builds no KV cache unless asked (transformers' model builds one from config.use_cache:
         # each layer's k and v copied into it, 3 ms a step at Llama-3.2-1B-like, 8 layers, 16384 tokens, H200)
         use_cache = False
-    if attention_mask is None and (past_key_values is None or past_key_values.get_seq_length() == 0):
+    if attention_mask is None and position_ids is None and (past_key_values is None or
+                                                            past_key_values.get_seq_length() == 0):
+        # (position_ids given may pack several sequences in a row: transformers then builds their block mask)
         kwargs[CAUSAL_FLAG] = True
         # transformers returns a 4-D mask as given (the layers never read it under the flag): without one, its mask
         # code checks position_ids for packed sequences with a host read, which stalled the forward on the GPU
