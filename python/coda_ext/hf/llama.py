@@ -36,7 +36,6 @@ import types
 import torch
 import transformers
 from packaging import version
-from torch._subclasses.fake_tensor import is_fake
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaForCausalLM
@@ -111,7 +110,7 @@ _norm_fused, _norm_backward_fused = common.compiled_rows(_norm_math), common.com
 
 
 def _generated(x: torch.Tensor) -> bool:
-    return x.is_cuda and not (torch.compiler.is_compiling() or is_fake(x))
+    return x.is_cuda and not common.traced(x)
 
 
 class _FinalNorm(torch.autograd.Function):

@@ -208,10 +208,7 @@ class MLPBlock(torch.autograd.Function):
 def _saved_used_once(t: torch.Tensor) -> bool:
     """Whether a backward may overwrite t, a tensor its Function saved for it alone: the graph is freed after
     this backward (retain_graph off; unknown: no), and t is contiguous with values (not traced)."""
-    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    if keep is None or torch.compiler.is_compiling() or ops.common.traced(t):
-        return False
-    return not keep() and t.is_contiguous()
+    return not (ops.common.traced(t) or ops.common.graph_kept()) and t.is_contiguous()
 
 
 def lm_head_loss(h: torch.Tensor, w_lm: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,

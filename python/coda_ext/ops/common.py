@@ -88,6 +88,14 @@ def traced(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or is_fake(t) or t.device.type == "meta"
 
 
+def graph_kept() -> bool:
+    """Whether the running backward keeps its autograd graph for another (retain_graph or create_graph; unknown:
+    yes): a backward may overwrite what its Function saved, or hand out saved tensors to scale in place, only when
+    not. Ask only when not traced (Dynamo cannot trace the query)."""
+    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return True if keep is None else bool(keep())
+
+
 def readable(t: torch.Tensor) -> bool:
     """Whether t's values can be read now: not while traced (torch.compile, fake tensors), on the meta
     device, or in CUDA-graph capture."""

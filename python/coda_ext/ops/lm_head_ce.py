@@ -460,7 +460,7 @@ def _backward_train(ctx, dloss, *_):
     dx, dW, drstd = ctx.saved_tensors
     grads = (dx, dW, drstd) if ctx.scaled else (dx, dW)
     s = dloss.float()   # 0-dim: bf16 * s stays bf16, computed in fp32
-    if common.traced(s) or _graph_kept():
+    if common.traced(s) or common.graph_kept():
         # traced (torch.compile), or a graph kept for another backward (retain_graph): fresh tensors, the saved
         # gradients unchanged (the gradients this backward returns may be held while the next one runs)
         grads = tuple(g * s for g in grads)
@@ -470,12 +470,6 @@ def _backward_train(ctx, dloss, *_):
         scale.scale_by_(grads, s.contiguous())
     dx, dW, *rest = grads
     return dx, dW, None, rest[0] if ctx.scaled else None, None, None, None
-
-
-def _graph_kept() -> bool:
-    """Whether the running backward keeps its graph for another (retain_graph or create_graph; unknown: yes)."""
-    keep = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
-    return True if keep is None else bool(keep())
 
 
 _op_train.register_autograd(_backward_train, setup_context=_setup_train)
