@@ -219,9 +219,9 @@ def test_lm_head_bench_prebuild_items_and_plot(tmp_path):
     bench_lm_head.plot(doc, tmp_path / "lm_head.png")
     assert (tmp_path / "lm_head.png").stat().st_size > 10_000
     # extra chunk budgets: the training path's GEMMs at their chunk rows too, and a bar of their own in the plot
-    more = bench_lm_head.build_items(16384, (2048,))
+    more = bench_lm_head.build_items(16384, (512,))
     assert len(more) > len(items)
-    doc["shapes"]["llama-1b"]["variants"]["coda_chunk2048"] = {"median_ratio_to_cublas_3": 1.1}
+    doc["shapes"]["llama-1b"]["variants"]["coda_chunk512"] = {"median_ratio_to_cublas_3": 1.1}
     bench_lm_head.plot(doc, tmp_path / "lm_head2.png")
     assert (tmp_path / "lm_head2.png").stat().st_size > 10_000
 
@@ -242,8 +242,8 @@ def test_lm_head_bench_chunk_budget_is_set_for_the_call_only(monkeypatch):
 
     monkeypatch.setattr(ops, "lm_head_cross_entropy_loss", fake_loss)
     with pytest.raises(RuntimeError, match="stop"):
-        bench_lm_head._with_chunk_budget(1024)(None, None, None)
-    assert seen == [1024 << 20] and lm_head_ce.TRAIN_CHUNK_BYTES == before
+        bench_lm_head._with_chunk_budget(512)(None, None, None)
+    assert seen == [512 << 20] and lm_head_ce.TRAIN_CHUNK_BYTES == before
 
 
 def test_ptxas_usage_reads_the_gemm_entry_of_ptxas_output():

@@ -102,11 +102,12 @@ def test_weight_gradient_of_an_odd_vocabulary_or_fp32_keeps_one_accumulator():
 
 
 def test_train_chunk_rows_and_gemms():
-    assert lm_head_ce.train_chunk_rows(16384, 128256) == 2048          # 512 MiB of bf16 exp(logits)
+    assert lm_head_ce.train_chunk_rows(16384, 128256) == 4096          # 1 GiB of bf16 exp(logits)
+    assert lm_head_ce.train_chunk_rows(16384, 128256, 512 * 2**20) == 2048
     assert lm_head_ce.train_chunk_rows(100, 128256) == 100             # never more rows than there are
     assert lm_head_ce.train_chunk_rows(16384, 2**24 - 8) == 128        # at least 128 rows
     launched = lm_head_ce.gemms(5000, 128256, 2048, False, train=True)
-    assert [shape for _, _, shape in launched] == [(904, 128256, 2048), (2048, 128256, 2048)]
+    assert [shape for _, _, shape in launched] == [(904, 128256, 2048), (4096, 128256, 2048)]
     assert all(major == "kk" for _, major, _ in launched)
 
 

@@ -241,8 +241,12 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 # the same (its check inside it); the traced backward scales by dloss as fresh tensors (a pass over them).
 
 train_graph = graphs.lm_head_cross_entropy_train
-#: Bytes of the one exp(logits) chunk the training forward holds (chunk rows × V, 16-bit).
-TRAIN_CHUNK_BYTES = 512 * 2**20
+#: Bytes of the one exp(logits) chunk the training forward holds (chunk rows × V, 16-bit): 4096 rows at
+#: V = 128256. Each chunk after the first reads and writes the fp32 dW accumulator (8·V·d bytes) beside its
+#: three GEMMs (6·C·V·d FLOPs), so that pass costs about 1.3·(FLOP/s ÷ bytes/s) ÷ C of the GEMMs' time
+#: whatever V and d: 2048 rows made the head 1.18x its three bare GEMMs at 16384 tokens (Llama-3.2-1B-like
+#: on an H200), 4096 rows 1.056x (+0.56 GB), 8192 rows 1.070x (benchmarks/results/lm_head_h200.json).
+TRAIN_CHUNK_BYTES = 1024 * 2**20
 #: The training forward's exp(logits) path needs every counted row's |lse| ≤ this (bf16: e ≤ exp(lse) and
 #: the row scale exp(−lse) · g stay normal floats, and e @ W stays finite in fp32).
 LSE_RANGE = 60.0
