@@ -232,6 +232,34 @@ def test_rope_backward_matches_autograd(dtype):
     assert max_err(zdz, zdz_ref) <= 1e-4 * (1 + zdz_ref.abs().max().item())
 
 
+@pytest.mark.parametrize("layout", ["rows", "heads_transposed", "whole"])
+def test_rope_backward_kernel_reads_gradients_where_they_lie(layout):
+    """The Triton pass (rope_kernel) over attention's three gradients as they come: (B, S, heads, hd) rows,
+    a (B, heads, S, hd) layout seen as (B, S, heads, hd) (no row view: the concatenating path), or one dqkv;
+    dz and zdz against the fp32 reference, rows not a multiple of the kernel's block, outputs poisoned."""
+    from coda_ext.ops import rope_backward as rb
+
+    gen = rand.generator("rope_backward parts", layout, device=DEVICE)
+    B, S, nh, nkv, hd = 3, 347, 32, 8, 64
+    N, M = (nh + 2 * nkv) * hd, B * S
+    pos = rand.indices(gen, B, S, high=100_000)
+    freqs = ops.rope_frequencies(hd, nh, nkv, theta=500000.0, device=DEVICE)
+    qkv = rand.randn(gen, B, S, N, dtype=torch.bfloat16)
+    if layout == "heads_transposed":
+        parts = tuple(rand.randn(gen, B, h, S, hd, dtype=torch.bfloat16).transpose(1, 2) for h in (nh, nkv, nkv))
+    else:
+        parts = tuple(rand.randn(gen, B, S, h, hd, dtype=torch.bfloat16) for h in (nh, nkv, nkv))
+    dqkv = torch.cat([p.reshape(B, S, -1) for p in parts], -1) if layout == "whole" else parts
+    ref_dz, ref_zdz = rb.reference(dqkv, qkv, pos, freqs, nh, nkv)
+    poison = torch.full((M * N,), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    del poison                                   # the next allocation of this size reuses NaN-filled memory
+    dz, zdz = ops.qkv_rope_backward(dqkv, qkv, pos, freqs, nh, nkv)
+    assert dz.shape == (B, S, N) and zdz.shape == (B, S)
+    tol = 2 * (ref_dz.to(torch.bfloat16).float() - ref_dz).abs().max().item() + 1e-6
+    assert max_err(dz, ref_dz) <= tol
+    assert max_err(zdz, ref_zdz) <= 1e-4 * (1 + ref_zdz.abs().max().item())
+
+
 @pytest.mark.parametrize("shape", LM_SHAPES, ids=lambda s: f"M{s[0]}-V{s[1]}-d{s[2]}")
 def test_lm_head_cross_entropy_backward(shape, report, monkeypatch):
     """Gradients of the mean loss w.r.t. x, W and rstd against fp32 autograd, several vocabulary

@@ -81,6 +81,16 @@ def test_layers_are_swapped_and_names_kept():
         assert torch.equal(sd[k], want[k]), k
 
 
+def test_rotary_tables_are_not_computed():
+    """The patched layers take their angles from their own table, so the rotary module returns empty tables
+    (no kernels); the model's output stays transformers' (the training and generation tests)."""
+    ref, patched = pair()
+    h = torch.randn(B, S, 128)
+    cos, sin = patched.model.rotary_emb(h, torch.arange(S)[None])
+    assert cos.numel() == sin.numel() == 0 and cos.dtype == h.dtype
+    assert ref.model.rotary_emb(h, torch.arange(S)[None])[0].shape[-2] == S
+
+
 @pytest.mark.parametrize("padded", [False, True])
 def test_training_loss_and_every_gradient(padded):
     ref, patched = pair()

@@ -12,7 +12,10 @@ What changes, in place:
   for the backward (transformers' eager norm saves an fp32 copy of its input too: 0.40 against 0.13 GB
   at 16384 tokens, d = 4096); on a GPU its forward and backward run as kernels torch.compile generates
   (one or two each, where the eager math launched about ten passes with fp32 temporaries).
-What does not: the embedding, the rotary tables, generation, gradient
+- the rotary embedding module (`model.model.rotary_emb`) returns empty tables: the coda layers compute their
+  angles from their own frequency table (taken from its inv_freq), so transformers' per-step cos/sin
+  (about six small kernels and their launches at the start of every forward) are not computed.
+What does not: the embedding, generation, gradient
 checkpointing (`activation_checkpointing_enable()`, before transformers 5 `gradient_checkpointing_enable()`),
 `state_dict()` and `save_pretrained()`
 (Hugging Face names and layouts: the result loads in plain transformers).
@@ -142,6 +145,13 @@ def _final_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return _FinalNorm.apply(hidden_states, self.weight, self.variance_epsilon)
 
 
+def _unused_rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None, *args, **kwargs):
+    """The patched model's rotary embedding: empty (cos, sin), which its coda layers never read (no kernel
+    is launched)."""
+    empty = x.new_empty(0)
+    return empty, empty
+
+
 def _check_model(model) -> None:
     if version.parse(transformers.__version__) < version.parse(MIN_VERSION):
         raise ImportError(f"coda_ext.hf needs transformers >= {MIN_VERSION}, found {transformers.__version__}: "
@@ -196,6 +206,7 @@ def apply_coda_to_llama(model, impl: str = "auto", prebuild_tokens: int | torch.
             layers[i] = _convert_layer(old, cfg, impl, i)
     model._coda_impl = impl
     model.forward = types.MethodType(_causal_lm_forward, model)
+    model.model.rotary_emb.forward = types.MethodType(_unused_rotary_forward, model.model.rotary_emb)
     norm = model.model.norm
     if hasattr(norm, "weight") and hasattr(norm, "variance_epsilon"):   # LlamaRMSNorm
         norm.forward = types.MethodType(_final_norm_forward, norm)
