@@ -201,7 +201,7 @@ def main(argv=None) -> None:
                    "<gpu> the GPU it runs on: h100, h200, …); the PNG goes beside it")
     p.add_argument("--train-chunk-mb", nargs="*", type=int, default=[], metavar="MB",
                    help="also time coda's training path at these exp(logits) chunk budgets (default budget: "
-                        "lm_head_ce.TRAIN_CHUNK_BYTES, 512 MiB)")
+                        "lm_head_ce.TRAIN_CHUNK_BYTES, 1 GiB)")
     p.add_argument("--profile", action="store_true", help="also print the per-kernel time of coda's path per shape")
     p.add_argument("--trace", default=None, metavar="DIR", help="with --profile: a gzipped Chrome trace of coda's "
                    "path per shape in DIR (lm_head_<shape>.json.gz)")

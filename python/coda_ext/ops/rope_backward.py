@@ -140,7 +140,8 @@ def _backward(parts, qkv, positions, freqs, n_heads, n_kv_heads, fused, shared_h
         _cos_sin_shared(positions, freqs, width)
     math = _fused if fused else _math
     M = qkv[..., 0].numel()
-    if fused and shared:   # one Triton kernel over the three gradients where they lie (rope_kernel)
+    if shared and (fused or traced) and qkv.is_cuda and rope_kernel.available():
+        # one Triton kernel over the three gradients where they lie (rope_kernel), also in a compiled graph
         views = _row_views(parts, M, (n_heads * hd, n_kv_heads * hd, n_kv_heads * hd))
         if views is not None:
             dz, zdz = rope_kernel.rope_backward(views, common.rows(qkv), cos, sin)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 
 import torch
+from torch.library import wrap_triton
 
 #: Rows per program; pairs per column block (2 · BLOCK_P columns of a part at a time).
 BLOCK_M, BLOCK_P = 8, 128
@@ -32,31 +34,68 @@ def _kernel():
 
 
 def as_rows(t: torch.Tensor, M: int, width: int) -> torch.Tensor | None:
-    """t as an (M, width) view whose columns are adjacent (one row stride), or None where its layout has none."""
-    try:
-        v = t.view(M, width)
-    except RuntimeError:
+    """t as an (M, width) view with adjacent columns and one row stride, or None where its layout has none
+    (decided from shape and strides, so a tracing compiler follows it without an exception)."""
+    if t.numel() != M * width:
         return None
-    return v if width <= 1 or v.stride(1) == 1 else None
+    dims = [(n, s) for n, s in zip(t.shape, t.stride()) if n != 1]
+    tail, inner = 1, 1
+    while dims and tail < width:   # the trailing dims that make a row: contiguous
+        n, s = dims.pop()
+        if s != inner:
+            return None
+        tail, inner = tail * n, inner * n
+    if tail != width:
+        return None
+    row = dims[-1][1] if dims else width
+    for (n0, s0), (n1, s1) in zip(dims, dims[1:]):   # the leading dims that make M: one stride
+        if s0 != s1 * n1:
+            return None
+    return t.as_strided((M, width), (row, 1))
+
+
+def _launch(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    M, N = qkv.shape
+    widths = (dq.shape[1], dk.shape[1], dv.shape[1])
+    dz = torch.empty((M, N), dtype=dq.dtype, device=qkv.device)
+    zdz = torch.empty(M, dtype=torch.float32, device=qkv.device)
+    if M:
+        kernel = wrap_triton(_kernel()) if qkv.is_cuda else _kernel()   # CPU: Triton's interpreter (tests)
+        with torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext():
+            kernel[(triton_cdiv(M, BLOCK_M),)](dq, dq.stride(0), dk, dk.stride(0), dv, dv.stride(0), qkv,
+                                               qkv.stride(0), cos, sin, dz, dz.stride(0), zdz, M, *widths,
+                                               HALF=cos.shape[-1], BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, num_warps=4)
+    return dz, zdz
+
+
+def triton_cdiv(a, b: int):
+    return (a + b - 1) // b
+
+
+#: The kernel as a custom op a tracing compiler keeps (its Triton kernel visible to Inductor), registered where
+#: triton is installed (CUDA builds of torch); elsewhere rope_backward runs _launch under Triton's interpreter.
+_op = torch.library.triton_op("coda_ext::rope_backward_rows", mutates_args=())(_launch) \
+    if importlib.util.find_spec("triton") is not None else None
+
+
+def available() -> bool:
+    """Whether the kernel can run on a GPU here (triton installed)."""
+    return _op is not None
 
 
 def rope_backward(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qkv: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dz (M, N) in the parts' dtype, zdz (M,) fp32) from dq, dk, dv given as (M, w) row views (as_rows),
-    qkv (M, N) with adjacent columns, cos and sin (M, 1, head_dim/2) fp32 contiguous (one head's table)."""
-    dq, dk, dv = parts
+    qkv (M, N) with adjacent columns, cos and sin (M, 1, head_dim/2) fp32 contiguous (one head's table).
+    Traceable by torch.compile (the custom op coda_ext::rope_backward_rows)."""
     M, N = qkv.shape
     half = cos.shape[-1]
     widths = tuple(p.shape[1] for p in parts)
     if sum(widths) != N or any(w % 2 for w in widths) or qkv.stride(1) != 1:
         raise ValueError(f"rope_backward: parts of widths {widths} do not make qkv's {N} columns in pairs")
-    if not (cos.is_contiguous() and sin.is_contiguous() and cos.shape == (M, 1, half) == sin.shape):
+    if not (cos.is_contiguous() and sin.is_contiguous() and tuple(cos.shape) == (M, 1, half) == tuple(sin.shape)):
         raise ValueError(f"rope_backward: cos and sin must be contiguous (M, 1, head_dim/2), got {tuple(cos.shape)}")
-    dz = torch.empty((M, N), dtype=dq.dtype, device=qkv.device)
-    zdz = torch.empty(M, dtype=torch.float32, device=qkv.device)
-    if M:
-        with torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext():   # CPU: Triton's interpreter
-            _kernel()[(-(-M // BLOCK_M),)](dq, dq.stride(0), dk, dk.stride(0), dv, dv.stride(0), qkv, qkv.stride(0),
-                                           cos, sin, dz, dz.stride(0), zdz, M, *widths, HALF=half,
-                                           BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, num_warps=4)
-    return dz, zdz
+    if qkv.is_cuda and _op is not None:
+        return _op(*parts, qkv, cos, sin)
+    return _launch(*parts, qkv, cos, sin)
