@@ -398,7 +398,7 @@ def _chain(e) -> list:
 
 
 GEMM_OPS = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_scaled_mm)$")
-ELEMENTWISE_CODA = re.compile(r"^coda_ext::(rms_norm_input|qkv_rope_backward)")
+ELEMENTWISE_CODA = re.compile(r"^coda_ext::(rms_norm_input|qkv_rope_backward|rope_backward_rows|rope_cos_sin)")
 KINDS = (("attention", re.compile(r"attention|flash|fmha|efficient_attn", re.I)),
          ("embedding", re.compile(r"embedding", re.I)),
          ("loss", re.compile(r"cross_entropy|log_softmax|nll_loss|lm_head", re.I)),

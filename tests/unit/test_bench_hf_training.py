@@ -203,3 +203,15 @@ def test_coda_ops_name_their_linear_and_part():
         assert b.coda_linear([op], table) == "down.dx"
     op = types.SimpleNamespace(name="coda_ext::weight_grad", input_shapes=[[37, 64], [37, 160]])
     assert b.coda_linear([op], table) == "down.dw"
+
+
+def test_rope_backward_kernel_counts_as_element_wise():
+    """The RoPE backward's Triton kernel (the custom op coda_ext::rope_backward_rows) and its table op are
+    element-wise work of the layer, not a GEMM (every other coda_ext:: op launches one)."""
+    import types
+
+    from benchmarks import bench_hf_training as b
+
+    for name in ("coda_ext::rope_backward_rows", "coda_ext::rope_cos_sin", "coda_ext::qkv_rope_backward"):
+        assert b.kind_of("rope_backward_kernel", [types.SimpleNamespace(name=name)]) == "elementwise"
+    assert b.kind_of("device_kernel", [types.SimpleNamespace(name="coda_ext::weight_grad")]) == "gemm"
