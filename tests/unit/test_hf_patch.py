@@ -81,6 +81,37 @@ def test_layers_are_swapped_and_names_kept():
         assert torch.equal(sd[k], want[k]), k
 
 
+def test_lm_head_chunk_bytes_reaches_the_loss_and_the_prebuild(monkeypatch):
+    """apply_coda_to_llama(lm_head_chunk_bytes=...) hands the budget to the fused loss on every training
+    forward and to step_kernels (the LM head's chunk GEMMs that prebuild lists); a bad budget is refused before
+    the model changes."""
+    import coda_ext.hf.llama as hfl
+
+    seen = []
+    real_loss = hfl.lm_head_loss
+
+    def loss(*args, **kwargs):
+        seen.append(("loss", kwargs.get("chunk_bytes")))
+        return real_loss(*args, **kwargs)
+
+    def kernels(*args, **kwargs):
+        seen.append(("kernels", kwargs.get("lm_head_chunk_bytes")))
+        return []
+
+    monkeypatch.setattr(hfl, "lm_head_loss", loss)
+    monkeypatch.setattr(hfl, "training_kernels", kernels)
+    model = apply_coda_to_llama(hf_model(), impl="reference", lm_head_chunk_bytes=64 << 20)
+    ids, labels = batch(2)
+    model.train()
+    model(ids, labels=labels).loss.backward()
+    hfl.step_kernels(model.to(torch.bfloat16), 64)
+    assert seen == [("loss", 64 << 20), ("kernels", 64 << 20)]
+    fresh = hf_model()
+    with pytest.raises(ValueError, match="chunk_bytes must be a positive int"):
+        apply_coda_to_llama(fresh, impl="reference", lm_head_chunk_bytes=-5)
+    assert not isinstance(fresh.model.layers[0], hfl.CodaHFLlamaDecoderLayer)
+
+
 def test_rotary_tables_are_not_computed():
     """The patched layers take their angles from their own table, so the rotary module returns empty tables
     (no kernels); the model's output stays transformers' (the training and generation tests)."""

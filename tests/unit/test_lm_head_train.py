@@ -160,6 +160,29 @@ def test_loss_autograd_through_the_op(cpu_train_kernel, scaled, dloss):
         assert err <= dloss * 2 ** -7 * ref.abs().max().item(), (name, err)
 
 
+def test_chunk_bytes_sets_the_rows_per_chunk(cpu_train_kernel):
+    """chunk_bytes (the exp(logits) budget) picks the op's rows per chunk: 128 rows of V 64 bf16 in 16 KiB, all
+    300 rows by default; the loss and gradients do not depend on it; a budget that is not a positive int is
+    refused before any work."""
+    gen = rand.generator("lm_head_train chunk_bytes")
+    x = rand.randn(gen, 300, D, dtype=torch.bfloat16, scale=2.0)
+    w = rand.randn(gen, V, D, dtype=torch.bfloat16, scale=D ** -0.5)
+    target = rand.targets(gen, 300, vocab=V)
+    results = []
+    for chunk_bytes in (None, 128 * V * 2):
+        xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = ops.lm_head_cross_entropy_loss(xx, ww, target, chunk_bytes=chunk_bytes)
+        loss.backward()
+        results.append((loss.detach().float(), xx.grad.float(), ww.grad.float()))
+    assert cpu_train_kernel == [300, 128]
+    for a, b in zip(*results):
+        assert (a - b).abs().max().item() <= 2 ** -7 * (1 + b.abs().max().item())
+    for bad in (0, -1, 1.5, True, "1G"):
+        with pytest.raises(ValueError, match="chunk_bytes must be a positive int"):
+            ops.lm_head_cross_entropy_loss(x, w.requires_grad_(), target, chunk_bytes=bad)
+    assert cpu_train_kernel == [300, 128]
+
+
 def test_backward_fills_no_zero_gradients(cpu_train_kernel):
     """The op's other outputs (dx, dW, drstd) get no gradient: autograd must not allocate and zero a V x d
     tensor for them at the start of the backward (it did: 0.5-1 GB and ~2.5 ms a step at Llama sizes)."""

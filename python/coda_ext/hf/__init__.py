@@ -25,15 +25,18 @@ def _transformers():
     return transformers
 
 
-def apply_coda_to_llama(model, impl: str = "auto", prebuild_tokens=None, jobs: int | None = None):
+def apply_coda_to_llama(model, impl: str = "auto", prebuild_tokens=None, jobs: int | None = None,
+                        lm_head_chunk_bytes: int | None = None):
     """Swap a transformers LlamaForCausalLM's decoder layers for coda_ext's and its loss for the
     fused LM head + cross-entropy, in place (weights converted once); returns the model.
     prebuild_tokens (tokens per training step, or a batch of input_ids): build every kernel such a
-    step launches now, in parallel (prebuild_llama). See coda_ext.hf.llama for what is supported."""
+    step launches now, in parallel (prebuild_llama). lm_head_chunk_bytes: the training loss's exp(logits)
+    chunk (default 1 GiB; less holds less memory for some time). See coda_ext.hf.llama for what is
+    supported."""
     _transformers()
     from .llama import apply_coda_to_llama as apply
 
-    return apply(model, impl=impl, prebuild_tokens=prebuild_tokens, jobs=jobs)
+    return apply(model, impl=impl, prebuild_tokens=prebuild_tokens, jobs=jobs, lm_head_chunk_bytes=lm_head_chunk_bytes)
 
 
 def prebuild_llama(model, tokens, jobs: int | None = None) -> list[str]:

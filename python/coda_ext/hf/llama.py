@@ -49,6 +49,7 @@ from ..models.config import LlamaConfig
 from ..models.functions import IMPLS, lm_head_loss, resolve_impl, training_kernels
 from ..models.llama import CodaLlamaDecoderLayer, attention, default_positions, shift_labels
 from ..ops import common
+from ..ops.lm_head_ce import check_chunk_bytes
 from ..runtime import prebuild
 
 MIN_VERSION = "4.54"   # decoder layers return a tensor (earlier: a tuple)
@@ -182,19 +183,22 @@ def _convert_layer(old: torch.nn.Module, cfg: LlamaConfig, impl: str, idx: int) 
 
 
 def apply_coda_to_llama(model, impl: str = "auto", prebuild_tokens: int | torch.Tensor | None = None,
-                        jobs: int | None = None):
+                        jobs: int | None = None, lm_head_chunk_bytes: int | None = None):
     """See the module docstring; returns model. impl: 'auto' (fused on CUDA tensors, the fp32
     references elsewhere), 'fused' or 'reference'. prebuild_tokens: the tokens per training step
     (or a batch of input_ids): every kernel such a step launches is built now, in parallel
-    (prebuild_llama, `jobs` nvcc processes at once)."""
+    (prebuild_llama, `jobs` nvcc processes at once). lm_head_chunk_bytes: the training loss's exp(logits)
+    chunk (default 1 GiB; 512 MiB holds 0.56 GB less at V 128256 for about 3 % of a 1B-like step: see
+    ops.lm_head_cross_entropy_loss)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    check_chunk_bytes("apply_coda_to_llama", lm_head_chunk_bytes)
     if prebuild_tokens is not None and impl == "reference":
         raise ValueError("apply_coda_to_llama: prebuild_tokens builds the fused kernels, but impl='reference' "
                          "launches none; leave prebuild_tokens out, or use impl='auto' or 'fused'")
     _check_model(model)
-    if prebuild_tokens is not None:
-        step_kernels(model, prebuild_tokens)   # its refusals (dtype, shapes, tokens) before the model changes
+    if prebuild_tokens is not None:   # its refusals (dtype, shapes, tokens) before the model changes
+        step_kernels(model, prebuild_tokens, lm_head_chunk_bytes)
     cfg = LlamaConfig.from_hf(model.config, rope_inv_freq=model.model.rotary_emb.inv_freq)
     if impl == "fused" and cfg.fused_problems():
         raise ValueError("the fused Llama layer does not take " + "; ".join(cfg.fused_problems()))
@@ -205,6 +209,7 @@ def apply_coda_to_llama(model, impl: str = "auto", prebuild_tokens: int | torch.
         else:
             layers[i] = _convert_layer(old, cfg, impl, i)
     model._coda_impl = impl
+    model._coda_lm_head_chunk_bytes = lm_head_chunk_bytes
     model.forward = types.MethodType(_causal_lm_forward, model)
     model.model.rotary_emb.forward = types.MethodType(_unused_rotary_forward, model.model.rotary_emb)
     norm = model.model.norm
@@ -224,12 +229,15 @@ def _token_count(tokens) -> int:
     return n
 
 
-def step_kernels(model, tokens: int | torch.Tensor) -> list:
+def step_kernels(model, tokens: int | torch.Tensor, lm_head_chunk_bytes: int | None = None) -> list:
     """(graph, dtype, kernel config) of every kernel one training step (forward and backward, the
     fused impl) of `model` (a transformers LlamaForCausalLM, patched or not yet) launches at `tokens`
     tokens per step: the decoder layers and the fused LM head + cross-entropy (fed the final norm's
-    output, as the patch's loss is). The kernels' dtype is the model's (bf16 or fp16)."""
+    output, as the patch's loss is, in chunks of lm_head_chunk_bytes: default the patched model's). The
+    kernels' dtype is the model's (bf16 or fp16)."""
     _check_model(model)
+    if lm_head_chunk_bytes is None:
+        lm_head_chunk_bytes = getattr(model, "_coda_lm_head_chunk_bytes", None)
     cfg = LlamaConfig.from_hf(model.config)
     if cfg.fused_problems():
         raise ValueError("the fused Llama layer does not take " + "; ".join(cfg.fused_problems()))
@@ -237,7 +245,8 @@ def step_kernels(model, tokens: int | torch.Tensor) -> list:
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"the fused kernels run bf16 or fp16, but the model is {dtype}: cast it first "
                          "(model.to(torch.bfloat16)), then prebuild")
-    return training_kernels(cfg, _token_count(tokens), dtype_name(dtype), lm_head=True, lm_head_rstd=False)
+    return training_kernels(cfg, _token_count(tokens), dtype_name(dtype), lm_head=True, lm_head_rstd=False,
+                            lm_head_chunk_bytes=lm_head_chunk_bytes)
 
 
 def prebuild_llama(model, tokens: int | torch.Tensor, jobs: int | None = None) -> list[str]:
@@ -284,10 +293,12 @@ def _causal_lm_forward(self, input_ids=None, attention_mask=None, position_ids=N
             target = shift_labels(labels, ignore_index)
         target = target.to(hidden.device)
         impl = resolve_impl(self._coda_impl, hidden)
+        chunk = getattr(self, "_coda_lm_head_chunk_bytes", None)
         if num_items_in_batch is None:
-            loss = lm_head_loss(hidden, self.lm_head.weight, target, None, ignore_index, impl)
+            loss = lm_head_loss(hidden, self.lm_head.weight, target, None, ignore_index, impl, chunk_bytes=chunk)
         else:   # gradient accumulation: the sum over this batch, divided by the tokens of all its micro-batches
-            loss = lm_head_loss(hidden, self.lm_head.weight, target, None, ignore_index, impl, reduction="sum")
+            loss = lm_head_loss(hidden, self.lm_head.weight, target, None, ignore_index, impl, reduction="sum",
+                                chunk_bytes=chunk)
             loss = loss / torch.as_tensor(num_items_in_batch, device=loss.device)
     if loss is None or not self.training:
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

@@ -212,23 +212,26 @@ def _saved_used_once(t: torch.Tensor) -> bool:
 
 
 def lm_head_loss(h: torch.Tensor, w_lm: torch.Tensor, target: torch.Tensor, rstd: torch.Tensor | None,
-                 ignore_index: int, impl: str, reduction: str = "mean") -> torch.Tensor:
+                 ignore_index: int, impl: str, reduction: str = "mean", chunk_bytes: int | None = None) -> torch.Tensor:
     """Cross-entropy of logits = [rstd ⊙row] (h @ W_lmᵀ) against target ('mean' over the targets that
     are not ignore_index, or 'sum'), without the M × V logits (fused: ops.lm_head_cross_entropy_loss, the
-    gradients with the loss in three GEMMs when training in bf16; reference: fp32 torch)."""
+    gradients with the loss in three GEMMs when training in bf16, chunk_bytes its chunk budget; reference:
+    fp32 torch)."""
     if impl == "fused":
-        return ops.lm_head_cross_entropy_loss(h, w_lm.to(h.dtype), target, rstd, ignore_index, reduction)
+        return ops.lm_head_cross_entropy_loss(h, w_lm.to(h.dtype), target, rstd, ignore_index, reduction,
+                                              chunk_bytes=chunk_bytes)
     loss, _ = BACKENDS[impl].lm_head_cross_entropy(h, w_lm.to(h.dtype), target, rstd, ignore_index, reduction)
     return loss
 
 
 def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool = True, lm_head_rstd: bool = True,
-                     sms: int | None = None) -> list:
+                     sms: int | None = None, lm_head_chunk_bytes: int | None = None) -> list:
     """(graph, dtype, kernel config) of every kernel one training step of a CodaLlamaForCausalLM with
     `config` (a LlamaConfig) launches at `tokens` = batch × seq tokens with the fused impl, for
     coda_ext.prebuild (in parallel, before training; nvcc only, no GPU). lm_head=False: the layers
     only; lm_head_rstd=False: an LM head fed normalized rows (coda_ext.hf's loss). sms: the GPU's SM
-    count (default: this machine's GPU, else an H100's)."""
+    count (default: this machine's GPU, else an H100's); lm_head_chunk_bytes: the LM head's chunk budget
+    (ops.lm_head_cross_entropy_loss's chunk_bytes)."""
     from ..runtime.tuned import auto_items
 
     M, d, F_, hd = tokens, config.hidden_size, config.intermediate_size, config.head_dim
@@ -249,5 +252,6 @@ def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool
     ]
     if lm_head:
         gemms += lm_head_ce.gemms(M, config.vocab_size, d, lm_head_rstd,
-                                  train=dtype == "bfloat16" and config.vocab_size % 8 == 0)
+                                  train=dtype == "bfloat16" and config.vocab_size % 8 == 0,
+                                  train_chunk_bytes=lm_head_chunk_bytes)
     return auto_items(gemms, dtype, sms)
