@@ -371,3 +371,31 @@ def test_a_layout_checked_before_still_has_its_pointers_checked(example_op):
     with pytest.raises(ValueError, match=r"out\['out'\]"):
         example_op.run(A, W, args, out)
     assert len(example_op._checked) == 1
+
+
+def test_ready_ops_remember_checked_layouts_and_still_check_pointers(monkeypatch):
+    """A ready op's checks (common.check_gemm, before every launch and in the fakes) are remembered per argument
+    layout as run()'s are: the second call of a layout runs no full check, a misaligned tensor of that layout
+    is still refused by name, and the names in messages stay the ready op's."""
+    from coda_ext.ops import common, linear_grad
+    from coda_ext.runtime import interface
+
+    gen = rand.generator("remembered layouts")
+    x, w = rand.randn(gen, M, K, dtype=BF16), rand.randn(gen, N, K, dtype=BF16)
+    residual = rand.randn(gen, M, N, dtype=BF16)
+    full = []
+    real = interface.GraphOp.check_call
+    monkeypatch.setattr(interface.GraphOp, "check_call", lambda self, *a, **k: full.append(1) or real(self, *a, **k))
+    build = linear_grad._gemm("linear_residual", x, w, residual)
+    op = common.check_gemm(**build)
+    op._checked.clear()
+    full.clear()
+    for _ in range(3):
+        common.check_gemm(**build)
+    assert len(full) == 1 and len(op._checked) == 1
+    shifted = torch.empty(M * N + 1, dtype=BF16)[1:].view(M, N)
+    with pytest.raises(ValueError, match="linear_residual: residual's data pointer is not 16-byte aligned"):
+        common.check_gemm(**{**build, "inputs": {"residual": shifted}})
+    with pytest.raises(ValueError, match=r"linear_residual: .*x"):
+        common.check_gemm(**{**build, "A": x[:, :56]})
+    assert len(op._checked) == 1

@@ -126,7 +126,7 @@ def check_gemm(name: str, build: Callable[..., Any], args: tuple, A: torch.Tenso
     before saying the op needs a GPU."""
     try:
         op = graph_op(build, dtype_name(A.dtype), "auto", *args, major=major)
-        op.check_call(A, W, inputs, {}, operands)
+        op.check_call_remembered(A, W, inputs, operands)
     except (TypeError, ValueError) as e:
         raise type(e)(f"{name}: {e}") from None
     return op
