@@ -266,7 +266,9 @@ def test_rope_backward_kernel_under_torch_compile():
     torch._dynamo.reset()
     nh, nkv, hd = 32, 8, 64
     freqs = ops.rope_frequencies(hd, nh, nkv, theta=500000.0, device=DEVICE)
-    fn = lambda parts, qkv, pos: ops.qkv_rope_backward(parts, qkv, pos, freqs, nh, nkv, shared_heads=True)
+    def fn(parts, qkv, pos):
+        return ops.qkv_rope_backward(parts, qkv, pos, freqs, nh, nkv, shared_heads=True)
+
     compiled = torch.compile(fn, fullgraph=True)
     for B, S in ((2, 301), (3, 77)):
         gen = rand.generator("rope_backward compiled", B, S, device=DEVICE)

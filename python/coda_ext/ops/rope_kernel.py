@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import itertools
 
 import torch
 from torch.library import wrap_triton
@@ -48,7 +49,7 @@ def as_rows(t: torch.Tensor, M: int, width: int) -> torch.Tensor | None:
     if tail != width:
         return None
     row = dims[-1][1] if dims else width
-    for (n0, s0), (n1, s1) in zip(dims, dims[1:]):   # the leading dims that make M: one stride
+    for (_, s0), (n1, s1) in itertools.pairwise(dims):   # the leading dims that make M: one stride
         if s0 != s1 * n1:
             return None
     return t.as_strided((M, width), (row, 1))
