@@ -105,9 +105,12 @@ def test_lm_head_chunk_bytes_reaches_the_loss_and_the_prebuild(monkeypatch):
     model.train()
     model(ids, labels=labels).loss.backward()
     hfl.step_kernels(model.to(torch.bfloat16), 64)
-    assert seen == [("loss", 64 << 20), ("kernels", 64 << 20)]
+    hfl.step_kernels(model, 64, None)                     # the library's default, not the model's
+    assert seen == [("loss", 64 << 20), ("kernels", 64 << 20), ("kernels", None)]
+    with pytest.raises(ValueError, match="step_kernels: lm_head_chunk_bytes must be a positive int"):
+        hfl.step_kernels(model, 64, 1.5e9)
     fresh = hf_model()
-    with pytest.raises(ValueError, match="chunk_bytes must be a positive int"):
+    with pytest.raises(ValueError, match="apply_coda_to_llama: lm_head_chunk_bytes must be a positive int"):
         apply_coda_to_llama(fresh, impl="reference", lm_head_chunk_bytes=-5)
     assert not isinstance(fresh.model.layers[0], hfl.CodaHFLlamaDecoderLayer)
 

@@ -39,15 +39,17 @@ def apply_coda_to_llama(model, impl: str = "auto", prebuild_tokens=None, jobs: i
     return apply(model, impl=impl, prebuild_tokens=prebuild_tokens, jobs=jobs, lm_head_chunk_bytes=lm_head_chunk_bytes)
 
 
-def prebuild_llama(model, tokens, jobs: int | None = None) -> list[str]:
+def prebuild_llama(model, tokens, jobs: int | None = None, lm_head_chunk_bytes="model") -> list[str]:
     """Build every kernel a training step of `model` (a transformers LlamaForCausalLM, bf16 or fp16,
     patched or not yet) launches at `tokens` tokens per step (batch × sequence, or a batch of
     input_ids), and the torch binding, in parallel with one progress line; `jobs` nvcc at once
-    (default: the CPU count capped by memory). Cached kernels are not rebuilt. Returns their paths."""
+    (default: the CPU count capped by memory). lm_head_chunk_bytes: the LM head's chunk budget the step
+    will use ("model": the one apply_coda_to_llama was given; None: the default). Cached kernels are not
+    rebuilt. Returns their paths."""
     _transformers()
     from .llama import prebuild_llama as build
 
-    return build(model, tokens, jobs)
+    return build(model, tokens, jobs, lm_head_chunk_bytes)
 
 
 __all__ = ["apply_coda_to_llama", "prebuild_llama"]

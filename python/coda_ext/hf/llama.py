@@ -192,7 +192,7 @@ def apply_coda_to_llama(model, impl: str = "auto", prebuild_tokens: int | torch.
     ops.lm_head_cross_entropy_loss)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    check_chunk_bytes("apply_coda_to_llama", lm_head_chunk_bytes)
+    check_chunk_bytes("apply_coda_to_llama", lm_head_chunk_bytes, "lm_head_chunk_bytes")
     if prebuild_tokens is not None and impl == "reference":
         raise ValueError("apply_coda_to_llama: prebuild_tokens builds the fused kernels, but impl='reference' "
                          "launches none; leave prebuild_tokens out, or use impl='auto' or 'fused'")
@@ -229,15 +229,20 @@ def _token_count(tokens) -> int:
     return n
 
 
-def step_kernels(model, tokens: int | torch.Tensor, lm_head_chunk_bytes: int | None = None) -> list:
+#: step_kernels' default chunk budget: the patched model's (apply_coda_to_llama's lm_head_chunk_bytes)
+MODEL_CHUNK = "model"
+
+
+def step_kernels(model, tokens: int | torch.Tensor, lm_head_chunk_bytes: int | str | None = MODEL_CHUNK) -> list:
     """(graph, dtype, kernel config) of every kernel one training step (forward and backward, the
     fused impl) of `model` (a transformers LlamaForCausalLM, patched or not yet) launches at `tokens`
     tokens per step: the decoder layers and the fused LM head + cross-entropy (fed the final norm's
-    output, as the patch's loss is, in chunks of lm_head_chunk_bytes: default the patched model's). The
-    kernels' dtype is the model's (bf16 or fp16)."""
+    output, as the patch's loss is, in chunks of lm_head_chunk_bytes: the patched model's by default, None
+    for the library's default). The kernels' dtype is the model's (bf16 or fp16)."""
     _check_model(model)
-    if lm_head_chunk_bytes is None:
+    if lm_head_chunk_bytes == MODEL_CHUNK:
         lm_head_chunk_bytes = getattr(model, "_coda_lm_head_chunk_bytes", None)
+    check_chunk_bytes("step_kernels", lm_head_chunk_bytes, "lm_head_chunk_bytes")
     cfg = LlamaConfig.from_hf(model.config)
     if cfg.fused_problems():
         raise ValueError("the fused Llama layer does not take " + "; ".join(cfg.fused_problems()))
@@ -249,12 +254,13 @@ def step_kernels(model, tokens: int | torch.Tensor, lm_head_chunk_bytes: int | N
                             lm_head_chunk_bytes=lm_head_chunk_bytes)
 
 
-def prebuild_llama(model, tokens: int | torch.Tensor, jobs: int | None = None) -> list[str]:
+def prebuild_llama(model, tokens: int | torch.Tensor, jobs: int | None = None,
+                   lm_head_chunk_bytes: int | str | None = MODEL_CHUNK) -> list[str]:
     """Builds every kernel a training step of `model` at `tokens` tokens per step launches
-    (step_kernels) and the torch binding, in parallel (`jobs` nvcc processes, default: the CPU
-    count capped by memory, jit.default_jobs), with one progress line; kernels already in the cache
-    are not rebuilt. Needs nvcc, not a GPU. Returns the kernels' library paths."""
-    items = step_kernels(model, tokens)
+    (step_kernels, with its lm_head_chunk_bytes) and the torch binding, in parallel (`jobs` nvcc processes,
+    default: the CPU count capped by memory, jit.default_jobs), with one progress line; kernels already in
+    the cache are not rebuilt. Needs nvcc, not a GPU. Returns the kernels' library paths."""
+    items = step_kernels(model, tokens, lm_head_chunk_bytes)
     sources = {ks.source: ks for ks in (jit.kernel_source(*item) for item in items)}
     hits = sum(jit.cached(ks) for ks in sources.values())
     todo = f"; building {len(sources) - hits} with -j {jobs or jit.default_jobs()}" if hits < len(sources) else ""

@@ -234,6 +234,7 @@ def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool
     (ops.lm_head_cross_entropy_loss's chunk_bytes)."""
     from ..runtime.tuned import auto_items
 
+    lm_head_ce.check_chunk_bytes("training_kernels", lm_head_chunk_bytes, "lm_head_chunk_bytes")
     M, d, F_, hd = tokens, config.hidden_size, config.intermediate_size, config.head_dim
     Nq, Do = config.qkv_size, config.num_attention_heads * hd
     gemms = [  # (graph, major, (M, N, K) as launched)

@@ -258,11 +258,11 @@ def train_chunk_rows(M: int, V: int, chunk_bytes: int | None = None) -> int:
     return min(M, max(128, budget // max(1, 2 * V) // 128 * 128))
 
 
-def check_chunk_bytes(op: str, chunk_bytes) -> None:
-    """chunk_bytes: None (the default budget) or a positive int."""
+def check_chunk_bytes(op: str, chunk_bytes, name: str = "chunk_bytes") -> None:
+    """A chunk budget: None (the default, TRAIN_CHUNK_BYTES) or a positive int; `name`: the caller's argument."""
     if chunk_bytes is not None and (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int)
                                     or chunk_bytes <= 0):
-        raise ValueError(f"{op}: chunk_bytes must be a positive int (bytes of one exp(logits) chunk) or None for "
+        raise ValueError(f"{op}: {name} must be a positive int (bytes of one exp(logits) chunk) or None for "
                          f"the default ({TRAIN_CHUNK_BYTES >> 20} MiB), got {chunk_bytes!r}")
 
 

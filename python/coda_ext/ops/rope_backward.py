@@ -140,16 +140,17 @@ def _backward(parts, qkv, positions, freqs, n_heads, n_kv_heads, fused, shared_h
         _cos_sin_shared(positions, freqs, width)
     math = _fused if fused else _math
     M = qkv[..., 0].numel()
-    if shared and (fused or traced) and qkv.is_cuda and rope_kernel.available():
+    qkv_rows = common.rows(qkv)
+    if shared and (fused or traced) and qkv.is_cuda and qkv_rows.stride(1) == 1 and rope_kernel.available():
         # one Triton kernel over the three gradients where they lie (rope_kernel), also in a compiled graph
         views = _row_views(parts, M, (n_heads * hd, n_kv_heads * hd, n_kv_heads * hd))
         if views is not None:
-            dz, zdz = rope_kernel.rope_backward(views, common.rows(qkv), cos, sin)
+            dz, zdz = rope_kernel.rope_backward(views, qkv_rows, cos, sin)
             return dz.reshape(*lead, N), zdz.reshape(lead)
     # else one (M, N) gradient: attention's three, concatenated (one copy, 60 us at 16384 x 3072 on an H200), as
     # the one-input generated kernel ran 156 us where Inductor's kernel over the three (a select per element) ran 236
     dqkv = torch.cat([p.reshape(M, -1) for p in parts], dim=1) if len(parts) > 1 else parts[0].reshape(M, N)
-    dz, zdz = math(dqkv, common.rows(qkv), cos, sin, n_rotated)
+    dz, zdz = math(dqkv, qkv_rows, cos, sin, n_rotated)
     return dz.reshape(*lead, N), zdz.reshape(lead)
 
 

@@ -81,8 +81,14 @@ _op = torch.library.triton_op("coda_ext::rope_backward_rows", mutates_args=())(_
 
 
 def available() -> bool:
-    """Whether the kernel can run on a GPU here (triton installed)."""
-    return _op is not None
+    """Whether the kernel can run on a GPU here (triton installed and importable)."""
+    if _op is None:
+        return False
+    try:
+        _kernel()
+    except ImportError:
+        return False
+    return True
 
 
 def rope_backward(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qkv: torch.Tensor, cos: torch.Tensor,
