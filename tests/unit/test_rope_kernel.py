@@ -136,3 +136,13 @@ def test_kernel_values_under_triton_interpreter():
     script = _INTERPRETED.format(paths=[root, os.path.join(root, "python")])
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_a_missing_triton_names_the_op_and_the_fix():
+    """Where triton does not import, the ops that launch Triton kernels say which op needs it and how to install
+    it (one message for all: ops.common.import_triton)."""
+    from coda_ext.ops import common
+
+    with pytest.raises(ImportError, match=r"coda_ext runs the RoPE backward on the GPU with a Triton kernel, and "
+                                          r"triton does not import \(.*\); install the triton .* pip install triton"):
+        common.import_triton("runs the RoPE backward", "coda_ext_no_such_module")

@@ -88,6 +88,18 @@ def traced(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or is_fake(t) or t.device.type == "meta"
 
 
+def import_triton(what: str, module: str) -> Any:
+    """The module `module` (Triton, or Triton kernels of this package: "coda_ext.ops._rope_triton"), imported;
+    where triton does not import, an ImportError that says which op needs it (`what`) and how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:   # CUDA builds of torch on Linux bring triton
+        raise ImportError(f"coda_ext {what} on the GPU with a Triton kernel, and triton does not import ({e}); "
+                          "install the triton that matches your torch (pip install triton)") from e
+
+
 def graph_kept() -> bool:
     """Whether the running backward keeps its autograd graph for another (retain_graph or create_graph; unknown:
     yes): a backward may overwrite what its Function saved, or hand out saved tensors to scale in place, only when

@@ -19,19 +19,15 @@ import itertools
 import torch
 from torch.library import wrap_triton
 
+from . import common
+
 #: Rows per program; pairs per column block (2 · BLOCK_P columns of a part at a time).
 BLOCK_M, BLOCK_P = 8, 128
 
 
 @functools.cache
 def _kernel():
-    try:
-        from . import _rope_triton
-    except ImportError as e:   # CUDA builds of torch on Linux bring it
-        raise ImportError("coda_ext runs the RoPE backward on the GPU with a Triton kernel, and triton does not "
-                          f"import ({e}); install the triton that matches your torch (pip install triton)") from e
-
-    return _rope_triton.rope_backward_kernel
+    return common.import_triton("runs the RoPE backward", f"{__package__}._rope_triton").rope_backward_kernel
 
 
 def as_rows(t: torch.Tensor, M: int, width: int) -> torch.Tensor | None:

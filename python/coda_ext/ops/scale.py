@@ -15,18 +15,16 @@ import functools
 
 import torch
 
+from . import common
+
 #: Elements each program scales per iteration; programs per SM of the grid (a grid-stride loop).
 BLOCK, PROGRAMS_PER_SM = 4096, 4
 
 
 @functools.cache
 def _kernel():
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError as e:   # CUDA builds of torch on Linux bring it
-        raise ImportError("coda_ext scales gradients on the GPU with a Triton kernel, and triton does not import "
-                          f"({e}); install the triton that matches your torch (pip install triton)") from e
+    triton = common.import_triton("scales gradients", "triton")
+    tl = common.import_triton("scales gradients", "triton.language")
 
     @triton.jit
     def scale_kernel(ptr, n, factor_ptr, BLOCK: tl.constexpr):
