@@ -144,5 +144,5 @@ def test_a_missing_triton_names_the_op_and_the_fix():
     from coda_ext.ops import common
 
     with pytest.raises(ImportError, match=r"coda_ext runs the RoPE backward on the GPU with a Triton kernel, and "
-                                          r"triton does not import \(.*\); install the triton .* pip install triton"):
+                                          r"triton does not import \(.*\); install the triton .*pip install triton"):
         common.import_triton("runs the RoPE backward", "coda_ext_no_such_module")
