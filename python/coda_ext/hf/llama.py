@@ -148,7 +148,8 @@ def _final_norm_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
 
 def _unused_rotary_forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None, *args, **kwargs):
     """The patched model's rotary embedding: empty (cos, sin), which its coda layers never read (no kernel
-    is launched)."""
+    is launched). A module that shares this rotary module with the model (a drafter tied to it) gets the empty
+    tables too."""
     empty = x.new_empty(0)
     return empty, empty
 
