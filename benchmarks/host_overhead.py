@@ -6,6 +6,7 @@ the generated source). A fused step without CUDA graphs pays this once per fused
 step), beside the kernels; this measures it where a GPU is not at hand and tracks changes to that path.
 
     python -m benchmarks.host_overhead [--models bert-base] [--calls 2000]
+    python -m benchmarks.host_overhead --models --ready-ops    # the Llama layer's ready ops (coda_ext.ops) only
 
 Results (--out): host_overhead_cpu.json in benchmarks/results/ (the CPU's name in it): per kernel the
 median µs per call over five batches of --calls calls, and the step's sum (µs × launches). Absolute numbers
@@ -116,6 +117,62 @@ def site_call(site, mnk: tuple[int, int, int]):
     return lambda: fop.run_site(site, tensors)
 
 
+#: The Llama layer's ready ops (d 2048, F 8192, 32 query and 8 key/value heads of 64: Llama-3.2-1B's widths)
+#: and how often a training step calls each, per layer
+READY_OPS = {"qkv_rope": 1, "linear_residual_norm": 1, "linear_swiglu_train": 1, "linear_residual": 1,
+             "swiglu_backward_linear": 1, "rms_norm_backward_linear": 2, "linear_dx": 1, "weight_grad": 4}
+
+
+def ready_op_calls(rows: int = ROWS, d: int = 2048, f: int = 8192, heads: tuple[int, int, int] = (32, 8, 64)):
+    """{op: fn()}: each ready op of a Llama layer on CPU tensors of its shapes at `rows` tokens (random values;
+    with stubbed_launch the kernel is not run), as the layer calls it."""
+    import torch
+
+    from coda_ext import ops
+
+    nh, nkv, hd = heads
+    nq = (nh + 2 * nkv) * hd
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    x, res, gamma = r(rows, d), r(rows, d), r(d)
+    rstd = r(rows, dtype=torch.float32).abs() + 1
+    pos, freqs = torch.arange(rows), ops.rope_frequencies(hd, nh, nkv)
+    w_qkv, w_o, w_gu, w_d = r(nq, d), r(d, nh * hd), r(2 * f, d), r(d, f)
+    y, z, dy, dz_gu, zdz = r(rows, f), r(rows, 2 * f), r(rows, d), r(rows, 2 * f), r(rows, dtype=torch.float32)
+    attn, dz_kv = r(rows, nh * hd), r(rows, nkv * hd)
+    return {
+        "qkv_rope": lambda: ops.qkv_rope(x, w_qkv, pos, freqs, nh, nkv, rstd=rstd),
+        "linear_residual_norm": lambda: ops.linear_residual_norm(attn, w_o, res, gamma),
+        "linear_swiglu_train": lambda: ops.linear_swiglu_train(x, w_gu, rstd),
+        "linear_residual": lambda: ops.linear_residual(y, w_d, res),
+        "swiglu_backward_linear": lambda: ops.swiglu_backward_linear(dy, w_d, z),
+        "rms_norm_backward_linear": lambda: ops.rms_norm_backward_linear(dz_gu, w_gu, x, rstd, gamma, zdz, dx_in=res),
+        "linear_dx": lambda: ops.linear_dx(dy, w_o),
+        # a small weight gradient: its (N, K) output is allocated whatever the rows, and a CPU's malloc of a
+        # large one (64 MB for gate/up) would time the allocator, which a GPU's caching allocator makes cheap
+        "weight_grad": lambda: ops.weight_grad(dz_kv, x),
+    }
+
+
+def measure_ready_ops(calls: int, rows: int = ROWS) -> list[dict]:
+    """[{op, per_layer, host_us}]: each ready op's host time a call through its whole path (argument checks,
+    custom op, config choice, output allocation) with the launch stubbed; CUDA is faked for the tensors."""
+    from unittest import mock
+
+    import torch
+
+    out = []
+    with stubbed_launch(), mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=False):
+        for name, fn in ready_op_calls(rows).items():
+            with mock.patch.object(torch.Tensor, "is_cuda", True):
+                fn()   # warm: the op, its config and its checks
+            out.append({"op": name, "per_layer": READY_OPS[name], "host_us": measure(fn, calls)})
+    return out
+
+
 def measure(fn, calls: int) -> float:
     """Median µs per call over five batches."""
     import torch
@@ -132,10 +189,13 @@ def measure(fn, calls: int) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=["bert-base"])
+    p.add_argument("--models", nargs="*", default=["bert-base"],
+                   help="automatic fusion's models (none: --ready-ops only)")
     p.add_argument("--tiny", action="store_true", help="the models' tiny configs (tests)")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--out", default=None, help="results JSON (default: host_overhead_cpu.json in benchmarks/results/)")
+    p.add_argument("--ready-ops", action="store_true", help="also the Llama layer's ready ops (coda_ext.ops), one "
+                   "row each, and their sum over a layer's training step")
     args = p.parse_args(argv)
     doc = {"env": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
                    "commit": common.commit()}, "models": {}}
@@ -154,6 +214,14 @@ def main(argv=None) -> int:
         step = sum(r["host_us"] * r["launches"] for r in rows) / 1e3
         print(f"{name}: {step:.2f} ms of host time a step in {sum(r['launches'] for r in rows)} fused calls")
         doc["models"][name] = {"kernels": rows, "step_ms": step}
+    if args.ready_ops:
+        rows = measure_ready_ops(args.calls)
+        for row in rows:
+            print(f"ready op {row['op']}: {row['host_us']:.1f} us a call, {row['per_layer']} a layer", flush=True)
+        layer = sum(r["host_us"] * r["per_layer"] for r in rows) / 1e3
+        print(f"Llama layer: {layer:.2f} ms of host time a training step in {sum(r['per_layer'] for r in rows)} "
+              "ready-op calls")
+        doc["ready_ops"] = {"ops": rows, "layer_ms": layer}
     import torch
 
     doc["env"]["torch"] = torch.__version__

@@ -39,3 +39,23 @@ def test_the_kernel_path_copies_only_a_repeated_result():
             results = once()
     assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()
     assert len({r.untyped_storage().data_ptr() for r in results}) == len(results)
+
+
+def test_ready_ops_host_time_through_the_stubbed_launch(tmp_path):
+    """--ready-ops: each ready op of a Llama layer timed through its whole path with the launch stubbed (no GPU,
+    no kernel), a row per op and the layer's sum; nothing stays patched after."""
+    import json
+
+    import torch
+
+    from benchmarks import host_overhead
+    from coda_ext.jit import binding
+
+    out = tmp_path / "ho.json"
+    assert host_overhead.main(["--models", "--ready-ops", "--calls", "3", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    ops = doc["ready_ops"]["ops"]
+    assert [r["op"] for r in ops] == list(host_overhead.READY_OPS)
+    assert all(r["host_us"] > 0 for r in ops) and doc["ready_ops"]["layer_ms"] > 0
+    assert doc["models"] == {}
+    assert not torch.zeros(1).is_cuda and binding.load_binding.__name__ == "load_binding"
