@@ -159,13 +159,15 @@ def ready_op_calls(rows: int = ROWS, d: int = 2048, f: int = 8192, heads: tuple[
 
 def measure_ready_ops(calls: int, rows: int = ROWS) -> list[dict]:
     """[{op, per_layer, host_us}]: each ready op's host time a call through its whole path (argument checks,
-    custom op, config choice, output allocation) with the launch stubbed; CUDA is faked for the tensors."""
+    custom op, config choice, output allocation) with the launch stubbed; CUDA is faked for the tensors; under
+    no_grad, as the layer's autograd Functions call them."""
     from unittest import mock
 
     import torch
 
     out = []
-    with stubbed_launch(), mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=False):
+    with stubbed_launch(), mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=False), \
+            torch.no_grad():
         for name, fn in ready_op_calls(rows).items():
             with mock.patch.object(torch.Tensor, "is_cuda", True):
                 fn()   # warm: the op, its config and its checks

@@ -32,3 +32,42 @@ def test_output_specs_are_each_output_s_shape_and_dtype_kept_per_problem_size(mo
     for M in range(400, 410):
         assert op._output_specs(M, 72)[op.output_name] == ((M, 72), torch.bfloat16)
     assert len(op._specs) == 2
+
+
+def test_ready_ops_skip_the_dispatcher_only_where_it_has_nothing_to_do(monkeypatch):
+    """common.call runs a ready op's implementation itself under no_grad on plain CUDA tensors (here CUDA is
+    faked and the launch stubbed), and goes through torch.ops where the dispatcher matters: gradients recorded,
+    a dispatch mode (FakeTensorMode, tracing), the profiler, CPU tensors; the results are the same."""
+    from unittest import mock
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from benchmarks.host_overhead import stubbed_launch
+    from coda_ext import ops
+    from coda_ext.ops import common
+
+    x, w, res = (torch.randn(*s).to(torch.bfloat16) for s in ((64, 128), (256, 128), (64, 256)))
+    direct = []
+    real = common._DIRECT["linear_residual"]
+    monkeypatch.setitem(common._DIRECT, "linear_residual", lambda *a: direct.append(1) or real(*a))
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with stubbed_launch(), mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=False), \
+            mock.patch.object(torch.Tensor, "is_cuda", True):
+        with torch.no_grad():
+            got = ops.linear_residual(x, w, res)
+        assert direct == [1] and got.shape == (64, 256)
+        ops.linear_residual(x, w, res)                       # grad mode on: the custom op's autograd
+        with torch.no_grad(), Watch():
+            ops.linear_residual(x, w, res)
+        with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            ops.linear_residual(x, w, res)
+        assert direct == [1]
+        assert any(e.name == "coda_ext::linear_residual" for e in prof.events())
+    assert set(common._DIRECT) >= {"linear_residual", "linear_dx", "weight_grad", "qkv_rope", "linear_residual_norm",
+                                   "linear_swiglu_train", "swiglu_backward_linear", "rms_norm_backward_linear"}
+    assert "swiglu_backward_linear_" not in common._DIRECT   # it writes z: the dispatcher bumps z's version

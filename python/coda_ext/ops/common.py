@@ -19,6 +19,49 @@ from ..graph.builder import dtype_name
 DTYPES = (torch.bfloat16, torch.float16)
 
 
+# --- calling a ready op's custom op -----------------------------------------------------------------------------
+#
+# torch's custom-op dispatch (its autograd wrapper, redispatch, the aliasing check of the results, the dynamo
+# guard around the implementation) took about 10 of a ready op's 24 us of host time a call on a 2-core CPU
+# (launch stubbed). Where the dispatcher has nothing to do for the call, call() runs the implementation itself:
+# no gradient is being recorded (inside the Llama layers' autograd Functions, under torch.no_grad()), nothing
+# traces (Dynamo, AOTAutograd and FakeTensorMode run as modes), no torch function or dispatch mode and no
+# profiler (whose traces name each op) watch, the tensors are plain. Ops that mutate an input go through the
+# dispatcher always (it bumps the input's version counter).
+
+#: {custom op name: its implementation} of the ops call() may run directly (direct())
+_DIRECT: dict[str, Callable[..., Any]] = {}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_MODES = all(hasattr(torch._C, n) for n in ("_is_torch_function_mode_enabled", "_len_torch_dispatch_stack")) and \
+    hasattr(torch.autograd.profiler, "_is_profiler_enabled")
+
+
+def direct(op: Any) -> Any:
+    """Registers a torch.library.custom_op of this package (that mutates nothing) for call(); returns it."""
+    fn = getattr(op, "_init_fn", None)
+    if fn is not None and _MODES:
+        _DIRECT[op._name.split("::")[-1]] = fn
+    return op
+
+
+def dispatch_free() -> bool:
+    """Whether a call now needs nothing of torch's dispatcher but the implementation (see above)."""
+    return (_MODES and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
+            and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0
+            and not torch.autograd.profiler._is_profiler_enabled)
+
+
+def call(name: str, *args: Any) -> Any:
+    """torch.ops.coda_ext.<name>(*args), or the op's implementation itself where dispatch_free() and every
+    tensor argument is a plain CUDA tensor (the same results, less host time; a kernel registered for another
+    device, as the CPU tests register references, is still reached through the dispatcher)."""
+    fn = _DIRECT.get(name)
+    if fn is not None and dispatch_free() and \
+            all(type(a) in _PLAIN and a.is_cuda for a in args if isinstance(a, torch.Tensor)):
+        return fn(*args)
+    return getattr(torch.ops.coda_ext, name)(*args)
+
+
 def check_linear(op: str, x: torch.Tensor, weight: torch.Tensor) -> None:
     """x (..., K) and weight (N, K) of one 16-bit dtype on one device, as F.linear takes them."""
     for name, t in (("x", x), ("weight", weight)):

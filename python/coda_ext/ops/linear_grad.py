@@ -58,6 +58,7 @@ def _gemm(name, A, B, tile, scale=None):
                 major=major, operands=operands)
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::linear_residual", mutates_args=())
 def _op_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return common.run_gemm(**_gemm("linear_residual", x, weight, residual)).out
@@ -69,6 +70,7 @@ def _fake_residual(x, weight, residual):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::linear_dx", mutates_args=())
 def _op_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return common.run_gemm(**_gemm("linear_dx", dz, weight.t(), None)).out
@@ -80,6 +82,7 @@ def _fake_dx(dz, weight):
     return dz.new_empty(dz.shape[0], weight.shape[1])
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::weight_grad", mutates_args=())
 def _op_wgrad(dz: torch.Tensor, x: torch.Tensor, accumulate: torch.Tensor | None,
               scale: float | None = None) -> torch.Tensor:
@@ -97,7 +100,7 @@ def linear_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tenso
     common.check_linear("linear_residual", x, weight)
     lead, N = tuple(x.shape[:-1]), weight.shape[0]
     common.check_rows("linear_residual", "residual", residual, lead, N, x.dtype, x.device)
-    return torch.ops.coda_ext.linear_residual(common.rows(x), weight, common.rows(residual)).reshape(*lead, N)
+    return common.call("linear_residual", common.rows(x), weight, common.rows(residual)).reshape(*lead, N)
 
 
 def linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -105,7 +108,7 @@ def linear_dx(dz: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     as torch.nn.Linear stores it (read in place, no transposed copy)."""
     common.check_gradient_linear("linear_dx", dz, "dz", weight)
     lead = tuple(dz.shape[:-1])
-    return torch.ops.coda_ext.linear_dx(common.rows(dz), weight).reshape(*lead, weight.shape[1])
+    return common.call("linear_dx", common.rows(dz), weight).reshape(*lead, weight.shape[1])
 
 
 def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: torch.Tensor | None = None,
@@ -136,7 +139,7 @@ def weight_grad(dz: torch.Tensor, x: torch.Tensor, accumulate: torch.Tensor | No
         raise TypeError(f"{op}: scale must be a Python number, got {type(scale).__name__}")
     if x.device != dz.device:
         raise ValueError(f"{op}: dz is on {dz.device} and x on {x.device}; put them on one device")
-    return torch.ops.coda_ext.weight_grad(dz2, x2, accumulate, None if scale is None else float(scale))
+    return common.call("weight_grad", dz2, x2, accumulate, None if scale is None else float(scale))
 
 
 BUILDS = [(graph, (True,), "kk"), (graph, (False,), "kn"), (graph, (True,), "kn"), (graph, (False,), "mn"),

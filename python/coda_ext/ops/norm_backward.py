@@ -38,6 +38,7 @@ def reference(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: tor
     return dx, xhat * gamma, dgamma
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::rms_norm_backward_linear", mutates_args=())
 def _op(dz: torch.Tensor, weight: torch.Tensor, x: torch.Tensor, rstd: torch.Tensor, norm_weight: torch.Tensor,
         zdz: torch.Tensor, dx_in: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -76,7 +77,7 @@ def rms_norm_backward_linear(dz: torch.Tensor, weight: torch.Tensor, x: torch.Te
     if dx_in is not None:
         common.check_rows(NAME, "dx_in", dx_in, lead, d, dz.dtype, dz.device)
         dx_in = common.rows(dx_in)
-    dx, n, dgamma = torch.ops.coda_ext.rms_norm_backward_linear(
+    dx, n, dgamma = common.call("rms_norm_backward_linear",
         common.rows(dz), weight, common.rows(x), rstd.reshape(-1), norm_weight, zdz.reshape(-1), dx_in)
     return dx.reshape(*lead, d), n.reshape(*lead, d), dgamma
 

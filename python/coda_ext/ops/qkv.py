@@ -89,6 +89,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, n_
     return torch.cat([rotate(q), rotate(k), v], dim=-2).flatten(-2)
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::qkv_rope", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, freqs: torch.Tensor,
         rstd: torch.Tensor | None, norm_a: torch.Tensor | None, norm_b: torch.Tensor | None,
@@ -163,9 +164,9 @@ def _backward(ctx, dqkv):
     if need_x or need_w:
         dacc = (dz if rstd is None else rstd.float()[:, None] * dz.float()).to(x.dtype).contiguous()
         if need_x:
-            dx = torch.ops.coda_ext.linear_dx(dacc, weight.contiguous())
+            dx = common.call("linear_dx", dacc, weight.contiguous())
         if need_w:
-            dweight = torch.ops.coda_ext.weight_grad(dacc, x.contiguous(), None)
+            dweight = common.call("weight_grad", dacc, x.contiguous(), None)
     return dx, dweight, None, None, drstd, da, db, None, None, None
 
 
@@ -221,7 +222,7 @@ def qkv_rope(x: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor, fre
         common.check_vector(NAME, "k_norm_weight", k_norm_weight, hd, x.device)
         norm_a, norm_b = qk_norm_vectors(q_norm_weight, k_norm_weight, n_heads, n_kv_heads)
     pos = positions.reshape(-1).to(torch.float32)
-    out = torch.ops.coda_ext.qkv_rope(common.rows(x), weight, pos, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads,
+    out = common.call("qkv_rope", common.rows(x), weight, pos, freqs, rstd, norm_a, norm_b, n_heads, n_kv_heads,
                                       float(eps))
     return out.reshape(*lead, weight.shape[0])
 

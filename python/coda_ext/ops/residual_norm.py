@@ -38,6 +38,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, nor
     return out, h, rstd
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::linear_residual_norm", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,9 +82,9 @@ def _backward(ctx, dout, dh, drstd):
             g = g - (drstd.float() * rstd.float().pow(3) / o.shape[-1])[:, None] * o
         g = g.to(x.dtype).contiguous()
         if need_x:
-            dx = torch.ops.coda_ext.linear_dx(g, weight.contiguous())
+            dx = common.call("linear_dx", g, weight.contiguous())
         if need_w:
-            dweight = torch.ops.coda_ext.weight_grad(g, x.contiguous(), None)
+            dweight = common.call("weight_grad", g, x.contiguous(), None)
         if need_res:
             dres = g
     return dx, dweight, dres, dgamma, None
@@ -100,7 +101,7 @@ def linear_residual_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.
     lead, N = tuple(x.shape[:-1]), weight.shape[0]
     common.check_rows(NAME, "residual", residual, lead, N, x.dtype, x.device)
     common.check_vector(NAME, "norm_weight", norm_weight, N, x.device, x.dtype)
-    out, h, rstd = torch.ops.coda_ext.linear_residual_norm(common.rows(x), weight, common.rows(residual),
+    out, h, rstd = common.call("linear_residual_norm", common.rows(x), weight, common.rows(residual),
                                                            norm_weight, float(eps))
     return out.reshape(*lead, N), h.reshape(*lead, N), rstd.reshape(lead)
 

@@ -37,6 +37,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, activat
     return _TORCH_ACT[activation](rstd.float()[..., None] * (x.float() @ weight.float().t()))
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::rms_linear", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, activation: str) -> torch.Tensor:
     return common.run_gemm(NAME, **_gemm(x, weight, rstd, activation)).out
@@ -85,7 +86,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout):
     x, weight, rstd, out = ctx.saved_tensors
     need_x, need_w, need_rstd, _ = ctx.needs_input_grad
-    pre = out if out is not None else torch.ops.coda_ext.rms_linear(x, weight, rstd, "")
+    pre = out if out is not None else common.call("rms_linear", x, weight, rstd, "")
     pre = pre.float()
     dpre = _act_backward(ctx.activation, dout.float(), pre)
     r = rstd.float()[:, None]
@@ -94,9 +95,9 @@ def _backward(ctx, dout):
     if need_x or need_w:
         du = (r * dpre).to(x.dtype).contiguous()
         if need_x:
-            dx = torch.ops.coda_ext.linear_dx(du, weight.contiguous())
+            dx = common.call("linear_dx", du, weight.contiguous())
         if need_w:
-            dweight = torch.ops.coda_ext.weight_grad(du, x.contiguous(), None)
+            dweight = common.call("weight_grad", du, x.contiguous(), None)
     return dx, dweight, drstd, None
 
 
@@ -110,7 +111,7 @@ def rms_linear(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
     common.check_linear(NAME, x, weight)
     lead = tuple(x.shape[:-1])
     common.check_rows(NAME, "rstd", rstd, lead, None, torch.float32, x.device)
-    out = torch.ops.coda_ext.rms_linear(common.rows(x), weight, rstd.reshape(-1), activation or "")
+    out = common.call("rms_linear", common.rows(x), weight, rstd.reshape(-1), activation or "")
     return out.reshape(*lead, weight.shape[0])
 
 

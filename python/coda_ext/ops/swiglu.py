@@ -47,6 +47,7 @@ def _run(x, weight, rstd, store_preact):
     return common.run_gemm(NAME, **_gemm(x, weight, rstd, store_preact))
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::linear_swiglu", mutates_args=())
 def _op(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor | None) -> torch.Tensor:
     return _run(x, weight, rstd, False).y
@@ -58,6 +59,7 @@ def _fake(x, weight, rstd):
     return x.new_empty(x.shape[0], weight.shape[0] // 2)
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::linear_swiglu_train", mutates_args=())
 def _op_train(x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     r = _run(x, weight, rstd, True)
@@ -93,9 +95,9 @@ def _grads(ctx, x, weight, rstd, z, dy, dz_in):
     if need_x or need_w:
         dacc = (dz if rstd is None else rstd.float()[:, None] * dz).to(x.dtype).contiguous()
         if need_x:
-            dx = torch.ops.coda_ext.linear_dx(dacc, weight.contiguous())
+            dx = common.call("linear_dx", dacc, weight.contiguous())
         if need_w:
-            dweight = torch.ops.coda_ext.weight_grad(dacc, x.contiguous(), None)
+            dweight = common.call("weight_grad", dacc, x.contiguous(), None)
     return dx, dweight, drstd
 
 
@@ -106,7 +108,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     x, weight, rstd = ctx.saved_tensors
-    _, z = torch.ops.coda_ext.linear_swiglu_train(x, weight, rstd)
+    _, z = common.call("linear_swiglu_train", x, weight, rstd)
     return _grads(ctx, x, weight, rstd, z, dy, None)
 
 
@@ -145,7 +147,7 @@ def linear_swiglu(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tensor, to
     coda_ext.ops.layouts.gate_up_weight), or the (2F, K) weight with rows interleaved gate, up
     (coda_ext.ops.interleave_gate_up; not torch.cat([W_gate, W_up]))."""
     lead, r, weight = _check(x, weight, rstd)
-    return torch.ops.coda_ext.linear_swiglu(common.rows(x), weight, r).reshape(*lead, weight.shape[0] // 2)
+    return common.call("linear_swiglu", common.rows(x), weight, r).reshape(*lead, weight.shape[0] // 2)
 
 
 def linear_swiglu_train(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -153,7 +155,7 @@ def linear_swiglu_train(x: torch.Tensor, weight: torch.Tensor | tuple[torch.Tens
     """(y, z): as linear_swiglu, and the pre-activation z (..., 2F) for the backward pass (interleaved
     gate, up columns, as swiglu_backward_linear reads it)."""
     lead, r, weight = _check(x, weight, rstd)
-    y, z = torch.ops.coda_ext.linear_swiglu_train(common.rows(x), weight, r)
+    y, z = common.call("linear_swiglu_train", common.rows(x), weight, r)
     return y.reshape(*lead, weight.shape[0] // 2), z.reshape(*lead, weight.shape[0])
 
 

@@ -36,6 +36,7 @@ def reference(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor):
     return dz, F.silu(gate) * up, (gate * dg + up * du).sum(-1)
 
 
+@common.direct
 @torch.library.custom_op("coda_ext::swiglu_backward_linear", mutates_args=())
 def _op(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r = common.run_gemm(NAME, **_gemm(dy, weight, z))
@@ -84,7 +85,7 @@ def swiglu_backward_linear(dy: torch.Tensor, weight: torch.Tensor, z: torch.Tens
                              "z.contiguous() or overwrite_z=False")
         y, zdz = torch.ops.coda_ext.swiglu_backward_linear_(common.rows(dy), weight, common.rows(z))
         return z, y.reshape(*lead, F_), zdz.reshape(lead)
-    dz, y, zdz = torch.ops.coda_ext.swiglu_backward_linear(common.rows(dy), weight, common.rows(z))
+    dz, y, zdz = common.call("swiglu_backward_linear", common.rows(dy), weight, common.rows(z))
     return dz.reshape(*lead, 2 * F_), y.reshape(*lead, F_), zdz.reshape(lead)
 
 
