@@ -66,6 +66,10 @@ def test_ready_ops_skip_the_dispatcher_only_where_it_has_nothing_to_do(monkeypat
             ops.linear_residual(x, w, res)
         with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             ops.linear_residual(x, w, res)
+        with torch.no_grad():
+            seen = []
+            torch.func.vmap(lambda r: seen.append(common.dispatch_free()) or r)(res)
+        assert seen == [False]                                # inside vmap the dispatcher applies the transform
         assert direct == [1]
         assert any(e.name == "coda_ext::linear_residual" for e in prof.events())
     assert set(common._DIRECT) >= {"linear_residual", "linear_dx", "weight_grad", "qkv_rope", "linear_residual_norm",

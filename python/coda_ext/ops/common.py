@@ -25,15 +25,16 @@ DTYPES = (torch.bfloat16, torch.float16)
 # guard around the implementation) took about 10 of a ready op's 24 us of host time a call on a 2-core CPU
 # (launch stubbed). Where the dispatcher has nothing to do for the call, call() runs the implementation itself:
 # no gradient is being recorded (inside the Llama layers' autograd Functions, under torch.no_grad()), nothing
-# traces (Dynamo, AOTAutograd and FakeTensorMode run as modes), no torch function or dispatch mode and no
-# profiler (whose traces name each op) watch, the tensors are plain. Ops that mutate an input go through the
-# dispatcher always (it bumps the input's version counter).
+# traces (Dynamo, AOTAutograd and FakeTensorMode run as modes), no torch function or dispatch mode, no
+# torch.func transform (vmap) and no profiler (whose traces name each op) watch, the tensors are plain. Ops
+# that mutate an input go through the dispatcher always (it bumps the input's version counter).
 
 #: {custom op name: its implementation} of the ops call() may run directly (direct())
 _DIRECT: dict[str, Callable[..., Any]] = {}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _MODES = all(hasattr(torch._C, n) for n in ("_is_torch_function_mode_enabled", "_len_torch_dispatch_stack")) and \
-    hasattr(torch.autograd.profiler, "_is_profiler_enabled")
+    hasattr(torch.autograd.profiler, "_is_profiler_enabled") and \
+    hasattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack")
 
 
 def direct(op: Any) -> Any:
@@ -48,7 +49,8 @@ def dispatch_free() -> bool:
     """Whether a call now needs nothing of torch's dispatcher but the implementation (see above)."""
     return (_MODES and not torch.is_grad_enabled() and not torch.compiler.is_compiling()
             and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0
-            and not torch.autograd.profiler._is_profiler_enabled)
+            and not torch.autograd.profiler._is_profiler_enabled
+            and torch._C._functorch.peek_interpreter_stack() is None)   # no vmap or other torch.func transform
 
 
 def call(name: str, *args: Any) -> Any:
