@@ -260,6 +260,22 @@ def test_rope_backward_kernel_reads_gradients_where_they_lie(layout):
     assert max_err(zdz, ref_zdz) <= 1e-4 * (1 + ref_zdz.abs().max().item())
 
 
+def test_rope_backward_kernel_opcheck():
+    """torch.library.opcheck of the kernel's custom op (coda_ext::rope_backward_rows): schema, fake and AOT
+    dispatch with dynamic shapes."""
+    from coda_ext.ops import rope_backward as rb
+    from coda_ext.ops import rope_kernel
+
+    gen = rand.generator("rope_backward opcheck", device=DEVICE)
+    nh, nkv, hd, M = 8, 2, 64, 77
+    freqs = ops.rope_frequencies(hd, nh, nkv, theta=500000.0, device=DEVICE)
+    qkv = rand.randn(gen, M, (nh + 2 * nkv) * hd, dtype=torch.bfloat16)
+    parts = tuple(rand.randn(gen, M, h * hd, dtype=torch.bfloat16) for h in (nh, nkv, nkv))
+    cos, sin = rb._cos_sin(rand.indices(gen, M, high=100_000), freqs, hd)
+    torch.library.opcheck(torch.ops.coda_ext.rope_backward_rows.default, (*parts, qkv, cos, sin))
+    assert rope_kernel.available()
+
+
 def test_rope_backward_kernel_under_torch_compile():
     """Traced by torch.compile (fullgraph) the RoPE backward launches the same Triton kernel (a custom op
     Inductor keeps): the compiled result equals the eager one bit for bit, also at a second row count."""

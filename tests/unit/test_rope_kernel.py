@@ -146,3 +146,24 @@ def test_a_missing_triton_names_the_op_and_the_fix():
     with pytest.raises(ImportError, match=r"coda_ext runs the RoPE backward on the GPU with a Triton kernel, and "
                                           r"triton does not import \(.*\); install the triton .*pip install triton"):
         common.import_triton("runs the RoPE backward", "coda_ext_no_such_module")
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda a: {**a, "qkv": a["qkv"].t().contiguous().t()}, "qkv must be .* adjacent columns"),
+    (lambda a: {**a, "dk": a["dk"][:, :-2]}, r"dk has 30 columns, not whole heads of 16"),
+    (lambda a: {**a, "dv": a["dv"].float()}, "dv must be"),
+    (lambda a: {**a, "cos": a["cos"][:-1]}, "cos and sin must be contiguous float32"),
+    (lambda a: {**a, "sin": a["sin"].double()}, "cos and sin must be contiguous float32"),
+    (lambda a: {**a, "dq": a["dq"][:-1]}, "dq must be"),
+])
+def test_kernel_inputs_are_refused_before_a_launch(bad, message, monkeypatch):
+    """The kernel's own checks (also through its custom op and while traced): a mistake raises before anything
+    launches."""
+    monkeypatch.setattr(rope_kernel, "_kernel", lambda: pytest.fail("launched"))
+    qkv, parts, pos, freqs, *_ = _case(3, nh=4, nkv=2, hd=16)
+    M, N = qkv.shape[0] * qkv.shape[1], qkv.shape[-1]
+    cos, sin = rb._cos_sin(pos, freqs, 16)
+    dq, dk, dv = rb._row_views(parts, M, (64, 32, 32))
+    args = bad({"dq": dq, "dk": dk, "dv": dv, "qkv": qkv.reshape(M, N), "cos": cos, "sin": sin})
+    with pytest.raises(ValueError, match=message):
+        rope_kernel._launch(args["dq"], args["dk"], args["dv"], args["qkv"], args["cos"], args["sin"])

@@ -51,8 +51,38 @@ def as_rows(t: torch.Tensor, M: int, width: int) -> torch.Tensor | None:
     return t.as_strided((M, width), (row, 1))
 
 
+def _check(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor,
+           sin: torch.Tensor) -> None:
+    """What the kernel reads, refused before any launch (also through the custom op and while traced): three
+    (M, w) parts with adjacent columns in qkv's dtype and on its device, w even, whole heads in dq and dk, the
+    three making qkv's columns; cos and sin contiguous (M, 1, head_dim/2) fp32."""
+    if qkv.dim() != 2 or (qkv.shape[1] > 1 and qkv.stride(1) != 1):
+        raise ValueError(f"rope_backward: qkv must be (M, N) rows with adjacent columns, got {tuple(qkv.shape)} "
+                         f"strides {qkv.stride()}")
+    M, N = qkv.shape
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv), ("cos", cos), ("sin", sin)):
+        if t.device != qkv.device:
+            raise ValueError(f"rope_backward: {name} is on {t.device}, qkv on {qkv.device}")
+    half = cos.shape[-1] if cos.dim() == 3 else 0
+    if not (half and cos.dtype == sin.dtype == torch.float32 and cos.is_contiguous() and sin.is_contiguous()
+            and tuple(cos.shape) == (M, 1, half) == tuple(sin.shape)):
+        raise ValueError(f"rope_backward: cos and sin must be contiguous float32 (M, 1, head_dim/2) = ({M}, 1, ...), "
+                         f"got {tuple(cos.shape)} {cos.dtype} and {tuple(sin.shape)} {sin.dtype}")
+    for name, t, whole_heads in (("dq", dq, True), ("dk", dk, True), ("dv", dv, False)):
+        if t.dim() != 2 or t.shape[0] != M or (t.shape[1] > 1 and t.stride(1) != 1) or t.dtype != qkv.dtype:
+            raise ValueError(f"rope_backward: {name} must be ({M}, w) rows with adjacent columns in {qkv.dtype}, "
+                             f"got {tuple(t.shape)} strides {t.stride()} {t.dtype}")
+        if t.shape[1] % (2 * half if whole_heads else 2):
+            raise ValueError(f"rope_backward: {name} has {t.shape[1]} columns, not whole "
+                             f"{'heads of ' + str(2 * half) if whole_heads else 'pairs'}")
+    if dq.shape[1] + dk.shape[1] + dv.shape[1] != N:
+        raise ValueError(f"rope_backward: dq, dk, dv of widths {(dq.shape[1], dk.shape[1], dv.shape[1])} do not "
+                         f"make qkv's {N} columns")
+
+
 def _launch(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Tensor, cos: torch.Tensor,
             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(dq, dk, dv, qkv, cos, sin)
     M, N = qkv.shape
     widths = (dq.shape[1], dk.shape[1], dv.shape[1])
     dz = torch.empty((M, N), dtype=dq.dtype, device=qkv.device)
@@ -60,14 +90,10 @@ def _launch(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Ten
     if M:
         kernel = wrap_triton(_kernel()) if qkv.is_cuda else _kernel()   # CPU: Triton's interpreter (tests)
         with torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext():
-            kernel[(triton_cdiv(M, BLOCK_M),)](dq, dq.stride(0), dk, dk.stride(0), dv, dv.stride(0), qkv,
+            kernel[((M + BLOCK_M - 1) // BLOCK_M,)](dq, dq.stride(0), dk, dk.stride(0), dv, dv.stride(0), qkv,
                                                qkv.stride(0), cos, sin, dz, dz.stride(0), zdz, M, *widths,
                                                HALF=cos.shape[-1], BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, num_warps=4)
     return dz, zdz
-
-
-def triton_cdiv(a, b: int):
-    return (a + b - 1) // b
 
 
 #: The kernel as a custom op a tracing compiler keeps (its Triton kernel visible to Inductor), registered where
@@ -91,14 +117,8 @@ def rope_backward(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qkv: t
                   sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(dz (M, N) in the parts' dtype, zdz (M,) fp32) from dq, dk, dv given as (M, w) row views (as_rows),
     qkv (M, N) with adjacent columns, cos and sin (M, 1, head_dim/2) fp32 contiguous (one head's table).
-    Traceable by torch.compile (the custom op coda_ext::rope_backward_rows)."""
-    M, N = qkv.shape
-    half = cos.shape[-1]
-    widths = tuple(p.shape[1] for p in parts)
-    if sum(widths) != N or any(w % 2 for w in widths) or qkv.stride(1) != 1:
-        raise ValueError(f"rope_backward: parts of widths {widths} do not make qkv's {N} columns in pairs")
-    if not (cos.is_contiguous() and sin.is_contiguous() and tuple(cos.shape) == (M, 1, half) == tuple(sin.shape)):
-        raise ValueError(f"rope_backward: cos and sin must be contiguous (M, 1, head_dim/2), got {tuple(cos.shape)}")
+    Traceable by torch.compile (the custom op coda_ext::rope_backward_rows). Its inputs are checked before any
+    launch (_check)."""
     if qkv.is_cuda and _op is not None:
         return _op(*parts, qkv, cos, sin)
     return _launch(*parts, qkv, cos, sin)
