@@ -15,6 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from ..graph.builder import dtype_name
+from ..runtime.interface import PLAIN_TENSORS
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -31,7 +32,6 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 #: {custom op name: its implementation} of the ops call() may run directly (direct())
 _DIRECT: dict[str, Callable[..., Any]] = {}
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _MODES = all(hasattr(torch._C, n) for n in ("_is_torch_function_mode_enabled", "_len_torch_dispatch_stack")) and \
     hasattr(torch.autograd.profiler, "_is_profiler_enabled") and \
     hasattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack")
@@ -59,7 +59,7 @@ def call(name: str, *args: Any) -> Any:
     device, as the CPU tests register references, is still reached through the dispatcher)."""
     fn = _DIRECT.get(name)
     if fn is not None and dispatch_free() and \
-            all(type(a) in _PLAIN and a.is_cuda for a in args if isinstance(a, torch.Tensor)):
+            all(type(a) in PLAIN_TENSORS and a.is_cuda for a in args if isinstance(a, torch.Tensor)):
         return fn(*args)
     return getattr(torch.ops.coda_ext, name)(*args)
 

@@ -22,13 +22,14 @@ from . import checks
 #: argument layouts an op remembers as checked (a bound: shapes that keep changing are checked every time)
 MAX_CHECKED_LAYOUTS = 64
 _MISSING = object()
-#: tensors whose layout key is remembered (a fake or other subclass is checked every time)
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+#: tensors whose layout key is remembered (a fake or other subclass is checked every time), and which a ready
+#: op may hand its implementation without the dispatcher (ops.common.call)
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _aligned(A: torch.Tensor, W: torch.Tensor, inputs: dict[str, Any]) -> bool:
     """Every tensor's data 16-byte aligned (empty ones have no data to align)."""
-    return not any(type(t) in _PLAIN_TENSORS and t.numel() and t.data_ptr() % 16 for t in (A, W, *inputs.values()))
+    return not any(type(t) in PLAIN_TENSORS and t.numel() and t.data_ptr() % 16 for t in (A, W, *inputs.values()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +197,7 @@ class GraphOp:
             return None
         parts: list[Any] = []
         for v in (A, W, *(inputs.get(n, _MISSING) for n in self.input_names)):
-            if type(v) in _PLAIN_TENSORS and not v.is_meta:
+            if type(v) in PLAIN_TENSORS and not v.is_meta:
                 parts.append((v.shape, v.stride(), v.dtype, v.device))
             elif isinstance(v, (int, float)) and not isinstance(v, bool):
                 parts.append((type(v), v))
