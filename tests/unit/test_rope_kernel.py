@@ -167,3 +167,18 @@ def test_kernel_inputs_are_refused_before_a_launch(bad, message, monkeypatch):
     args = bad({"dq": dq, "dk": dk, "dv": dv, "qkv": qkv.reshape(M, N), "cos": cos, "sin": sin})
     with pytest.raises(ValueError, match=message):
         rope_kernel._launch(args["dq"], args["dk"], args["dv"], args["qkv"], args["cos"], args["sin"])
+
+
+def test_available_is_a_constant_to_dynamo(monkeypatch):
+    """rope_backward asks available() inside compiled graphs; its check imports the Triton kernels, which Dynamo
+    refuses to trace (fullgraph failed on the GPU). Regression: available() is run, not traced, by Dynamo."""
+    import importlib
+
+    monkeypatch.setattr(rope_kernel, "_op", object())
+    monkeypatch.setattr(rope_kernel, "_kernel", lambda: importlib.import_module("json"))
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x):
+        return x + 1 if rope_kernel.available() else x - 1
+
+    assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))

@@ -102,8 +102,10 @@ _op = torch.library.triton_op("coda_ext::rope_backward_rows", mutates_args=())(_
     if importlib.util.find_spec("triton") is not None else None
 
 
+@torch.compiler.assume_constant_result
 def available() -> bool:
-    """Whether the kernel can run on a GPU here (triton installed and importable)."""
+    """Whether the kernel can run on a GPU here (triton installed and importable). A constant to a tracing
+    compiler: Dynamo runs it instead of tracing the import inside, which it refuses."""
     if _op is None:
         return False
     try:
