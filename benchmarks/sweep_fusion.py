@@ -6,6 +6,7 @@ GEMMs have K = 768 or 3072: a short mainloop under a long epilogue), this says b
 kernel, and which config would do better.
 
     python -m benchmarks.sweep_fusion [--models bert-base] [--reps 10] [--dry-run]
+    python -m benchmarks.sweep_fusion --epilogue --sites f686e3c8 4ddb4d57   # epilogue subtiles and stages
     python -m coda_ext prebuild benchmarks/sweep_fusion.py      # its kernels, in parallel, ahead
 
 Results (--out): sweep_fusion_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on (h100, h200, …).
@@ -23,6 +24,11 @@ DEFAULT_MODELS = ("bert-base",)
 ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 192, 64), (1, 1), "pingpong", 8),
                 ((64, 256, 64), (1, 1), "pingpong", 8), ((128, 128, 64), (1, 1), "cooperative", 4),
                 ((128, 256, 64), (2, 1), "cooperative", 4), ((256, 128, 64), (1, 1), "cooperative", 4))
+#: --epilogue: around these bases, the epilogue's subtile width EPI_N (None: CUTLASS's 32; its rows are the
+#: schedule's, 64 in ping-pong and 128 in cooperative) and load stages, each beside the plain GEMM in the base
+#: config (its mainloop alone). At K = 768 a tile's mainloop is short and every subtile's loads are a round trip.
+EPILOGUE_BASES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1), "cooperative", 4))
+EPILOGUE_VARIANTS = ((None, None), (64, None), (128, None), (None, (8, 2)))
 
 
 def kernels(name: str, tiny: bool = False) -> list[dict]:
@@ -47,46 +53,83 @@ def kernels(name: str, tiny: bool = False) -> list[dict]:
     return list(found.values())
 
 
-def configs(site, mnk) -> list:
+def configs(site, mnk, epilogue: bool = False) -> list:
     """The auto config at mnk, then the alternatives that fit the graph (shared memory, segments), without
-    repeats, each in the site's operand layout."""
+    repeats, each in the site's operand layout (epilogue: EPILOGUE_BASES × EPILOGUE_VARIANTS instead)."""
     import coda_ext as ce
     from benchmarks.sweep_backward import fits
     from coda_ext.runtime.tuned import TunedOp
 
     auto = TunedOp(site.graph, site.dtype, tune=False, major=site.major).config_for(*mnk)
     out = {auto.tag: auto}
-    for tile, cluster, schedule, swizzle in ALTERNATIVES:
-        c = ce.KernelConfig(tile, cluster, schedule, swizzle=swizzle, major=site.major)
+    tries = [ce.KernelConfig(tile, cluster, schedule, swizzle=swizzle, major=site.major)
+             for tile, cluster, schedule, swizzle in ALTERNATIVES] if not epilogue else [
+        ce.KernelConfig(tile, cluster, schedule, swizzle=swizzle, major=site.major, epilogue_stages=st,
+                        epilogue_tile=None if en is None else (64 if schedule == "pingpong" else 128, en))
+        for tile, cluster, schedule, swizzle in EPILOGUE_BASES for en, st in EPILOGUE_VARIANTS
+        if en is None or tile[1] % en == 0]   # subtiles that divide the tile
+    for c in tries:
         if c.tag not in out and fits(site.graph, c):
             out[c.tag] = c
     return list(out.values())
 
 
-def build_items(models=DEFAULT_MODELS) -> list:
+def plain_configs(site, mnk, epilogue: bool = False) -> list:
+    """The configs whose plain GEMM (identity epilogue) the sweep times beside them: the epilogue bases as the
+    site's layout runs them (--epilogue only)."""
+    import coda_ext as ce
+
+    if not epilogue:
+        return []
+    return [ce.KernelConfig(tile, cluster, schedule, swizzle=swizzle, major=site.major)
+            for tile, cluster, schedule, swizzle in EPILOGUE_BASES]
+
+
+def build_items(models=DEFAULT_MODELS, epilogue: bool = False, sites: tuple[str, ...] = ()) -> list:
     """Every kernel the sweep times: python -m coda_ext prebuild benchmarks/sweep_fusion.py."""
+    from coda_ext import graphs
+
     items = {}
     for name in models:
-        for k in kernels(name):
-            for c in configs(k["site"], k["mnk"]):
+        for k in selected(kernels(name), sites):
+            for c in configs(k["site"], k["mnk"], epilogue):
                 items[(k["site"].kernel_key, c.tag)] = (k["site"].graph, k["site"].dtype, c)
+            for c in plain_configs(k["site"], k["mnk"], epilogue):
+                items[("identity", c.tag)] = (graphs.identity(), k["site"].dtype, c)
     return list(items.values())
 
 
-def sweep(entry: dict, reps: int) -> dict:
-    """One kernel in each of its configs, interleaved with the bare cuBLAS GEMM of its shape and layout."""
+def selected(entries: list[dict], sites: tuple[str, ...]) -> list[dict]:
+    """The entries whose graph digest starts with one of `sites` (all where none is given)."""
+    return [e for e in entries if not sites or any(e["site"].graph.digest().startswith(s) for s in sites)]
+
+
+def sweep(entry: dict, reps: int, epilogue: bool = False, built_only: bool = False) -> dict:
+    """One kernel in each of its configs, interleaved with the bare cuBLAS GEMM of its shape and layout (and,
+    with epilogue, the plain GEMM in each base config: "plain_<tag>"). built_only: the configs whose kernel is
+    in the cache (after a prebuild where some failed), no nvcc here."""
 
     import coda_ext as ce
+    from coda_ext import graphs, jit
     from tests.helpers import rand
 
     site, (M, N, K) = entry["site"], entry["mnk"]
-    ops = {c.tag: ce.compile(site.graph, site.dtype, c) for c in configs(site, (M, N, K))}
+
+    def usable(graph, c) -> bool:
+        return not built_only or jit.cached(jit.kernel_source(graph, site.dtype, c))
+
+    ops = {c.tag: ce.compile(site.graph, site.dtype, c) for c in configs(site, (M, N, K), epilogue)
+           if usable(site.graph, c)}
+    plain = {f"plain_{c.tag}": ce.compile(graphs.identity(), site.dtype, c)
+             for c in plain_configs(site, (M, N, K), epilogue) if usable(graphs.identity(), c)}
     first = next(iter(ops.values()))
     gen = rand.generator("sweep_fusion", site.graph.digest(), device="cuda")
     sets = [rand.op_inputs(first, M, N, K, gen) for _ in range(2)]
     fns = {"cublas_gemm": lambda i: sets[i][0] @ sets[i][1].t()}
     for tag, op in ops.items():
         fns[tag] = lambda i, op=op: op(sets[i][0], sets[i][1], **sets[i][2])
+    for tag, op in plain.items():
+        fns[tag] = lambda i, op=op: op(sets[i][0], sets[i][1])
     summary = common.summarize(common.time_interleaved(fns, reps), "cublas_gemm")
     auto = next(iter(ops))
     best = min(ops, key=lambda t: summary[t]["median_ms"])
@@ -101,22 +144,34 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", default=None, help="results JSON (default: sweep_fusion_<gpu>.json in benchmarks/results/)")
     p.add_argument("--dry-run", action="store_true", help="list the kernels and configs; no GPU")
+    p.add_argument("--epilogue", action="store_true",
+                   help="sweep the epilogue's subtile and load stages (EPILOGUE_BASES x EPILOGUE_VARIANTS) beside "
+                        "each base's plain GEMM, instead of the tiles")
+    p.add_argument("--sites", nargs="+", default=(), help="only the kernels whose graph digest starts so")
+    p.add_argument("--prebuild", action="store_true", help="build the swept kernels in parallel first")
     args = p.parse_args(argv)
+    if args.prebuild and not args.dry_run:
+        import coda_ext as ce
+
+        try:
+            ce.prebuild(build_items(args.models, args.epilogue, tuple(args.sites)))
+        except ce.CompileError as e:   # the others are built: sweep those
+            print(f"prebuild: {str(e).splitlines()[0]}", flush=True)
     doc = {"env": None, "models": {}}
     for name in args.models:
-        entries = kernels(name)
+        entries = selected(kernels(name), tuple(args.sites))
         print(f"{name}: {len(entries)} distinct fused kernels at their shapes, "
               f"{sum(e['launches'] for e in entries)} launches a step", flush=True)
         if args.dry_run:
             for e in entries:
-                tags = [c.tag for c in configs(e["site"], e["mnk"])]
+                tags = [c.tag for c in configs(e["site"], e["mnk"], args.epilogue)]
                 print(f"  {e['site'].graph.digest()[:8]} {e['site'].major} {'x'.join(map(str, e['mnk']))} "
                       f"x{e['launches']}: IO model {e['io_fused_us']:.1f} us (compile-style "
                       f"{e['io_compile_us']:.1f}); configs {tags}")
             continue
         rows = []
         for e in entries:
-            row = sweep(e, args.reps)
+            row = sweep(e, args.reps, args.epilogue, built_only=args.prebuild)
             v, auto, best = row["variants"], row["auto"], row["best"]
             print(f"  {row['graph']} {row['major']} {'x'.join(map(str, row['mnk']))} x{row['launches']}: cuBLAS "
                   f"{v['cublas_gemm']['median_ms'] * 1e3:.1f} us; auto {auto} "

@@ -61,6 +61,10 @@ class KernelConfig:
             if tm % em or tn % en or em not in (64, 128) or en not in (16, 32, 64, 128):
                 raise UnsupportedError(f"KernelConfig: epilogue_tile {self.epilogue_tile} must divide the tile "
                                        f"{self.tile} with EPI_M in (64, 128) and EPI_N in (16, 32, 64, 128)")
+            want_m = 64 if self.schedule == "pingpong" else 128   # CUTLASS's SM90 epilogue builder asserts it
+            if em != want_m:
+                raise UnsupportedError(f"KernelConfig: the {self.schedule} schedule's epilogue runs subtiles of "
+                                       f"{want_m} rows; use epilogue_tile=({want_m}, {en})")
         if self.epilogue_stages is not None:
             sc, sd = self.epilogue_stages
             if not (1 <= sc <= MAX_EPILOGUE_STAGES and 1 <= sd <= MAX_EPILOGUE_STAGES):

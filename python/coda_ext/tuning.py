@@ -153,7 +153,13 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
-      with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md)."""
+      with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md);
+    - and the choice's swizzle halved while it pads the scheduler's grid by more than MAX_SWIZZLE_PADDING
+      (fit_swizzle: a launch argument, the same kernel)."""
+    return fit_swizzle(_choice(M, N, K, sms, epilogue, major), M, N)
+
+
+def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) -> KernelConfig:
     narrow = N <= 1536 and N % 192 == 0 and epilogue.nodes <= LIGHT_NODES
     if (-(-M // 128) >= 32 and K <= 4096 and (N >= 6144 or narrow) and major == "kk" and not epilogue.col_reduce
             and epilogue.tall_192):
@@ -166,6 +172,38 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
     if choice == LARGE and -(-M // 128) >= 32:
         return LARGE_TALL
     return choice
+
+
+#: The most a swizzle may add to the persistent grid's tiles (scheduled_tiles) before the heuristic halves it.
+MAX_SWIZZLE_PADDING = 0.05
+
+
+def scheduled_tiles(config: KernelConfig, M: int, N: int) -> int:
+    """The tiles CUTLASS's SM90 persistent scheduler walks for an M x N output in `config`: the tile counts in
+    whole clusters, then each rounded up to a multiple of the swizzle it applies (the requested one, lowered
+    while the smaller count is under 6, 3 or 2: get_log_swizzle_size). The padded tiles take their turns like
+    real ones: 16384 x 768 in 128 x 128 tiles is 6 N tiles, swizzle 4 makes it 8, and the plain GEMM
+    (x768x3072, N-major W) took 1.79x cuBLAS against 1.01x with swizzle 2 (H200, one run,
+    benchmarks/results/sweep_swizzle_h200.json)."""
+    def up(n: int, k: int) -> int:
+        return -(-n // k) * k
+
+    (tm, tn, _), (cm, cn) = config.tile, config.cluster
+    bm, bn = up(up(M, tm) // tm, cm), up(up(N, tn) // tn, cn)
+    small, s = min(bm, bn), config.swizzle
+    log = 3 if s >= 8 and small >= 6 else 2 if s >= 4 and small >= 3 else 1 if s >= 2 and small >= 2 else 0
+    return up(bm, cm << log) * up(bn, cn << log)
+
+
+def fit_swizzle(config: KernelConfig, M: int, N: int) -> KernelConfig:
+    """config with its swizzle halved until it pads the grid by at most MAX_SWIZZLE_PADDING (a launch argument:
+    the same kernel). The Llama shapes keep theirs (at most 2.3 % padding); BERT's 768-wide outputs in 128-wide
+    tiles take swizzle 2."""
+    base = scheduled_tiles(dataclasses.replace(config, swizzle=1), M, N)
+    s = config.swizzle
+    while s > 1 and scheduled_tiles(dataclasses.replace(config, swizzle=s), M, N) > base * (1 + MAX_SWIZZLE_PADDING):
+        s //= 2
+    return config if s == config.swizzle else dataclasses.replace(config, swizzle=s)
 
 
 def fits(config: KernelConfig, epilogue: Epilogue) -> bool:

@@ -215,6 +215,12 @@ def test_strided_view_extent_counts_its_last_element():
     (dict(tile=(128, 128, 32)), r"tile \(128, 128, 32\) unsupported"),
     (dict(cluster=(4, 1)), r"cluster \(4, 1\) unsupported"),
     (dict(cluster=(1, 3)), r"cluster \(1, 3\) unsupported"),
+    # regression: CUTLASS's epilogue builder asserts 64-row subtiles in ping-pong, 128 in cooperative (nvcc failed)
+    (dict(tile=(128, 128, 64), schedule="pingpong", epilogue_tile=(128, 64)),
+     r"pingpong schedule's epilogue runs subtiles of 64 rows; use epilogue_tile=\(64, 64\)"),
+    (dict(tile=(128, 128, 64), epilogue_tile=(64, 64)),
+     r"cooperative schedule's epilogue runs subtiles of 128 rows; use epilogue_tile=\(128, 64\)"),
+    (dict(tile=(128, 128, 64), schedule="streamk", epilogue_tile=(64, 32)), r"subtiles of 128 rows"),
 ])
 def test_kernel_config_rejects(kwargs, pattern):
     with pytest.raises(ce.UnsupportedError, match=pattern):

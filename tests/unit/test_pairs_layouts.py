@@ -381,7 +381,7 @@ def test_major_tags():
     assert len({dataclasses.replace(c, major=m).tag for m in MAJORS}) == len(MAJORS)
 
 
-@pytest.mark.parametrize("epilogue_tile", [None, (64, 32)], ids=["cutlass epilogue tile", "epilogue tile 64x32"])
+@pytest.mark.parametrize("epilogue_tile", [None, (128, 32)], ids=["cutlass epilogue tile", "epilogue tile 128x32"])
 @pytest.mark.parametrize("major", MAJORS)
 def test_config_template_arguments(major, epilogue_tile):
     """Config<..., EpiTileM, EpiTileN, AMajorM, BMajorN>: kk keeps the short form."""

@@ -2,6 +2,8 @@
 the configs it is timed in (auto's first), and the dry run that lists them."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("scipy")
@@ -27,3 +29,35 @@ def test_dry_run_prints_every_kernel(capsys):
     assert sf.main(["--models", "mlp", "--dry-run"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("mlp:") and len(lines) == 1 + len(sf.kernels("mlp"))
+
+
+def test_epilogue_mode_varies_the_subtile_and_stages_with_each_schedules_rows():
+    """--epilogue: auto's config, then EPILOGUE_BASES x EPILOGUE_VARIANTS that fit, with 64-row subtiles in
+    ping-pong and 128-row ones in cooperative (CUTLASS's epilogue builder refuses the others at nvcc time), and
+    the plain GEMM of each base in the site's layout among the build items."""
+    e = sf.kernels("mlp")[0]
+    cfgs = sf.configs(e["site"], e["mnk"], epilogue=True)
+    assert len({c.tag for c in cfgs}) == len(cfgs) > 1
+    for c in cfgs[1:]:
+        assert c.epilogue_tile is None or c.epilogue_tile[0] == (64 if c.schedule == "pingpong" else 128)
+    assert any(c.epilogue_stages for c in cfgs) and any(c.epilogue_tile for c in cfgs)
+    plain = sf.plain_configs(e["site"], e["mnk"], epilogue=True)
+    assert len(plain) == len(sf.EPILOGUE_BASES) and {c.major for c in plain} == {e["site"].major}
+    assert sf.plain_configs(e["site"], e["mnk"]) == []
+    digest = e["site"].graph.digest()
+    assert sf.selected(sf.kernels("mlp"), (digest[:8],)) and not sf.selected(sf.kernels("mlp"), ("zzzzzzzz",))
+    items = sf.build_items(("mlp",), epilogue=True, sites=(digest[:8],))
+    assert len(items) == len(cfgs) + len(plain)
+
+
+def test_sweep_swizzle_builds_one_kernel_per_base_and_layout():
+    """benchmarks/sweep_swizzle.py: swizzle and raster are launch arguments, so its builds are the bases in
+    each layout; its default shapes pad the grid under swizzle 4 in 128-wide tiles."""
+    from benchmarks import sweep_swizzle as sw
+    from coda_ext import tuning
+
+    items = sw.build_items()
+    assert len(items) == len({c.tag for _, _, c in items}) == 2 * len(sw.BASES)
+    ping = sw.BASES["ping"]
+    assert tuning.scheduled_tiles(dataclasses.replace(ping, swizzle=4), 16384, 768) > \
+        tuning.scheduled_tiles(ping, 16384, 768)

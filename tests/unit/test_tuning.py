@@ -57,7 +57,8 @@ COLRED = tuning.Epilogue(col_reduce=True)
     (16384, 2048, 8192, "LARGE_TALL", "LARGE_TALL", "LARGE_TALL", "LARGE_TALL"),
     (16384, 6144, 4096, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
     (16384, 16384, 2048, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
-    (8192, 8192, 4096, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
+    # 43 N tiles of 192: swizzle 8 would pad them to 48, 4 to 44 (fit_swizzle)
+    (8192, 8192, 4096, "TALL_192", "TALL_192", "TALL_192", "LARGE_TALL"),
     # the rules below the 128x192 one (a graph whose epilogue a 128x192 tile does not fit)
     # a wave or so, and M <= 128
     (1024, 28672, 4096, "LARGE", "LARGE", "LARGE", "LARGE"),
@@ -71,7 +72,12 @@ def test_heuristic(M, N, K, plain, pointwise, tile, colred):
     for epilogue, expected in ((PLAIN, plain), (POINTWISE, pointwise), (TILE, tile), (COLRED, colred)):
         got = tuning.heuristic(M, N, K, epilogue=epilogue)
         assert got == getattr(tuning, expected), (epilogue, got.tag)
-        assert got in tuning.heuristic_configs(epilogue)
+        assert _kernel_of(got, tuning.heuristic_configs(epilogue))
+
+
+def _kernel_of(config, configs) -> bool:
+    """Whether config is one of configs but for its launch arguments (swizzle, raster: the same kernel)."""
+    return any(dataclasses.replace(config, swizzle=c.swizzle, raster=c.raster) == c for c in configs)
 
 
 @pytest.mark.parametrize("M,N,K,plain,pointwise,tile", [
@@ -86,7 +92,7 @@ def test_heuristic_without_the_192_tile(M, N, K, plain, pointwise, tile):
         epilogue = dataclasses.replace(epilogue, tall_192=False)
         got = tuning.heuristic(M, N, K, epilogue=epilogue)
         assert got == getattr(tuning, expected), (epilogue, got.tag)
-        assert got in tuning.heuristic_configs(epilogue)
+        assert _kernel_of(got, tuning.heuristic_configs(epilogue))
         assert all(c.tile[:2] != (128, 192) for c in tuning.heuristic_configs(epilogue))
 
 
@@ -162,9 +168,11 @@ def test_a_column_reduction_over_a_short_k_takes_cooperative_128x128():
     and 358 us at 16384x3072x768, sweep_fusion_h200.json); a longer K keeps cooperative 128x256, and an
     epilogue that leaves 128x256 fewer than three stages ping-pong 128x128."""
     assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED, major="kn") == tuning.COOP_SHORT_K
-    assert tuning.heuristic(16384, 3072, 2048, epilogue=COLRED, major="kn") == tuning.LARGE_TALL
+    # LARGE_TALL with swizzle 4: 12 N tiles of 256, which swizzle 8 pads to 16
+    assert tuning.heuristic(16384, 3072, 2048, epilogue=COLRED, major="kn") == tuning.LARGE
     tight = dataclasses.replace(COLRED, large_stages=2)
-    assert tuning.heuristic(16384, 768, 768, epilogue=tight, major="kn") == tuning.PINGPONG
+    assert tuning.heuristic(16384, 768, 768, epilogue=tight, major="kn") == \
+        dataclasses.replace(tuning.PINGPONG, swizzle=2)   # 6 N tiles: swizzle 4 would pad them to 8
     assert tuning.COOP_SHORT_K in tuning.heuristic_configs(COLRED, "kn")
     assert tuning.COOP_SHORT_K not in tuning.heuristic_configs(POINTWISE)
 
@@ -361,3 +369,54 @@ def test_wave_fill_counts_the_exact_rows_not_their_bucket():
     cfg = op.config_for(3072, 2048, 16384, 132)
     assert cfg.tile == tuning.WAVE_FILL.tile and cfg.schedule == tuning.WAVE_FILL.schedule and cfg.major == "mn"
     assert op.config_for(4096, 2048, 16384, 132).tile == tuning.MEDIUM.tile   # a full bucket: as before
+
+
+@pytest.mark.parametrize("tile,cluster,swizzle,M,N,want", [
+    ((128, 128, 64), (1, 1), 4, 16384, 768, 128 * 8),    # 6 N tiles padded to 8 (BERT's 768-wide dX GEMMs)
+    ((128, 128, 64), (1, 1), 8, 16384, 768, 128 * 8),
+    ((128, 128, 64), (1, 1), 2, 16384, 768, 128 * 6),
+    ((128, 192, 64), (1, 1), 8, 16384, 768, 128 * 4),    # 4 N tiles: CUTLASS lowers swizzle 8 to 4 under 6
+    ((128, 192, 64), (1, 1), 8, 16384, 2048, 128 * 16),  # 11 N tiles padded to 16
+    ((128, 192, 64), (2, 1), 8, 16384, 16384, 128 * 88),  # 86 N tiles: 88
+    ((128, 256, 64), (2, 1), 8, 1024, 28672, 16 * 112),  # 8 M tiles in 2x1 clusters padded to 16
+    ((64, 128, 64), (1, 1), 1, 100, 4096, 2 * 32),
+])
+def test_scheduled_tiles_as_cutlass_pads_the_grid(tile, cluster, swizzle, M, N, want):
+    assert tuning.scheduled_tiles(ce.KernelConfig(tile, cluster, "pingpong" if tile[1] == 192 or tile[0] == 64
+                                                  else "cooperative", swizzle=swizzle), M, N) == want
+
+
+def test_fit_swizzle():
+    """The heuristic halves a swizzle that pads the persistent grid by more than MAX_SWIZZLE_PADDING (a launch
+    argument: the same kernel). Regression: BERT's 16384 x 768 dX GEMMs ran swizzle 4 over 6 N tiles of 128
+    (padded to 8) at 1.79x cuBLAS; swizzle 2 1.01x (H200)."""
+    for K, e in ((3072, tuning.Epilogue(tile_load=True)), (768, tuning.Epilogue(tile_load=True))):
+        got = tuning.heuristic(16384, 768, K, epilogue=e, major="kn")
+        assert got.tile[:2] == (128, 128) and got.swizzle == 2, got.tag
+    assert tuning.fit_swizzle(tuning.TALL_192_S8, 16384, 2048).swizzle == 1   # 11 tiles: 12 still pads 9 %
+    assert tuning.fit_swizzle(tuning.TALL_192_S8, 16384, 6144) is tuning.TALL_192_S8
+    assert tuning.fit_swizzle(tuning.TALL_192_PAIRS, 16384, 16384) is tuning.TALL_192_PAIRS   # 2.3 %
+
+
+def test_the_llama_shapes_keep_their_swizzles():
+    """Every GEMM of a Llama-3.2-1B-like and -3.1-8B-like training step at 16384 tokens: the swizzle fit changes
+    none (their grids pad by at most 2.3 %)."""
+    from unittest import mock
+
+    from coda_ext.models import functions
+    from coda_ext.models.config import LlamaConfig
+    from coda_ext.runtime import tuned
+
+    seen = []
+
+    def spy(gemms, dtype="bfloat16", sms=None):
+        for graph, major, mnk in gemms:
+            op = tuned.TunedOp(graph, dtype, tune=False, major=major)
+            seen.append((op.config_for(*mnk, 132), op._laid_out(tuning._choice(*mnk, 132, op.epilogue, major))))
+        return []
+
+    with mock.patch.object(tuned, "auto_items", spy):
+        for d, f in ((2048, 8192), (4096, 14336)):
+            functions.training_kernels(LlamaConfig(hidden_size=d, intermediate_size=f, num_attention_heads=32,
+                                                   num_key_value_heads=8, vocab_size=128256), 16384)
+    assert len(seen) == 26 and all(got == unfitted for got, unfitted in seen)
