@@ -91,6 +91,7 @@ def _unary(dtype: str) -> fz.Case:
     c.store("silu", c.add("ce.silu({0})", a))
     c.store("gelu_erf", c.add("ce.gelu({0})", a))
     c.store("gelu_tanh", c.add("ce.gelu({0}, approximate='tanh')", a))
+    c.store("gelu_erf_grad", c.add("ce.gelu_grad({0})", a))
     return c.case(dtype)
 
 
@@ -192,7 +193,7 @@ LABELS = {
     "unary/out": "accumulator (D = acc)", "unary/exp": "exp (of min(acc, 8))", "unary/log": "log (of abs(acc) + 0.5)",
     "unary/sqrt": "sqrt (of abs(acc))", "unary/rsqrt": "rsqrt (of abs(acc) + 0.5)", "unary/square": "square",
     "unary/tanh": "tanh", "unary/sigmoid": "sigmoid", "unary/silu": "silu", "unary/gelu_erf": "gelu (erf)",
-    "unary/gelu_tanh": "gelu (tanh)",
+    "unary/gelu_tanh": "gelu (tanh)", "unary/gelu_erf_grad": "gelu_grad (erf)",
     "select/neg": "neg", "select/abs": "abs", "select/relu": "relu", "select/max": "max (acc, tile)",
     "select/min": "min (acc, row vector)", "select/cast_bf16": "cast to bf16", "select/cast_fp16": "cast to fp16",
     "select/where_lt": "where(lt(acc, tile), acc, row)",

@@ -17,6 +17,7 @@ from .graph.math import (
     fma,
     ge,
     gelu,
+    gelu_grad,
     gt,
     le,
     log,
@@ -51,10 +52,10 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_CONFIG", "CodaError", "CompileError", "Graph", "GraphError", "KernelConfig", "LaunchError", "Outputs",
     "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "diagram", "div", "emit_source",
-    "eq", "exp", "explain", "fma", "fuse", "ge", "gelu", "gt", "interpret", "kernel_source", "le", "log", "lt",
-    "maximum", "minimum", "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu", "rotate_pairs", "rsqrt",
-    "segment_reduce", "sigmoid", "silu", "sin_turns", "sqrt", "square", "sub", "swiglu_pairs", "tanh", "turns",
-    "where",
+    "eq", "exp", "explain", "fma", "fuse", "ge", "gelu", "gelu_grad", "gt", "interpret", "kernel_source", "le",
+    "log", "lt", "maximum", "minimum", "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu",
+    "rotate_pairs", "rsqrt", "segment_reduce", "sigmoid", "silu", "sin_turns", "sqrt", "square", "sub",
+    "swiglu_pairs", "tanh", "turns", "where",
 ]
 
 from . import ops  # noqa: F401  (the ready ops register their torch custom ops; imported last)

@@ -82,10 +82,14 @@ def no_output_graphs() -> bool:
 
 # --- the math, written for fp64 and fp32 tensors ---------------------------------------------
 
+_INV_SQRT_2PI = (2 * math.pi) ** -0.5
+
+
 def _sigmoid(x): return 1 / (1 + torch.exp(-x))
 def _silu(x): return x * _sigmoid(x)
 def _relu(x): return torch.where(x > 0, x, torch.where(torch.isnan(x), x, torch.zeros_like(x)))
 def _gelu_erf(x): return 0.5 * x * (1 + torch.erf(x * math.sqrt(0.5)))
+def _gelu_erf_grad(x): return 0.5 * (1 + torch.erf(x * math.sqrt(0.5))) + x * torch.exp(-0.5 * x * x) * _INV_SQRT_2PI
 def _gelu_tanh(x): return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
 def _cast(x, dtype): return x.to(TORCH[dtype]).to(x.dtype)
 def _where(c, a, b): return torch.where(c != 0, a, b)
@@ -256,6 +260,7 @@ OPS = [
     Row("gelu_erf", "ce.gelu({0})", _gelu_erf),
     Row("gelu_erf", "ce.gelu({0}, approximate='none')", _gelu_erf),
     Row("gelu_tanh", "ce.gelu({0}, approximate='tanh')", _gelu_tanh),
+    Row("gelu_erf_grad", "ce.gelu_grad({0})", _gelu_erf_grad),
     Row("cast", "ce.cast({0}, {dtype!r})", _cast, params=(("dtype", FLOATS),), exact=True, decide=_near_rounding_tie),
     Row("cos_turns", "ce.cos_turns({0})", lambda t: torch.cos(2 * math.pi * t), needs="cos_turns"),
     Row("sin_turns", "ce.sin_turns({0})", lambda t: torch.sin(2 * math.pi * t), needs="sin_turns"),

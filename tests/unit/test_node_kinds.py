@@ -124,6 +124,7 @@ _SCALAR = {
     "relu": lambda a: max(a, 0.0),
     "gelu_tanh": lambda a: 0.5 * a * (1 + math.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))),
     "gelu_erf": lambda a: 0.5 * a * (1 + math.erf(a / math.sqrt(2))),
+    "gelu_erf_grad": lambda a: 0.5 * (1 + math.erf(a / math.sqrt(2))) + a * math.exp(-a * a / 2) / math.sqrt(2 * math.pi),  # noqa: E501
     "cos_turns": lambda t: math.cos(2 * math.pi * t), "sin_turns": lambda t: math.sin(2 * math.pi * t),
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
     "max": max, "min": min, "eq": lambda a, b: float(a == b), "ne": lambda a, b: float(a != b),

@@ -114,7 +114,9 @@ _ENTRIES = (
     _k("gelu_tanh", 1, "fp32", pointwise(lambda x: F.gelu(x, approximate="tanh")), "GeluTanh", _T + 7,
        "compute"),                                                 # 0.5 x (1 + tanh(c (x + 0.044715 x^3)))
     _k("gelu_erf", 1, "fp32", pointwise(lambda x: F.gelu(x, approximate="none")), "GeluErf", _T + 5,
-       "compute"),                                                 # 0.5 x (1 + erf(x / sqrt 2))
+       "compute"),                                                 # 0.5 x (1 + erf(x / sqrt 2)) = x Φ(x)
+    _k("gelu_erf_grad", 1, "fp32", pointwise(sem.gelu_erf_grad), "GeluErfGrad", 2 * _T + 6,
+       "compute"),                                                 # Φ(x) + x φ(x): GELU's derivative
     _k("cast", 1, "cast", sem.cast, "Cast", 1.0),
     _k("cos_turns", 1, "fp32", pointwise(lambda t: torch.cos(2 * math.pi * t)), "CosTurns", _T + 1, "compute"),
     _k("sin_turns", 1, "fp32", pointwise(lambda t: torch.sin(2 * math.pi * t)), "SinTurns", _T + 1, "compute"),

@@ -35,6 +35,12 @@ def gelu(x: Value, approximate: str = "none") -> Value:
     return _op("gelu_erf" if approximate == "none" else "gelu_tanh", x)
 
 
+def gelu_grad(x: Value) -> Value:
+    """The derivative of the exact GELU, Φ(x) + x·φ(x) (Φ, φ: the standard normal CDF and density), as one
+    node: gelu's backward is gelu_grad(x) * dy."""
+    return _op("gelu_erf_grad", x)
+
+
 def add(a: Operand, b: Operand) -> Value: return _op("add", a, b)
 def sub(a: Operand, b: Operand) -> Value: return _op("sub", a, b)
 def mul(a: Operand, b: Operand) -> Value: return _op("mul", a, b)

@@ -77,6 +77,11 @@ def pointwise(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return evaluate
 
 
+def gelu_erf_grad(x: torch.Tensor) -> torch.Tensor:
+    """d/dx GELU(x) (the erf form): Φ(x) + x φ(x)."""
+    return 0.5 * (1.0 + torch.erf(x * math.sqrt(0.5))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
 # --- leaves --------------------------------------------------------------------------------
 
 def accumulator(env: Env, node: Any) -> torch.Tensor:

@@ -6,8 +6,9 @@ reductions an epilogue runs (aten_ir.MATH, aten_ir.REDUCTIONS).
   over the row, as PyTorch computes them: the variance of the centred values; norm_stats makes it one
   where a GEMM epilogue can take it); the backward reads the forward's fp32 statistics (PyTorch's CPU
   kernel rounds them to a 16-bit input's dtype, its CUDA kernel does not);
-- GELU (erf and tanh), SiLU, sigmoid, tanh and ReLU backward: their derivatives as element-wise math
-  (SwiGLU is silu(gate) * up: its parts decompose);
+- GELU (tanh form), SiLU, sigmoid, tanh and ReLU backward: their derivatives as element-wise math
+  (SwiGLU is silu(gate) * up: its parts decompose); the exact GELU's backward stays one op, which an
+  epilogue runs as dy · gelu_grad(x);
 - softmax / log-softmax and their backward; mean;
 - cross-entropy: nll_loss(log_softmax(x)) becomes logsumexp(x) - x[target], both row reductions of x,
   and its backward exp(x - lse) - onehot, so the log-probabilities are never materialised;
@@ -31,11 +32,8 @@ from .emit import Emit
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_TANH_KAPPA = 0.044715
-#: Below this |x|, Φ(x) = 0.5 + x φ(0) to within 1e-10 (the next term is x³ φ(0) / 6).
-PHI_TAYLOR = 1e-3
 
 Rule = Callable[[fx.Node, Emit], Any]
 
@@ -177,25 +175,20 @@ def _mean(node: fx.Node, b: Emit) -> fx.Node | None:
 
 # --- activations' derivatives -----------------------------------------------------------------
 
-def _gelu_backward(node: fx.Node, b: Emit) -> fx.Node:
+def _gelu_backward(node: fx.Node, b: Emit) -> fx.Node | None:
+    """The tanh form as its math; the exact form stays one op (aten_ir: dy · gelu_grad(x), one epilogue node
+    whose Φ needs no erf)."""
     dy, x = node.args[:2]
-    approximate = _arg(node, 2, "approximate", "none")
+    if _arg(node, 2, "approximate", "none") != "tanh":
+        return None
     dyf, xf = b.wide(dy), b.wide(x)
-    if approximate == "tanh":
-        x2 = b.mul(xf, xf)
-        inner = b.mul(b.add(xf, b.mul(b.mul(x2, xf), GELU_TANH_KAPPA)), SQRT_2_OVER_PI)
-        t = b.unary(aten.tanh, inner)
-        left = b.mul(b.add(t, 1.0), 0.5)
-        right = b.mul(b.mul(b.mul(xf, 0.5), b.sub(1.0, b.mul(t, t))),
-                      b.mul(b.add(b.mul(x2, 3.0 * GELU_TANH_KAPPA), 1.0), SQRT_2_OVER_PI))
-        d = b.add(left, right)
-    else:
-        # Φ(x) = gelu(x) / x, by its Taylor series near 0 (epilogues have gelu but no erf)
-        near0 = b(aten.lt.Scalar, b.unary(aten.abs, xf), PHI_TAYLOR)
-        cdf = b.where(near0, b.add(b.mul(xf, INV_SQRT_2PI), 0.5), b.div(b.unary(aten.gelu, xf), xf))
-        pdf = b.mul(b.unary(aten.exp, b.mul(b.mul(xf, xf), -0.5)), INV_SQRT_2PI)
-        d = b.add(cdf, b.mul(xf, pdf))
-    return b.to(b.mul(dyf, d), _out_dtype(node))
+    x2 = b.mul(xf, xf)
+    inner = b.mul(b.add(xf, b.mul(b.mul(x2, xf), GELU_TANH_KAPPA)), SQRT_2_OVER_PI)
+    t = b.unary(aten.tanh, inner)
+    left = b.mul(b.add(t, 1.0), 0.5)
+    right = b.mul(b.mul(b.mul(xf, 0.5), b.sub(1.0, b.mul(t, t))),
+                  b.mul(b.add(b.mul(x2, 3.0 * GELU_TANH_KAPPA), 1.0), SQRT_2_OVER_PI))
+    return b.to(b.mul(dyf, b.add(left, right)), _out_dtype(node))
 
 
 def _silu_backward(node: fx.Node, b: Emit) -> fx.Node:
