@@ -216,3 +216,25 @@ def test_lm_head_llama3_vocabulary(report):
         if reduction == "mean":
             base = (base[0][args[2] != -100].mean(), base[1])
         check(case, got, ref, base, report, note=f" {reduction}")
+
+
+@pytest.mark.parametrize("lead,d,dtype", [((333,), 2048, torch.bfloat16), ((2, 77), 4096, torch.bfloat16),
+                                          ((5,), 700, torch.float16), ((1,), 8, torch.bfloat16)])
+def test_rms_norm_input_kernel(lead, d, dtype):
+    """The layer input's RMSNorm (ops.rms_norm_input: one Triton kernel on contiguous rows, norm_kernel.py):
+    h = x ⊙ γ exactly as PyTorch rounds it in x's dtype (γ in fp32 rounded to x's dtype first), rstd against
+    fp64 within fp32 summation; outputs from NaN-filled memory; widths that are not a multiple of its column
+    step. Its custom op passes opcheck."""
+    from coda_ext.ops import norm_kernel
+
+    assert norm_kernel.available()
+    gen = rand.generator("rms_norm_input kernel", *lead, d, device=DEVICE)
+    x = (rand.randn(gen, *lead, d) * 3).to(dtype)
+    w = rand.randn(gen, d)
+    with nan_memory():
+        h, rstd = ops.rms_norm_input(x, w, 1e-6)
+    assert h.shape == x.shape and h.dtype == dtype and rstd.shape == lead and rstd.dtype == torch.float32
+    assert torch.equal(h, x * w.to(dtype))
+    want = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6)
+    torch.testing.assert_close(rstd.double(), want, rtol=1e-6, atol=0)
+    torch.library.opcheck(torch.ops.coda_ext.rms_norm_input_rows.default, (x.reshape(-1, d), w, 1e-6))

@@ -4,9 +4,6 @@ triton is installed (the GPU suite runs it on the device)."""
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 from unittest import mock
 
 import pytest
@@ -15,6 +12,7 @@ import torch
 from coda_ext import ops
 from coda_ext.ops import rope_backward as rb
 from coda_ext.ops import rope_kernel
+from tests.helpers.triton_interp import assert_available_is_a_dynamo_constant, needs_triton, run_interpreted
 
 
 def _views_and_widths():
@@ -98,17 +96,8 @@ def test_rope_backward_takes_the_kernel_only_with_row_views(monkeypatch):
             torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-5)
 
 
-def _triton_importable() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 _INTERPRETED = """
-import sys, torch
-sys.path[:0] = {paths!r}
+import torch
 from tests.unit.test_rope_kernel import _case
 from coda_ext.ops import rope_backward as rb, rope_kernel
 for hd, nh, nkv in ((64, 4, 2), (128, 2, 1), (96, 3, 1), (2, 1, 1)):
@@ -125,17 +114,13 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(not _triton_importable(), reason="triton is not installed (CUDA builds of torch bring it)")
+@needs_triton
 def test_kernel_values_under_triton_interpreter():
     """The kernel itself (Triton's interpreter on CPU tensors, in a process that starts with TRITON_INTERPRET=1:
     Triton reads it once) against the element-wise math: head dims 2 to 128, rows not a multiple of its
     block, parts not a multiple of its column block; fp32 and fp16 exactly (bf16 is left to the GPU suite:
     the interpreter truncates where the GPU rounds)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    script = _INTERPRETED.format(paths=[root, os.path.join(root, "python")])
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+    run_interpreted(_INTERPRETED)
 
 
 def test_a_missing_triton_names_the_op_and_the_fix():
@@ -172,13 +157,4 @@ def test_kernel_inputs_are_refused_before_a_launch(bad, message, monkeypatch):
 def test_available_is_a_constant_to_dynamo(monkeypatch):
     """rope_backward asks available() inside compiled graphs; its check imports the Triton kernels, which Dynamo
     refuses to trace (fullgraph failed on the GPU). Regression: available() is run, not traced, by Dynamo."""
-    import importlib
-
-    monkeypatch.setattr(rope_kernel, "_op", object())
-    monkeypatch.setattr(rope_kernel, "_kernel", lambda: importlib.import_module("json"))
-
-    @torch.compile(backend="eager", fullgraph=True)
-    def f(x):
-        return x + 1 if rope_kernel.available() else x - 1
-
-    assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))
+    assert_available_is_a_dynamo_constant(rope_kernel, monkeypatch)

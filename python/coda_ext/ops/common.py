@@ -145,6 +145,18 @@ def import_triton(what: str, module: str) -> Any:
                           "install the triton that matches your torch (pip install triton)") from e
 
 
+def triton_available(op: Any, kernel: Callable[[], Any]) -> bool:
+    """Whether a Triton kernel of this package can run here: its custom op `op` registered (None where triton
+    is not installed) and kernel() imports it."""
+    if op is None:
+        return False
+    try:
+        kernel()
+    except ImportError:
+        return False
+    return True
+
+
 def graph_kept() -> bool:
     """Whether the running backward keeps its autograd graph for another (retain_graph or create_graph; unknown:
     yes): a backward may overwrite what its Function saved, or hand out saved tensors to scale in place, only when

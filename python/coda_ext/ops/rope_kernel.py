@@ -106,13 +106,7 @@ _op = torch.library.triton_op("coda_ext::rope_backward_rows", mutates_args=())(_
 def available() -> bool:
     """Whether the kernel can run on a GPU here (triton installed and importable). A constant to a tracing
     compiler: Dynamo runs it instead of tracing the import inside, which it refuses."""
-    if _op is None:
-        return False
-    try:
-        _kernel()
-    except ImportError:
-        return False
-    return True
+    return common.triton_available(_op, _kernel)
 
 
 def rope_backward(parts: tuple[torch.Tensor, torch.Tensor, torch.Tensor], qkv: torch.Tensor, cos: torch.Tensor,
