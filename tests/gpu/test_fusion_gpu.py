@@ -114,3 +114,34 @@ def test_fused_training_step_within_the_rule(built, name, monkeypatch, report):
             f"{name} output {i}: max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
         worst = max(worst, err / max(err_eager, 1e-30))
     report(f"{name}: {len(launches)} fused launches, {len(got)} values, worst error ÷ eager bf16's {worst:.2f}")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_graphs_replay_the_fused_step_within_the_rule(built, name, monkeypatch, report):
+    """fuse(model, cudagraphs=True): Inductor's CUDA-graph trees record the fused step, kernels included, and
+    replay it. Three steps on new inputs of the same shapes: the third replays without launching from Python
+    and its loss and gradients are within the rule against fp64 (eager bf16 the baseline)."""
+    import coda_ext.fusion.op as fo
+
+    launches = []
+    real = fo.launch
+    monkeypatch.setattr(fo, "launch", lambda *a: launches.append(1) or real(*a))
+    torch._dynamo.reset()
+    model = _model(name).to("cuda", BF).train()
+    eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    fused = cf.fuse(model, cudagraphs=True)
+    for k in range(3):
+        inputs = _inputs(name, "cuda")
+        for v in inputs.values():
+            if v.is_floating_point():
+                v.mul_(1.0 + 0.1 * k)   # new values each step, the same shapes
+        before = len(launches)
+        got = _step(fused, inputs)
+    assert launches and len(launches) == before, "the last step launched fused kernels from Python: not replayed"
+    base = _step(eager, inputs)
+    want = _step(ref, {key: v.double() if v.is_floating_point() else v for key, v in inputs.items()})
+    for i, (g, b, w) in enumerate(zip(got, base, want, strict=True)):
+        err, err_eager, top = max_err(g, w), max_err(b, w), w.abs().max().item()
+        assert within_rule(err, err_eager, top), \
+            f"{name} output {i}: max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
+    report(f"{name}: CUDA graphs, {len(launches)} fused launches while recording, none in the replayed step")
