@@ -20,9 +20,11 @@ from benchmarks import bench_autofusion as af
 from benchmarks import common
 
 DEFAULT_MODELS = ("bert-base",)
-#: The configs tried beside "auto"'s, in each kernel's operand layout: the two schedules' usual tiles.
+#: The configs tried beside "auto"'s, in each kernel's operand layout: the two schedules' usual tiles, and
+#: ping-pong 64 x 128 (half the accumulator a thread: room for a long epilogue's registers).
 ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 192, 64), (1, 1), "pingpong", 8),
-                ((64, 256, 64), (1, 1), "pingpong", 8), ((128, 128, 64), (1, 1), "cooperative", 4),
+                ((64, 256, 64), (1, 1), "pingpong", 8), ((64, 128, 64), (1, 1), "pingpong", 4),
+                ((128, 128, 64), (1, 1), "cooperative", 4),
                 ((128, 256, 64), (2, 1), "cooperative", 4), ((256, 128, 64), (1, 1), "cooperative", 4))
 #: --epilogue: around these bases, the epilogue's subtile width EPI_N (None: CUTLASS's 32; its rows are the
 #: schedule's, 64 in ping-pong and 128 in cooperative) and load stages, each beside the plain GEMM in the base

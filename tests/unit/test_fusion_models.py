@@ -128,8 +128,9 @@ def test_llama_matches_eager_rms_norm_and_silu_fuse_rope_does_not():
     left = left_targets(graph)
     assert {"aten.cat.default", "aten.neg.default"} <= left                 # RoPE's rotate_half
     assert any("scaled_dot_product" in t for t in left)
-    # SwiGLU: the up GEMM's epilogue multiplies by silu(gate), loaded from the gate GEMM's: one pair a layer
-    assert len(graph.pairs) == 2 and all("silu" in x and "interleaved" in x for x in graph.pairs)
+    # SwiGLU: the up GEMM's epilogue multiplies by silu(gate), its gate loaded from the gate GEMM's output (the
+    # backward recomputes silu and its derivative from it: coda_ext/fusion/passes/remat.py): one pair a layer
+    assert len(graph.pairs) == 2 and all("interleaved" in x for x in graph.pairs)
     assert "not fused across GEMMs" in str(graph)
 
 

@@ -152,7 +152,7 @@ def analyze(gm: fx.GraphModule, target: str = "interpret", forward_outputs: int 
         id_of[node] = i
         fx_nodes.append(node)
         common = {"id": i, "name": node.name, "target": str(node.target), "nbytes": _nbytes(node),
-                  "backward": node in backward,
+                  "backward": node in backward or node.meta.get(fx_util.RECOMPUTED, False),
                   "forward": node not in backward if forward is None else node in forward}
         v = fx_util.val(node)
         out = fx_util.shape(node)

@@ -16,6 +16,7 @@ import torch
 from torch import fx
 
 from ..graph import math as cm
+from . import fx_util
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -97,6 +98,11 @@ def _exact_gelu(n: fx.Node) -> str | None:
     return None if mode == "none" else f"gelu_backward with approximate={mode!r} (decomposed before)"
 
 
+def _to_copy(n: fx.Node, a: Arg) -> Any:
+    """The identity (a value is rounded when stored), but a conversion marked fx_util.ROUNDED: a rounding."""
+    return cm.cast(a(n.args[0]), n.meta["val"].dtype) if n.meta.get(fx_util.ROUNDED) else a(n.args[0])
+
+
 def _clamp(n: fx.Node, a: Arg) -> Any:
     x = a(n.args[0])
     lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
@@ -142,7 +148,7 @@ MATH: dict[Any, MathRule] = {
     aten.where.self: MathRule(lambda n, a: cm.where(a(n.args[0]), a(n.args[1]), a(n.args[2]))),
     aten.where.ScalarOther: MathRule(lambda n, a: cm.where(a(n.args[0]), a(n.args[1]), a(n.args[2]))),
     aten.where.ScalarSelf: MathRule(lambda n, a: cm.where(a(n.args[0]), a(n.args[1]), a(n.args[2]))),
-    aten._to_copy.default: MathRule(lambda n, a: a(n.args[0]), _convert_check),
+    aten._to_copy.default: MathRule(_to_copy, _convert_check),
     prims.convert_element_type.default: MathRule(lambda n, a: a(n.args[0]), _convert_check),
 }
 

@@ -133,6 +133,12 @@ def replace_outputs(node: fx.Node, values: list[fx.Node | None]) -> None:
 #: The meta key AOTAutograd's default partition reads: "is_forward" on nodes the forward traced, the
 #: forward being every node up to the last so tagged (the rest runs in the backward).
 PARTITIONER_TAG = "partitioner_tag"
+#: Meta key of a forward value's copy that the backward recomputes (passes/remat.py): a backward node to the
+#: analysis, though it depends on no tangent.
+RECOMPUTED = "coda_recomputed"
+#: Meta key of a same-dtype conversion that an epilogue runs as a rounding (a cast): what passes/remat.py puts
+#: between a 16-bit leaf and the forward math the backward recomputes from it.
+ROUNDED = "coda_rounded"
 
 
 def pass_tag(node: fx.Node) -> dict[str, Any]:

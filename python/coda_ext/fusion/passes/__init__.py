@@ -13,17 +13,18 @@ from .fold import fold
 from .layout import GEMM, layout
 from .norm_fold import norm_fold
 from .norm_stats import norm_stats
+from .remat import remat
 
-PIPELINE = (decompose, norm_stats, fold, cse, layout, norm_fold)
+PIPELINE = (decompose, norm_stats, fold, cse, layout, norm_fold, remat)
 
 
 def run(gm: fx.GraphModule, target: str = "interpret", unfolded: Collection[str] = (), cost: Any = None
         ) -> fx.GraphModule:
     """decompose -> norm_stats -> fold -> cse -> layout -> norm_fold (for `target`'s kernel and the cost
-    model `cost`, leaving the layer norms named in `unfolded` as they are)."""
+    model `cost`, leaving the layer norms named in `unfolded` as they are) -> remat."""
     for p in PIPELINE:
         gm = norm_fold(gm, target, unfolded, cost) if p is norm_fold else p(gm)
     return gm
 
 
-__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "layout", "norm_fold", "norm_stats", "run"]
+__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "layout", "norm_fold", "norm_stats", "remat", "run"]

@@ -1,0 +1,119 @@
+"""Rematerialisation: element-wise values of a joint graph's forward that its backward reads, recomputed in the
+backward from the tensors they derive from, where that leaves fewer tensors of their size to keep between the
+two passes.
+
+An activation written as element-wise math (GPT-2's GELU, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), differentiated
+by autograd) hands the backward four intermediates of the MLP's width, each stored by the forward and read back;
+each is a few operations of one tensor x. A candidate is a forward value the backward reads, made by element-wise
+math (aten_ir.MATH) out of the values its closure stops at (its leaves: GEMM outputs, views, inputs, reductions);
+the candidates with the same full-size leaves (those of the candidate's size or larger; smaller ones — row
+statistics, vectors, scalars — cost little to keep) are recomputed together when they are more than the
+leaves the forward does not keep already. Their copies are inserted before the first backward node that reads
+one and marked fx_util.RECOMPUTED, so the analysis counts them as backward nodes (a backward GEMM's epilogue recomputes
+them from its tile loads; the forward stores the leaves instead of the candidates). Runs after cse, which would
+merge the copies back. remat(gm) is a pure function.
+
+The backward recomputes from its leaves as stored (16-bit), so the forward's closure reads each 16-bit leaf
+rounded the same way (a conversion marked fx_util.ROUNDED, an epilogue's cast): forward and backward evaluate
+at one x, as eager PyTorch's ops do (evaluated at x in fp32 in the forward and at x in bf16 in the backward, a
+GPT-2's gradients lost the numerics rule). exp and log are not recomputed (ILL_CONDITIONED).
+"""
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from .. import aten_ir, fx_util
+
+aten = torch.ops.aten
+
+#: The most nodes a candidate's recomputation may take.
+MAX_CLOSURE = 32
+
+
+#: Ops a recomputation does not repeat: exp(x − lse) from x as stored amplifies x's rounding by |x| (softmax's
+#: probabilities of 16-bit logits).
+ILL_CONDITIONED = (aten.exp.default, aten.log.default)
+#: 16-bit dtypes: a leaf stored in one is read rounded by the forward's closure too.
+HALF = (torch.bfloat16, torch.float16)
+
+
+def _math(node: fx.Node, backward: set[fx.Node]) -> bool:
+    rule = aten_ir.MATH.get(node.target) if node.op == "call_function" else None
+    return node not in backward and rule is not None and node.target not in ILL_CONDITIONED and \
+        rule.check(node) is None and aten_ir.math_problem(node) is None and fx_util.is_static(node)
+
+
+def _closure(v: fx.Node, backward: set[fx.Node]) -> tuple[list[fx.Node], set[fx.Node]] | None:
+    """(the element-wise nodes v is computed by, in graph order; the nodes they read that are not) or None
+    where that takes more than MAX_CLOSURE nodes."""
+    inside: set[fx.Node] = set()
+    leaves: set[fx.Node] = set()
+    todo = [v]
+    while todo:
+        n = todo.pop()
+        if n in inside or n in leaves:
+            continue
+        if not _math(n, backward):
+            leaves.add(n)
+            continue
+        inside.add(n)
+        if len(inside) > MAX_CLOSURE:
+            return None
+        todo.extend(n.all_input_nodes)
+    order = {n: i for i, n in enumerate(v.graph.nodes)}
+    return sorted(inside, key=order.__getitem__), leaves
+
+
+def remat(gm: fx.GraphModule) -> fx.GraphModule:
+    """gm (a joint forward + backward graph; anything else is returned as it is) with the element-wise values its
+    backward reads recomputed in the backward where that keeps fewer full-size tensors (see above)."""
+    gm = fx_util.clone(gm)
+    graph = gm.graph
+    backward = fx_util.tangent_dependent(gm)
+    if not backward:
+        return gm
+    kept = {n for n in graph.nodes if n.op != "output" and n not in backward and any(u in backward for u in n.users)}
+    groups: dict[frozenset[fx.Node], list[tuple[fx.Node, list[fx.Node]]]] = {}
+    for v in graph.nodes:
+        if v not in kept or not _math(v, backward) or fx_util.numel(v) < 2:
+            continue
+        if not all(u.target in aten_ir.MATH or aten_ir.reduction(u) is not None for u in v.users if u in backward):
+            continue   # a GEMM operand: its recomputation would be a pass of its own
+        found = _closure(v, backward)
+        if found is None:
+            continue
+        inside, leaves = found
+        large = frozenset(x for x in leaves if fx_util.numel(x) >= fx_util.numel(v))
+        groups.setdefault(large, []).append((v, inside))
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    changed = False
+    for large, members in groups.items():
+        full = [v for v, _ in members if fx_util.numel(v) >= max((fx_util.numel(x) for x in large), default=0)]
+        if len(full) <= len(large - kept):
+            continue
+        readers = [u for v, _ in members for u in v.users if u in backward]
+        first = min(readers, key=order.__getitem__)
+        copies: dict[fx.Node, fx.Node] = {}
+        with graph.inserting_before(first):
+            for n in sorted({n for _, inside in members for n in inside}, key=order.__getitem__):
+                copy = graph.node_copy(n, lambda a: copies.get(a, a))
+                copy.meta[fx_util.RECOMPUTED] = True
+                copy.meta.pop(fx_util.PARTITIONER_TAG, None)   # the default partition's forward tag: not forward
+                copies[n] = copy
+        for v, _ in members:
+            for u in [u for u in v.users if u in backward]:
+                u.replace_input_with(v, copies[v])
+        inside = {n for _, nodes in members for n in nodes}
+        for leaf in large:
+            if fx_util.dtype(leaf) not in HALF:
+                continue
+            with graph.inserting_after(leaf):
+                rounded = fx_util.call(graph, aten._to_copy.default, leaf, dtype=fx_util.dtype(leaf))
+            rounded.meta[fx_util.ROUNDED] = True
+            if fx_util.PARTITIONER_TAG in leaf.meta:
+                rounded.meta[fx_util.PARTITIONER_TAG] = leaf.meta[fx_util.PARTITIONER_TAG]
+            for n in inside:
+                n.replace_input_with(leaf, rounded)
+        changed = True
+    return fx_util.finish(gm) if changed else gm

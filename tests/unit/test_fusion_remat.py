@@ -1,0 +1,99 @@
+"""fusion/passes/remat.py on hand-written joint graphs (a forward, and a backward reading a tangent): which forward
+values the backward recomputes, that it computes the same values, that the copies count as backward, and that a
+16-bit leaf is read rounded by the forward's math too."""
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from coda_ext.fusion import aten_ir, fx_util
+from coda_ext.fusion.analyze import analyze
+from coda_ext.fusion.passes import remat
+
+aten = torch.ops.aten
+C, K = 0.7978845608, 0.044715
+
+
+def gelu_tanh_joint(a, w1, w2, tangents_1):
+    """GPT-2's GELU written out, and its backward as autograd writes it: the backward reads t, x and 1 + t."""
+    x = a @ w1.t()
+    t = torch.tanh(C * (x + K * x * x * x))
+    one_t = 1 + t
+    y = 0.5 * x * one_t
+    out = y @ w2.t()
+    dy = tangents_1 @ w2
+    g = dy * x * 0.5
+    gu = (g - g * t * t) * C                      # tanh's backward reads t
+    dx = dy * one_t * 0.5 + gu + gu * (3 * K) * x * x
+    return [out, dx.t() @ a]
+
+
+def _args(dtype=torch.float32, seed=0):   # epilogue math is fp32 (fp64 graphs are not fused)
+    g = torch.Generator().manual_seed(seed)
+    shapes = ((6, 8), (16, 8), (8, 16), (6, 8))
+    return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
+
+
+def _trace(fn, args):
+    return make_fx(fn, tracing_mode="fake")(*args)
+
+
+def _read_by_backward(gm) -> set:
+    """Forward values (not recomputed copies) a backward node or copy reads."""
+    bw = fx_util.tangent_dependent(gm) | {n for n in gm.graph.nodes if n.meta.get(fx_util.RECOMPUTED)}
+    return {n for n in gm.graph.nodes if n.op != "output" and n not in bw and any(u in bw for u in n.users)}
+
+
+def _math_read(gm) -> list:
+    return [n for n in _read_by_backward(gm) if n.op == "call_function" and n.target in aten_ir.MATH]
+
+
+def test_the_backward_recomputes_an_activation_from_its_gemm_output():
+    args = _args()
+    gm = _trace(gelu_tanh_joint, args)
+    assert len(_math_read(gm)) >= 2                     # t and 1 + t cross to the backward
+    out = remat(gm)
+    assert _math_read(out) == []                        # only the GEMM output x (and a, w2) cross now
+    assert any(n.target is aten.mm.default for n in _read_by_backward(out))
+    copies = [n for n in out.graph.nodes if n.meta.get(fx_util.RECOMPUTED)]
+    assert copies and all(fx_util.PARTITIONER_TAG not in n.meta for n in copies)
+    assert any(n.target is aten.tanh.default for n in copies)
+    for got, want in zip(out(*args), gm(*args), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    an = analyze(out, "interpret", forward_outputs=1)
+    flags = {an.fx_nodes[i]: (an.pgraph[i].forward, an.pgraph[i].backward) for i in range(len(an.fx_nodes))}
+    assert all(flags[n] == (False, True) for n in copies if n in flags)   # backward to the partitioner
+    assert remat(gm).graph.python_code("self").src == out.graph.python_code("self").src   # deterministic, pure
+    assert _math_read(gm)                               # the input graph is left as it was
+
+
+def test_a_16_bit_leaf_is_read_rounded_by_the_forward_math_too():
+    """The backward recomputes from x as stored (bf16); the forward's GELU reads x through a conversion marked
+    ROUNDED (an epilogue's cast), so both evaluate at the same x."""
+    args = _args(torch.bfloat16)
+    out = remat(_trace(gelu_tanh_joint, args))
+    rounded = [n for n in out.graph.nodes if n.meta.get(fx_util.ROUNDED)]
+    assert len(rounded) == 1 and rounded[0].target is aten._to_copy.default
+    assert rounded[0].args[0].target is aten.mm.default and fx_util.dtype(rounded[0]) == torch.bfloat16
+    forward_readers = list(rounded[0].users)
+    assert forward_readers and not any(u.meta.get(fx_util.RECOMPUTED) for u in forward_readers)
+    assert aten_ir.MATH[aten._to_copy.default].check(rounded[0]) is None
+
+
+def test_what_does_not_pay_or_cannot_be_recomputed_stays():
+    """A product of two GEMM outputs (two full-size tensors to keep for one), an exp (its argument's rounding
+    amplified) and a value a backward GEMM reads as its operand are kept as they are."""
+    def joint(a, w1, w2, tangents_1):
+        x1, x2 = a @ w1.t(), a @ w2.t()
+        p = x1 * x2
+        e = torch.exp(x1 * 0.5)
+        s = x1 * 2.0
+        out = p + e + s
+        return [out, (tangents_1 * p * e).t() @ a, s.t() @ tangents_1]
+
+    g = torch.Generator().manual_seed(1)
+    args = [torch.randn(s, generator=g) for s in ((6, 8), (16, 8), (16, 8), (6, 16))]
+    gm = _trace(joint, args)
+    out = remat(gm)
+    assert not any(n.meta.get(fx_util.RECOMPUTED) for n in out.graph.nodes)
+    assert {n.target for n in _math_read(out)} >= {aten.mul.Tensor, aten.exp.default}
