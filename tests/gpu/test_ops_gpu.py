@@ -236,5 +236,5 @@ def test_rms_norm_input_kernel(lead, d, dtype):
     assert h.shape == x.shape and h.dtype == dtype and rstd.shape == lead and rstd.dtype == torch.float32
     assert torch.equal(h, x * w.to(dtype))
     want = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6)
-    torch.testing.assert_close(rstd.double(), want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(rstd.double(), want, rtol=4e-6, atol=0)   # fp32 sums of up to 4096 squares
     torch.library.opcheck(torch.ops.coda_ext.rms_norm_input_rows.default, (x.reshape(-1, d), w, 1e-6))
