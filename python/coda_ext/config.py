@@ -19,6 +19,17 @@ RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
 MAX_EPILOGUE_STAGES = 8
 
 
+def applied_swizzle(swizzle: int, ctas_m: int, ctas_n: int) -> int:
+    """The swizzle CUTLASS's SM90 persistent tile scheduler applies for a requested one over ctas_m x ctas_n
+    CTAs (each count in whole clusters): lowered to 4, 2, 1 while the smaller count is under 6, 3, 2
+    (get_log_swizzle_size). It then rounds both counts up to multiples of it (tuning.scheduled_tiles)."""
+    short = min(ctas_m, ctas_n)
+    for applied, need in ((8, 6), (4, 3), (2, 2)):
+        if swizzle >= applied and short >= need:
+            return applied
+    return 1
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
     """How the fixed SM90 GEMM runs a graph.

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .config import DEFAULT_CONFIG, KernelConfig
+from .config import DEFAULT_CONFIG, KernelConfig, applied_swizzle
 from .jit.cache import locked
 from .jit.paths import cache_root
 
@@ -100,7 +100,9 @@ def _waves(tiles: int, sms: int) -> float:
 def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue = Epilogue(),
               major: str = "kk") -> KernelConfig:
     """The config for an (M, N, K) problem and a kind of epilogue (a few integer operations). M is the exact
-    row count: it enters only as M tiles of 128, and a power-of-two bucket's rounding would hide a wave's
+    row count: it enters as M tiles of 128 (and of the chosen config's TILE_M where fit_swizzle counts the
+    grid: ops remember their choice per M tiles of 128, so a 64-row config may keep a swizzle fitted for a
+    neighbouring M, a matter of speed only), and a power-of-two bucket's rounding would hide a wave's
     tail (the QKV weight gradient's 3072 rows at 1B are 24 tiles, not the 4096 bucket's 32: 192 tiles of
     128x256 leave a second wave 45 % full, where the bucket's 256 fill two):
     - M <= 128: 64x128 ping-pong tiles, so twice as many CTAs stream W (memory-bound shapes);
@@ -180,8 +182,8 @@ MAX_SWIZZLE_PADDING = 0.05
 
 def scheduled_tiles(config: KernelConfig, M: int, N: int) -> int:
     """The tiles CUTLASS's SM90 persistent scheduler walks for an M x N output in `config`: the tile counts in
-    whole clusters, then each rounded up to a multiple of the swizzle it applies (the requested one, lowered
-    while the smaller count is under 6, 3 or 2: get_log_swizzle_size). The padded tiles take their turns like
+    whole clusters, then each rounded up to a multiple of the swizzle it applies (config.applied_swizzle) times
+    the cluster's extent. The padded tiles take their turns like
     real ones: 16384 x 768 in 128 x 128 tiles is 6 N tiles, swizzle 4 makes it 8, and the plain GEMM
     (x768x3072, N-major W) took 1.79x cuBLAS against 1.01x with swizzle 2 (H200, one run,
     benchmarks/results/sweep_swizzle_h200.json)."""
@@ -190,9 +192,8 @@ def scheduled_tiles(config: KernelConfig, M: int, N: int) -> int:
 
     (tm, tn, _), (cm, cn) = config.tile, config.cluster
     bm, bn = up(up(M, tm) // tm, cm), up(up(N, tn) // tn, cn)
-    small, s = min(bm, bn), config.swizzle
-    log = 3 if s >= 8 and small >= 6 else 2 if s >= 4 and small >= 3 else 1 if s >= 2 and small >= 2 else 0
-    return up(bm, cm << log) * up(bn, cn << log)
+    s = applied_swizzle(config.swizzle, bm, bn)
+    return up(bm, cm * s) * up(bn, cn * s)
 
 
 def fit_swizzle(config: KernelConfig, M: int, N: int) -> KernelConfig:

@@ -97,3 +97,83 @@ def test_what_does_not_pay_or_cannot_be_recomputed_stays():
     out = remat(gm)
     assert not any(n.meta.get(fx_util.RECOMPUTED) for n in out.graph.nodes)
     assert {n.target for n in _math_read(out)} >= {aten.mul.Tensor, aten.exp.default}
+
+
+def _bf16(*shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).to(torch.bfloat16) for s in shapes]
+
+
+def test_groups_sharing_a_leaf_copy_forward_nodes_not_their_rounded_reads():
+    """Regression: a later group copied forward nodes an earlier group had already rewired to read its rounded
+    leaf, so the backward read the rounded copy as well as the leaf (two full-size tensors kept for one)."""
+    def joint(a, w1, w2, tangents_1):
+        h, k = a @ w1.t(), a @ w2.t()
+        v1a, v1b = h * 2.0, h * 3.0                  # leaves {h}
+        v2, v3, v4 = v1a + k, v1b * k, v1a - k       # leaves {h, k}
+        out = v1a + v1b + v2 + v3 + v4
+        return [out, (tangents_1 * v1a * v1b * v2 * v3 * v4).t() @ a]
+
+    out = remat(_trace(joint, _bf16((6, 8), (16, 8), (16, 8), (6, 16))))
+    read = _read_by_backward(out)
+    assert not any(n.meta.get(fx_util.ROUNDED) for n in read)
+    assert sum(n.target is aten.mm.default for n in read) == 2
+    copies = [n for n in out.graph.nodes if n.meta.get(fx_util.RECOMPUTED)]
+    assert not any(a.meta.get(fx_util.ROUNDED) for n in copies for a in n.all_input_nodes)
+
+
+def test_each_copy_goes_before_its_own_first_reader():
+    """Regression: a group's copies all went before its earliest backward reader, which could precede a leaf of
+    another member (a row maximum computed after it): the graph read a node before defining it."""
+    def joint(a, w1, tangents_1):
+        x = a @ w1.t()
+        s1, s2 = x * 2.0, x * 3.0
+        g1 = tangents_1 * s1                        # the first backward reader
+        r = x.amax(-1, keepdim=True)                # a small leaf defined after it
+        s3 = x * r
+        return [s1 + s2 + s3, (g1 * s2 * s3).t() @ a]
+
+    g = torch.Generator().manual_seed(2)
+    args = [torch.randn(s, generator=g) for s in ((6, 8), (16, 8), (6, 16))]
+    gm = _trace(joint, args)
+    out = remat(gm)
+    out.graph.lint()
+    assert any(n.meta.get(fx_util.RECOMPUTED) for n in out.graph.nodes)
+    for got, want in zip(out(*args), gm(*args), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_rewrite_is_deterministic_with_two_rounded_leaves():
+    """Regression: the leaves were visited in set order (object ids): node names changed from call to call."""
+    def joint(a, w1, w2, tangents_1):
+        x1, x2 = a @ w1.t(), a @ w2.t()
+        s1, s2, s3 = x1 * x2, x1 + x2, x1 - x2
+        return [s1 + s2 + s3, (tangents_1 * s1 * s2 * s3).t() @ a]
+
+    gm = _trace(joint, _bf16((6, 8), (16, 8), (16, 8), (6, 16)))
+    codes = {remat(gm).graph.python_code("self").src for _ in range(8)}
+    assert len(codes) == 1
+    rounded = [n for n in remat(gm).graph.nodes if n.meta.get(fx_util.ROUNDED)]
+    assert [n.args[0].name for n in rounded] == sorted(n.args[0].name for n in rounded)
+
+
+def test_an_input_leaf_is_not_rounded_a_computed_one_is():
+    """A graph input is exact in its dtype: no rounding between it and the forward math; a value computed in the
+    step (here a GEMM output plus a bias, read through a view, as GPT-2's Conv1D makes it) is read rounded
+    (regression: only bare GEMM outputs were, and GPT-2's gradients broke the rule again)."""
+    def joint(a, b, tangents_1):
+        u, v = a * 2.0, a * 3.0
+        return [u + v, tangents_1 * u * v]
+
+    out = remat(_trace(joint, _bf16((6, 8), (8,), (6, 8))))
+    assert any(n.meta.get(fx_util.RECOMPUTED) for n in out.graph.nodes)
+    assert not any(n.meta.get(fx_util.ROUNDED) for n in out.graph.nodes)
+
+    def joint_bias(a, w, b, tangents_1):
+        x = (a @ w.t() + b).view(2, 3, 16)
+        u, v = x * 2.0, x * 3.0
+        return [u + v, tangents_1 * u * v]
+
+    out = remat(_trace(joint_bias, _bf16((6, 8), (16, 8), (16,), (2, 3, 16))))
+    rounded = [n for n in out.graph.nodes if n.meta.get(fx_util.ROUNDED)]
+    assert len(rounded) == 1 and rounded[0].args[0].target is aten.view.default

@@ -40,6 +40,19 @@ def test_rms_norm_input_takes_the_kernel_for_rows_it_reads():
             assert h.shape == t.shape and rstd.shape == t.shape[:-1]
             assert torch.equal(h, ref[0]) and torch.equal(rstd, ref[1])
         assert calls == [] and torch.equal(ops.rms_norm_input(x, w, 1e-6)[0], want[0])
+        # regression: a call that records a gradient went to the custom op, which has no backward; float64 and
+        # rows of no columns are not the kernel's either
+        for t, wt in ((x.float().requires_grad_(), w), (x, w.clone().requires_grad_()), (x.double(), w),
+                      (x[..., :0].contiguous(), w[:0])):
+            calls.clear()
+            h, _ = ops.rms_norm_input(t, wt, 1e-6)
+            assert calls == []
+        h, _ = ops.rms_norm_input(x.float().requires_grad_(), w, 1e-6)
+        h.sum().backward()
+        with torch.no_grad():
+            calls.clear()
+            ops.rms_norm_input(x.float().requires_grad_(), w, 1e-6)
+            assert calls
 
 
 @pytest.mark.parametrize("x,w,match", [

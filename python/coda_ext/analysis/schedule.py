@@ -20,15 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import KernelConfig
-
-
-def _log_swizzle(tiles_m: int, tiles_n: int, swizzle: int) -> int:
-    short = min(tiles_m, tiles_n)
-    for log, need in ((3, 6), (2, 3), (1, 2)):
-        if swizzle >= 1 << log and short >= need:
-            return log
-    return 0
+from ..config import KernelConfig, applied_swizzle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +50,7 @@ def schedule(M: int, N: int, K: int, config: KernelConfig, dtype_bytes: int, l2_
     tm, tn, _ = config.tile
     cm, cn = config.cluster
     tiles_m, tiles_n = -(-M // tm), -(-N // tn)
-    sw = 1 << _log_swizzle(tiles_m, tiles_n, config.swizzle)
+    sw = applied_swizzle(config.swizzle, -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn)
     rounded_m, rounded_n = -(-tiles_m // (sw * cm)) * sw * cm, -(-tiles_n // (sw * cn)) * sw * cn
     raster = config.raster
     if raster == "heuristic":

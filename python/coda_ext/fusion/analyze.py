@@ -151,9 +151,10 @@ def analyze(gm: fx.GraphModule, target: str = "interpret", forward_outputs: int 
         i = len(nodes)
         id_of[node] = i
         fx_nodes.append(node)
+        recomputed = bool(node.meta.get(fx_util.RECOMPUTED, False))   # passes/remat.py's copies: backward
         common = {"id": i, "name": node.name, "target": str(node.target), "nbytes": _nbytes(node),
-                  "backward": node in backward or node.meta.get(fx_util.RECOMPUTED, False),
-                  "forward": node not in backward if forward is None else node in forward}
+                  "backward": node in backward or recomputed,
+                  "forward": not (node in backward or recomputed) if forward is None else node in forward}
         v = fx_util.val(node)
         out = fx_util.shape(node)
         if node.op != "call_function":

@@ -2,21 +2,23 @@
 backward from the tensors they derive from, where that leaves fewer tensors of their size to keep between the
 two passes.
 
-An activation written as element-wise math (GPT-2's GELU, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), differentiated
-by autograd) hands the backward four intermediates of the MLP's width, each stored by the forward and read back;
-each is a few operations of one tensor x. A candidate is a forward value the backward reads, made by element-wise
-math (aten_ir.MATH) out of the values its closure stops at (its leaves: GEMM outputs, views, inputs, reductions);
-the candidates with the same full-size leaves (those of the candidate's size or larger; smaller ones — row
-statistics, vectors, scalars — cost little to keep) are recomputed together when they are more than the
-leaves the forward does not keep already. Their copies are inserted before the first backward node that reads
-one and marked fx_util.RECOMPUTED, so the analysis counts them as backward nodes (a backward GEMM's epilogue recomputes
-them from its tile loads; the forward stores the leaves instead of the candidates). Runs after cse, which would
-merge the copies back. remat(gm) is a pure function.
+An activation written as element-wise math (GPT-2's GELU, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))),
+differentiated by autograd) hands the backward four intermediates of the MLP's width, each stored by the forward
+and read back; each is a few operations of one tensor x. A candidate is a forward value the backward reads,
+made by element-wise math (aten_ir.MATH) out of the values its closure stops at (its leaves: GEMM outputs,
+views, inputs, reductions); the candidates with the same full-size leaves (those of the candidate's size or
+larger; smaller ones — row statistics, vectors, scalars — cost little to keep) are recomputed together when they
+are more than the leaves the forward does not keep already. Each member's copies go before its first backward
+reader, marked fx_util.RECOMPUTED, so the analysis counts them as backward nodes (a backward GEMM's epilogue
+recomputes them from its tile loads; the forward stores the leaves instead of the candidates). Runs after cse,
+which would merge the copies back. remat(gm) is a pure function.
 
 The backward recomputes from its leaves as stored (16-bit), so the forward's closure reads each 16-bit leaf
-rounded the same way (a conversion marked fx_util.ROUNDED, an epilogue's cast): forward and backward evaluate
-at one x, as eager PyTorch's ops do (evaluated at x in fp32 in the forward and at x in bf16 in the backward, a
-GPT-2's gradients lost the numerics rule). exp and log are not recomputed (ILL_CONDITIONED).
+computed in the step (an epilogue may hold it in fp32; an input is exact already) rounded the same way (a
+conversion marked fx_util.ROUNDED, an epilogue's cast): forward and backward evaluate at one x, as eager
+PyTorch's ops do (evaluated at x in fp32 in the forward and at x in bf16 in the backward, a GPT-2's gradients
+lost the numerics rule). exp and log are not recomputed (ILL_CONDITIONED), nor values a backward GEMM reads as
+an operand (that would be a pass of its own).
 """
 from __future__ import annotations
 
@@ -87,33 +89,54 @@ def remat(gm: fx.GraphModule) -> fx.GraphModule:
         large = frozenset(x for x in leaves if fx_util.numel(x) >= fx_util.numel(v))
         groups.setdefault(large, []).append((v, inside))
     order = {n: i for i, n in enumerate(graph.nodes)}
-    changed = False
+    accepted = []
     for large, members in groups.items():
         full = [v for v, _ in members if fx_util.numel(v) >= max((fx_util.numel(x) for x in large), default=0)]
-        if len(full) <= len(large - kept):
-            continue
-        readers = [u for v, _ in members for u in v.users if u in backward]
-        first = min(readers, key=order.__getitem__)
-        copies: dict[fx.Node, fx.Node] = {}
-        with graph.inserting_before(first):
-            for n in sorted({n for _, inside in members for n in inside}, key=order.__getitem__):
-                copy = graph.node_copy(n, lambda a: copies.get(a, a))
-                copy.meta[fx_util.RECOMPUTED] = True
-                copy.meta.pop(fx_util.PARTITIONER_TAG, None)   # the default partition's forward tag: not forward
-                copies[n] = copy
-        for v, _ in members:
-            for u in [u for u in v.users if u in backward]:
-                u.replace_input_with(v, copies[v])
-        inside = {n for _, nodes in members for n in nodes}
+        if len(full) > len(large - kept):
+            accepted.append((sorted(large, key=order.__getitem__), members))
+    for _, members in accepted:   # every copy first: the rounding below rewires forward nodes only
+        _recompute(graph, members, backward, order)
+    for large, members in accepted:
+        inside = sorted({n for _, nodes in members for n in nodes}, key=order.__getitem__)
         for leaf in large:
-            if fx_util.dtype(leaf) not in HALF:
-                continue
-            with graph.inserting_after(leaf):
-                rounded = fx_util.call(graph, aten._to_copy.default, leaf, dtype=fx_util.dtype(leaf))
-            rounded.meta[fx_util.ROUNDED] = True
-            if fx_util.PARTITIONER_TAG in leaf.meta:
-                rounded.meta[fx_util.PARTITIONER_TAG] = leaf.meta[fx_util.PARTITIONER_TAG]
-            for n in inside:
-                n.replace_input_with(leaf, rounded)
-        changed = True
-    return fx_util.finish(gm) if changed else gm
+            if fx_util.dtype(leaf) in HALF and _computed(leaf):
+                _read_rounded(graph, leaf, inside)
+    return fx_util.finish(gm) if accepted else gm
+
+
+def _recompute(graph: fx.Graph, members: list[tuple[fx.Node, list[fx.Node]]], backward: set[fx.Node],
+               order: dict[fx.Node, int]) -> None:
+    """Copies of the members' closures for the backward, each inserted before the first backward node that
+    reads its member (members in the order of those readers, so a copy made for an earlier one serves the
+    later ones; a member's leaves precede the member, which precedes its readers), and the backward's reads
+    of the members moved to them."""
+    copies: dict[fx.Node, fx.Node] = {}
+    firsts = {v: min((u for u in v.users if u in backward), key=order.__getitem__) for v, _ in members}
+    for v, nodes in sorted(members, key=lambda m: order[firsts[m[0]]]):
+        with graph.inserting_before(firsts[v]):
+            for n in nodes:
+                if n not in copies:
+                    copy = graph.node_copy(n, lambda a: copies.get(a, a))
+                    copy.meta[fx_util.RECOMPUTED] = True
+                    copy.meta.pop(fx_util.PARTITIONER_TAG, None)   # the default partition's forward tag
+                    copies[n] = copy
+        for u in [u for u in v.users if u in backward]:
+            u.replace_input_with(v, copies[v])
+
+
+def _computed(node: fx.Node) -> bool:
+    """Whether node's value is computed in the step (a GEMM, an epilogue's math, a reduction: an epilogue may hold
+    it in fp32 before it is stored), not an input (exact in its dtype already)."""
+    return aten_ir.alias_root(node).op != "placeholder"
+
+
+def _read_rounded(graph: fx.Graph, leaf: fx.Node, inside: list[fx.Node]) -> None:
+    """The forward's closure nodes read leaf rounded to its dtype (a conversion marked ROUNDED: an epilogue's
+    cast), as the backward reads it stored."""
+    with graph.inserting_after(leaf):
+        rounded = fx_util.call(graph, aten._to_copy.default, leaf, dtype=fx_util.dtype(leaf))
+    rounded.meta[fx_util.ROUNDED] = True
+    if fx_util.PARTITIONER_TAG in leaf.meta:
+        rounded.meta[fx_util.PARTITIONER_TAG] = leaf.meta[fx_util.PARTITIONER_TAG]
+    for n in inside:
+        n.replace_input_with(leaf, rounded)
