@@ -224,7 +224,7 @@ def test_rms_norm_input_kernel(lead, d, dtype):
     """The layer input's RMSNorm (ops.rms_norm_input: one Triton kernel on contiguous rows, norm_kernel.py):
     h = x ⊙ γ exactly as PyTorch rounds it in x's dtype (γ in fp32 rounded to x's dtype first), rstd against
     fp64 within fp32 summation; outputs from NaN-filled memory; widths that are not a multiple of its column
-    step. Its custom op passes opcheck."""
+    step. Its custom op passes opcheck and runs the same under torch.compile(fullgraph=True)."""
     from coda_ext.ops import norm_kernel
 
     assert norm_kernel.available()
@@ -238,3 +238,7 @@ def test_rms_norm_input_kernel(lead, d, dtype):
     want = torch.rsqrt(x.double().pow(2).mean(-1) + 1e-6)
     torch.testing.assert_close(rstd.double(), want, rtol=4e-6, atol=0)   # fp32 sums of up to 4096 squares
     torch.library.opcheck(torch.ops.coda_ext.rms_norm_input_rows.default, (x.reshape(-1, d), w, 1e-6))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, g: torch.ops.coda_ext.rms_norm_input_rows(a, g, 1e-6), fullgraph=True)
+    ch, crstd = compiled(x.reshape(-1, d), w)                # the custom op kept in the graph: the same kernel
+    assert torch.equal(ch, h.reshape(-1, d)) and torch.equal(crstd, rstd.reshape(-1))

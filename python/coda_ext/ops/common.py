@@ -145,6 +145,26 @@ def import_triton(what: str, module: str) -> Any:
                           "install the triton that matches your torch (pip install triton)") from e
 
 
+def triton_op(name: str, fn: Callable[..., Any]) -> Any:
+    """fn (mutating nothing) as the custom op coda_ext::<name> whose Triton kernel a tracing compiler keeps
+    (torch.library.triton_op), where triton is installed (CUDA builds of torch); elsewhere None."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return None
+    return torch.library.triton_op(f"coda_ext::{name}", mutates_args=())(fn)
+
+
+def launch_triton(kernel: Any, grid: tuple[int, ...], device: torch.device, *args: Any, **meta: Any) -> None:
+    """kernel[grid](*args, **meta) on `device`: on a GPU through torch.library.wrap_triton (so a triton_op's
+    implementation traces), on the CPU under Triton's interpreter (the tests)."""
+    if device.type != "cuda":
+        kernel[grid](*args, **meta)
+        return
+    with torch.cuda.device(device):
+        torch.library.wrap_triton(kernel)[grid](*args, **meta)
+
+
 def triton_available(op: Any, kernel: Callable[[], Any]) -> bool:
     """Whether a Triton kernel of this package can run here: its custom op `op` registered (None where triton
     is not installed) and kernel() imports it."""

@@ -5,12 +5,9 @@ cost about 0.1 ms of host time a call (its guards and wrappers), at the start of
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.util
 
 import torch
-from torch.library import wrap_triton
 
 from . import common
 
@@ -40,16 +37,13 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Te
     h = torch.empty((M, N), dtype=x.dtype, device=x.device)
     rstd = torch.empty(M, dtype=torch.float32, device=x.device)
     if M:
-        kernel = wrap_triton(_kernel()) if x.is_cuda else _kernel()   # CPU: Triton's interpreter (tests)
-        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-            kernel[((M + BLOCK_M - 1) // BLOCK_M,)](x, x.stride(0), weight, h, h.stride(0), rstd, M, N, float(eps),
-                                                   BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
+        common.launch_triton(_kernel(), ((M + BLOCK_M - 1) // BLOCK_M,), x.device, x, x.stride(0), weight, h,
+                             h.stride(0), rstd, M, N, float(eps), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
     return h, rstd
 
 
 #: The kernel as a custom op (registered where triton is installed), so a traced graph keeps it as it is.
-_op = torch.library.triton_op("coda_ext::rms_norm_input_rows", mutates_args=())(_launch) \
-    if importlib.util.find_spec("triton") is not None else None
+_op = common.triton_op("rms_norm_input_rows", _launch)
 
 
 @torch.compiler.assume_constant_result

@@ -11,13 +11,10 @@ nothing else. One program takes BLOCK_M rows through all three parts; a head's p
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.util
 import itertools
 
 import torch
-from torch.library import wrap_triton
 
 from . import common
 
@@ -88,18 +85,15 @@ def _launch(dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, qkv: torch.Ten
     dz = torch.empty((M, N), dtype=dq.dtype, device=qkv.device)
     zdz = torch.empty(M, dtype=torch.float32, device=qkv.device)
     if M:
-        kernel = wrap_triton(_kernel()) if qkv.is_cuda else _kernel()   # CPU: Triton's interpreter (tests)
-        with torch.cuda.device(qkv.device) if qkv.is_cuda else contextlib.nullcontext():
-            kernel[((M + BLOCK_M - 1) // BLOCK_M,)](dq, dq.stride(0), dk, dk.stride(0), dv, dv.stride(0), qkv,
-                                               qkv.stride(0), cos, sin, dz, dz.stride(0), zdz, M, *widths,
-                                               HALF=cos.shape[-1], BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, num_warps=4)
+        common.launch_triton(_kernel(), ((M + BLOCK_M - 1) // BLOCK_M,), qkv.device, dq, dq.stride(0), dk,
+                             dk.stride(0), dv, dv.stride(0), qkv, qkv.stride(0), cos, sin, dz, dz.stride(0), zdz,
+                             M, *widths, HALF=cos.shape[-1], BLOCK_M=BLOCK_M, BLOCK_P=BLOCK_P, num_warps=4)
     return dz, zdz
 
 
 #: The kernel as a custom op a tracing compiler keeps (its Triton kernel visible to Inductor), registered where
 #: triton is installed (CUDA builds of torch); elsewhere rope_backward runs _launch under Triton's interpreter.
-_op = torch.library.triton_op("coda_ext::rope_backward_rows", mutates_args=())(_launch) \
-    if importlib.util.find_spec("triton") is not None else None
+_op = common.triton_op("rope_backward_rows", _launch)
 
 
 @torch.compiler.assume_constant_result
