@@ -7,6 +7,7 @@ kernel, and which config would do better.
 
     python -m benchmarks.sweep_fusion [--models bert-base] [--reps 10] [--dry-run]
     python -m benchmarks.sweep_fusion --epilogue --sites f686e3c8 4ddb4d57   # epilogue subtiles and stages
+    python -m benchmarks.sweep_fusion --ablate --sites 65aa8f6c             # what each part of an epilogue costs
     python -m coda_ext prebuild benchmarks/sweep_fusion.py      # its kernels, in parallel, ahead
 
 Results (--out): sweep_fusion_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on (h100, h200, …).
@@ -31,6 +32,65 @@ ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 192, 64), (1, 1)
 #: config (its mainloop alone). At K = 768 a tile's mainloop is short and every subtile's loads are a round trip.
 EPILOGUE_BASES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1), "cooperative", 4))
 EPILOGUE_VARIANTS = ((None, None), (64, None), (128, None), (None, (8, 2)))
+
+
+#: --ablate: the unary kinds whose math a "no_math" variant skips (the transcendental ones and costlier).
+def _costly(kind: str) -> bool:
+    from coda_ext.graph import kinds
+
+    k = kinds.KINDS[kind]
+    return k.arity == 1 and "compute" in k.flags and k.flops >= kinds.TRANSCENDENTAL
+
+
+def ablations(graph, dtype: str) -> dict:
+    """What each part of an epilogue costs: the graph, then variants of it with parts removed, by name (each
+    distinct from the others and verified): without its column or row reductions or both, without its stores,
+    with its fp32 stores in the op's 16-bit dtype, its main output alone or left out, and with its costly unary math
+    (exp, GELU, ...) skipped (the node reads through to its input). Timed in one config beside the plain GEMM,
+    the differences split the epilogue's time between reductions, stores and math."""
+    from coda_ext.errors import GraphError
+    from coda_ext.graph import ir
+    from coda_ext.graph.verify import verify
+    from coda_ext.passes.prune import prune
+
+    def edit(drop=lambda n: False, through=lambda n: False, attrs=lambda n: n.attrs):
+        index: dict[int, int] = {}
+        nodes: list = []
+        for i, n in enumerate(graph.nodes):
+            if drop(n):
+                continue
+            if through(n):
+                index[i] = index[n.inputs[0]]
+                continue
+            index[i] = len(nodes)
+            nodes.append(ir.Node(n.kind, tuple(index[j] for j in n.inputs), attrs(n)))
+        return prune(ir.GraphIR(tuple(nodes)))
+
+    sinks = [n for n in graph.nodes if n.is_sink]
+    out = {"full": graph}
+    if any(n.kind == "col_reduce" for n in sinks):
+        out["no_col_reduce"] = edit(drop=lambda n: n.kind == "col_reduce")
+    if any(n.kind == "row_reduce" for n in sinks):
+        out["no_row_reduce"] = edit(drop=lambda n: n.kind == "row_reduce")
+    out["no_reductions"] = edit(drop=lambda n: n.kind in ("row_reduce", "col_reduce"))
+    out["no_stores"] = edit(drop=lambda n: n.kind == "store")
+    out["stores_16bit"] = edit(attrs=lambda n: ir.make_attrs(**{**dict(n.attrs), "dtype": dtype})
+                               if n.kind == "store" and n.attr("dtype") == "float32" else n.attrs)
+    out["output_only"] = edit(drop=lambda n: n.is_sink and n.kind != "output")
+    out["no_output"] = edit(drop=lambda n: n.kind == "output")
+    out["no_math"] = edit(through=lambda n: _costly(n.kind))
+    seen: set = set()
+    keep = {}
+    for name, g in out.items():
+        if not any(n.is_sink for n in g.nodes) or g.digest() in seen:
+            continue
+        try:
+            verify(g)
+        except GraphError:   # a variant the IR cannot express is not timed
+            continue
+        seen.add(g.digest())
+        keep[name] = g
+    return keep
 
 
 def kernels(name: str, tiny: bool = False) -> list[dict]:
@@ -60,9 +120,8 @@ def configs(site, mnk, epilogue: bool = False) -> list:
     repeats, each in the site's operand layout (epilogue: EPILOGUE_BASES × EPILOGUE_VARIANTS instead)."""
     import coda_ext as ce
     from benchmarks.sweep_backward import fits
-    from coda_ext.runtime.tuned import TunedOp
 
-    auto = TunedOp(site.graph, site.dtype, tune=False, major=site.major).config_for(*mnk)
+    auto = auto_config(site, mnk)
     out = {auto.tag: auto}
     tries = [ce.KernelConfig(tile, cluster, schedule, swizzle=swizzle, major=site.major)
              for tile, cluster, schedule, swizzle in ALTERNATIVES] if not epilogue else [
@@ -87,13 +146,27 @@ def plain_configs(site, mnk, epilogue: bool = False) -> list:
             for tile, cluster, schedule, swizzle in EPILOGUE_BASES]
 
 
-def build_items(models=DEFAULT_MODELS, epilogue: bool = False, sites: tuple[str, ...] = ()) -> list:
+def auto_config(site, mnk):
+    """The config "auto" picks for the site at mnk (its operand layout)."""
+    from coda_ext.runtime.tuned import TunedOp
+
+    return TunedOp(site.graph, site.dtype, tune=False, major=site.major).config_for(*mnk)
+
+
+def build_items(models=DEFAULT_MODELS, epilogue: bool = False, sites: tuple[str, ...] = (),
+                ablate: bool = False) -> list:
     """Every kernel the sweep times: python -m coda_ext prebuild benchmarks/sweep_fusion.py."""
     from coda_ext import graphs
 
     items = {}
     for name in models:
         for k in selected(kernels(name), sites):
+            if ablate:
+                c = auto_config(k["site"], k["mnk"])
+                for g in ablations(k["site"].graph, k["site"].dtype).values():
+                    items[(g.digest(), c.tag)] = (g, k["site"].dtype, c)
+                items[("identity", c.tag)] = (graphs.identity(), k["site"].dtype, c)
+                continue
             for c in configs(k["site"], k["mnk"], epilogue):
                 items[(k["site"].kernel_key, c.tag)] = (k["site"].graph, k["site"].dtype, c)
             for c in plain_configs(k["site"], k["mnk"], epilogue):
@@ -104,6 +177,29 @@ def build_items(models=DEFAULT_MODELS, epilogue: bool = False, sites: tuple[str,
 def selected(entries: list[dict], sites: tuple[str, ...]) -> list[dict]:
     """The entries whose graph digest starts with one of `sites` (all where none is given)."""
     return [e for e in entries if not sites or any(e["site"].graph.digest().startswith(s) for s in sites)]
+
+
+def ablate(entry: dict, reps: int, built_only: bool = False) -> dict:
+    """The site's ablations (`ablations`) in its auto config, each with its own inputs, interleaved with the
+    plain GEMM in that config ("plain") and the bare cuBLAS GEMM of the shape and layout."""
+    import coda_ext as ce
+    from coda_ext import graphs, jit
+    from tests.helpers import rand
+
+    site, (M, N, K) = entry["site"], entry["mnk"]
+    c = auto_config(site, (M, N, K))
+    variants = {**ablations(site.graph, site.dtype), "plain": graphs.identity()}
+    ops = {name: ce.compile(g, site.dtype, c) for name, g in variants.items()
+           if not built_only or jit.cached(jit.kernel_source(g, site.dtype, c))}
+    gen = rand.generator("sweep_fusion", site.graph.digest(), device="cuda")
+    sets = {name: [rand.op_inputs(op, M, N, K, gen) for _ in range(2)] for name, op in ops.items()}
+    fns = {"cublas_gemm": lambda i, s=sets["plain"]: s[i][0] @ s[i][1].t()}
+    for name, op in ops.items():
+        fns[name] = lambda i, op=op, s=sets[name]: op(s[i][0], s[i][1], **s[i][2])
+    summary = common.summarize(common.time_interleaved(fns, reps), "cublas_gemm")
+    return {"graph": site.graph.digest()[:8], "major": site.major, "mnk": [M, N, K], "launches": entry["launches"],
+            "config": c.tag, "variants": summary,
+            "graphs": {name: g.text() for name, g in variants.items() if name in ops}}
 
 
 def sweep(entry: dict, reps: int, epilogue: bool = False, built_only: bool = False) -> dict:
@@ -149,6 +245,9 @@ def main(argv=None) -> int:
     p.add_argument("--epilogue", action="store_true",
                    help="sweep the epilogue's subtile and load stages (EPILOGUE_BASES x EPILOGUE_VARIANTS) beside "
                         "each base's plain GEMM, instead of the tiles")
+    p.add_argument("--ablate", action="store_true",
+                   help="time each site's epilogue with parts removed (reductions, stores, math) in its auto "
+                        "config beside the plain GEMM there, instead of the configs")
     p.add_argument("--sites", nargs="+", default=(), help="only the kernels whose graph digest starts so")
     p.add_argument("--prebuild", action="store_true", help="build the swept kernels in parallel first")
     args = p.parse_args(argv)
@@ -156,7 +255,7 @@ def main(argv=None) -> int:
         import coda_ext as ce
 
         try:
-            ce.prebuild(build_items(args.models, args.epilogue, tuple(args.sites)))
+            ce.prebuild(build_items(args.models, args.epilogue, tuple(args.sites), args.ablate))
         except ce.CompileError as e:   # the others are built: sweep those
             print(f"prebuild: {str(e).splitlines()[0]}", flush=True)
     doc = {"env": None, "models": {}}
@@ -166,13 +265,23 @@ def main(argv=None) -> int:
               f"{sum(e['launches'] for e in entries)} launches a step", flush=True)
         if args.dry_run:
             for e in entries:
-                tags = [c.tag for c in configs(e["site"], e["mnk"], args.epilogue)]
+                tags = ([f"{auto_config(e['site'], e['mnk']).tag}: " + " ".join(ablations(e["site"].graph,
+                                                                                     e["site"].dtype))]
+                        if args.ablate else [c.tag for c in configs(e["site"], e["mnk"], args.epilogue)])
                 print(f"  {e['site'].graph.digest()[:8]} {e['site'].major} {'x'.join(map(str, e['mnk']))} "
                       f"x{e['launches']}: IO model {e['io_fused_us']:.1f} us (compile-style "
                       f"{e['io_compile_us']:.1f}); configs {tags}")
             continue
         rows = []
         for e in entries:
+            if args.ablate:
+                row = ablate(e, args.reps, built_only=args.prebuild)
+                v = row["variants"]
+                parts = ", ".join(f"{n} {v[n]['median_ms'] * 1e3:.1f}" for n in v if n != "cublas_gemm")
+                print(f"  {row['graph']} {row['major']} {'x'.join(map(str, row['mnk']))} {row['config']}: cuBLAS "
+                      f"{v['cublas_gemm']['median_ms'] * 1e3:.1f} us; {parts} us", flush=True)
+                rows.append(row)
+                continue
             row = sweep(e, args.reps, args.epilogue, built_only=args.prebuild)
             v, auto, best = row["variants"], row["auto"], row["best"]
             print(f"  {row['graph']} {row['major']} {'x'.join(map(str, row['mnk']))} x{row['launches']}: cuBLAS "

@@ -61,3 +61,42 @@ def test_sweep_swizzle_builds_one_kernel_per_base_and_layout():
     ping = sw.BASES["ping"]
     assert tuning.scheduled_tiles(dataclasses.replace(ping, swizzle=4), 16384, 768) > \
         tuning.scheduled_tiles(ping, 16384, 768)
+
+
+def test_ablations_remove_one_part_each_and_stay_valid_graphs():
+    """--ablate: an LN-backward-like epilogue (output, fp32 store, row and column reductions, a GELU) gives the
+    graph itself, then each part removed; every variant verifies, is distinct, and keeps the others' sinks."""
+    import coda_ext as ce
+    from coda_ext.graph import math as cm
+    from coda_ext.graph.verify import verify
+
+    g = ce.Graph()
+    acc, x = g.accumulator(), g.tile("x", "bfloat16")
+    h = cm.gelu(acc) * x
+    g.output(h)
+    g.store("s", acc * x, "float32")
+    g.row_reduce("r", h, "sum")
+    g.col_reduce("c", acc, "sum")
+    full = g.build()
+    ab = sf.ablations(full, "bfloat16")
+    assert next(iter(ab)) == "full" and ab["full"] is full
+    assert {"no_col_reduce", "no_row_reduce", "no_reductions", "no_stores", "stores_16bit", "output_only",
+            "no_output", "no_math"} <= set(ab)
+    assert len({v.digest() for v in ab.values()}) == len(ab)
+    kinds = {name: sorted(n.kind for n in v.nodes if n.is_sink) for name, v in ab.items()}
+    assert kinds["no_col_reduce"] == ["output", "row_reduce", "store"]
+    assert kinds["no_reductions"] == ["output", "store"] and kinds["output_only"] == ["output"]
+    assert kinds["no_stores"] == ["col_reduce", "output", "row_reduce"]
+    assert kinds["no_output"] == ["col_reduce", "row_reduce", "store"]
+    assert [n.attr("dtype") for n in ab["stores_16bit"].nodes if n.kind == "store"] == ["bfloat16"]
+    assert not ab["no_math"].find("gelu_erf") and full.find("gelu_erf")
+    for v in ab.values():
+        verify(v)
+
+
+def test_ablate_builds_each_variant_and_the_plain_gemm_in_autos_config():
+    e = sf.kernels("mlp")[0]
+    items = sf.build_items(("mlp",), sites=(e["site"].graph.digest()[:8],), ablate=True)
+    auto = sf.auto_config(e["site"], e["mnk"])
+    assert {c.tag for _, _, c in items} == {auto.tag}
+    assert len(items) == len(sf.ablations(e["site"].graph, e["site"].dtype)) + 1
