@@ -184,6 +184,7 @@ def ablate(entry: dict, reps: int, built_only: bool = False) -> dict:
     plain GEMM in that config ("plain") and the bare cuBLAS GEMM of the shape and layout."""
     import coda_ext as ce
     from coda_ext import graphs, jit
+    from coda_ext.graph.canonical import as_ir
     from tests.helpers import rand
 
     site, (M, N, K) = entry["site"], entry["mnk"]
@@ -199,7 +200,7 @@ def ablate(entry: dict, reps: int, built_only: bool = False) -> dict:
     summary = common.summarize(common.time_interleaved(fns, reps), "cublas_gemm")
     return {"graph": site.graph.digest()[:8], "major": site.major, "mnk": [M, N, K], "launches": entry["launches"],
             "config": c.tag, "variants": summary,
-            "graphs": {name: g.text() for name, g in variants.items() if name in ops}}
+            "graphs": {name: as_ir(g).text() for name, g in variants.items() if name in ops}}
 
 
 def sweep(entry: dict, reps: int, epilogue: bool = False, built_only: bool = False) -> dict:

@@ -93,6 +93,12 @@ class KernelConfig:
                                    "use (1,1), (2,1), (1,2) or (2,2)")
 
     @property
+    def kernel(self) -> KernelConfig:
+        """This config with its launch arguments (swizzle, raster) at their defaults: configs with the same
+        kernel build one binary and differ only in how it is launched."""
+        return dataclasses.replace(self, swizzle=1, raster="heuristic")
+
+    @property
     def tag(self) -> str:
         tm, tn, tk = self.tile
         cm, cn = self.cluster

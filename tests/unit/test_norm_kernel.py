@@ -95,3 +95,13 @@ def test_kernel_values_under_triton_interpreter():
     fp32 and fp16 (bf16 is left to the GPU suite: the interpreter truncates where the GPU rounds), also with an
     fp32 weight (rounded to x's dtype first, as weight.to(x.dtype)); rstd within fp32 summation order."""
     run_interpreted(_INTERPRETED)
+
+
+@needs_triton
+def test_eps_is_a_compile_time_constant_of_the_kernel():
+    """Regression: with eps a runtime float, Inductor (the op under torch.compile) passed it to the kernel in fp64
+    and Triton refused the fp32 sqrt of `acc / N + eps` (the GPU suite's compiled norm test failed)."""
+    from coda_ext.ops import _norm_triton
+
+    fn = _norm_triton.rms_norm_input_kernel
+    assert "eps" in [p.name for p in fn.params if p.is_constexpr]

@@ -4,7 +4,9 @@ import triton.language as tl
 
 
 @triton.jit
-def rms_norm_input_kernel(x, s_x, w, h, s_h, rstd, M, N, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def rms_norm_input_kernel(x, s_x, w, h, s_h, rstd, M, N, eps: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr):
+    # eps a constant (one per model): as a runtime float Inductor passes it in fp64, and the fp32 math refuses it
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     acc = tl.zeros([BLOCK_M], dtype=tl.float32)
