@@ -12,7 +12,7 @@ from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import coda_ext as ce
-from coda_ext.fusion import passes
+from coda_ext.fusion import fx_util, passes
 from coda_ext.fusion.passes import GEMM, cse, decompose, fold, layout
 
 aten = torch.ops.aten
@@ -216,7 +216,35 @@ def test_cross_entropy_reads_the_logits_not_the_log_probabilities(reduction):
     # the picked target is a row reduction of x itself, not of x - lse
     picks = [n for n in out.graph.nodes if n.target is aten.where.self and n.args[1].op == "placeholder"]
     assert picks and picks[0].args[1].name == "x_1"
+    # the backward's row sum of nll_loss's gradient is the value each row holds: no reduction over the classes
+    sums = [n for n in out.graph.nodes if n.target is aten.sum.dim_IntList]
+    assert all(fx_util.shape(n.args[0]) != (6, 10) or n.args[0].target is aten.where.self
+               and n.args[0].args[1].op == "placeholder" for n in sums)
     same(gm, out, x, t, grad)
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_cross_entropy_gathers_the_target_where_no_epilogue_takes_the_logits(reduction):
+    """On the "cuda" target, 10 classes (not a multiple of 8) are no GEMM's N: the picked logit is a gather (one
+    element a row), not a row sum over where(onehot, x, 0), which the fallback would run as a pass over the
+    logits (GPT-2's 50257, BERT's 30522); 16 classes keep the row reduction an epilogue takes."""
+    g = gen(9)
+    for classes, gathers in ((10, True), (16, False)):
+        x, grad = randn(g, 6, classes), randn(g, 6) if reduction == 0 else randn(g)
+        t = torch.tensor([1, 9, -100, 0, 4, -100])
+
+        def fn(x, t, grad):
+            logp = aten._log_softmax.default(x, 1, False)
+            loss, total = aten.nll_loss_forward.default(logp, t, None, reduction, -100)
+            dlogp = aten.nll_loss_backward.default(grad, logp, t, None, reduction, -100, total)
+            return [loss, total, aten._log_softmax_backward_data.default(dlogp, logp, 1, torch.float64)]
+
+        gm = trace(fn, x, t, grad)
+        out = decompose(gm, "cuda")
+        assert (aten.gather.default in targets(out)) == gathers
+        rows = [n for n in out.graph.nodes if n.target is aten.sum.dim_IntList and fx_util.shape(n.args[0]) == (6, classes)]
+        assert len(rows) == (0 if gathers else 1)
+        same(gm, out, x, t, grad)
 
 
 def test_softmax_and_its_backward():

@@ -20,10 +20,13 @@ PIPELINE = (decompose, norm_stats, fold, cse, layout, norm_fold, remat)
 
 def run(gm: fx.GraphModule, target: str = "interpret", unfolded: Collection[str] = (), cost: Any = None
         ) -> fx.GraphModule:
-    """decompose -> norm_stats -> fold -> cse -> layout -> norm_fold (for `target`'s kernel and the cost
-    model `cost`, leaving the layer norms named in `unfolded` as they are) -> remat."""
+    """decompose (for `target`'s kernel) -> norm_stats -> fold -> cse -> layout -> norm_fold (for `target`'s kernel
+    and the cost model `cost`, leaving the layer norms named in `unfolded` as they are) -> remat."""
     for p in PIPELINE:
-        gm = norm_fold(gm, target, unfolded, cost) if p is norm_fold else p(gm)
+        if p is norm_fold:
+            gm = norm_fold(gm, target, unfolded, cost)
+        else:
+            gm = decompose(gm, target) if p is decompose else p(gm)
     return gm
 
 

@@ -11,11 +11,14 @@ reductions an epilogue runs (aten_ir.MATH, aten_ir.REDUCTIONS).
   epilogue runs as dy · gelu_grad(x);
 - softmax / log-softmax and their backward; mean;
 - cross-entropy: nll_loss(log_softmax(x)) becomes logsumexp(x) - x[target], both row reductions of x,
-  and its backward exp(x - lse) - onehot, so the log-probabilities are never materialised;
+  and its backward exp(x - lse) - onehot, so the log-probabilities are never materialised; x[target] is
+  a gather where no epilogue can take the logits (target "cuda", a class count that is not a multiple of
+  rules.ALIGN: BERT's and GPT-2's vocabularies): the row sum of where(onehot, x, 0) would cost the fallback a
+  pass over the logits; the backward's row sum of nll_loss's gradient is the one value each row holds;
 - dropout with p = 0 or in eval mode becomes the identity; other dropout is left as it is (random: an
   epilogue has no seeded RNG, so it is not fused).
 
-Statistics run in fp32 for 16-bit inputs, as PyTorch's kernels do. decompose(gm) is a pure function.
+Statistics run in fp32 for 16-bit inputs, as PyTorch's kernels do. decompose(gm, target) is a pure function.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import torch
 from torch import fx
 
 from .. import fx_util
+from ..rules import ALIGN
 from .emit import Emit
 
 aten = torch.ops.aten
@@ -36,6 +40,8 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_TANH_KAPPA = 0.044715
 
 Rule = Callable[[fx.Node, Emit], Any]
+#: node.meta key: on a decomposed nll_loss_backward, its row sums (fp32, keepdim), known without a reduction
+ROW_SUM = "coda_row_sum"
 
 
 def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
@@ -240,7 +246,10 @@ def _log_softmax_backward(node: fx.Node, b: Emit) -> fx.Node | None:
     if dim % len(fx_util.shape(g)) != _last(g):
         return None
     gf, outf = b.wide(g), b.wide(out)
-    return b.to(b.sub(gf, b.mul(b.unary(aten.exp, outf), b.sum(gf, [_last(g)], True))), _out_dtype(node))
+    total = g.meta.get(ROW_SUM) if len(fx_util.shape(g)) == 2 else None
+    if total is None:
+        total = b.sum(gf, [_last(g)], True)
+    return b.to(b.sub(gf, b.mul(b.unary(aten.exp, outf), total)), _out_dtype(node))
 
 
 def _softmax_backward(node: fx.Node, b: Emit) -> fx.Node | None:
@@ -271,18 +280,25 @@ def _log_softmax_input(logp: Any) -> tuple[fx.Node, fx.Node] | None:
     return None
 
 
-def _nll_loss(node: fx.Node, b: Emit) -> list | None:
+def _pick(b: Emit, x: fx.Node, target: fx.Node, ignore: int, gather: bool) -> fx.Node:
+    """x[m, target[m]] (0 where target is out of range): a row reduction of where(onehot, x, 0), which an
+    epilogue computes on the logits' tile, or (gather) a gather, which reads one element a row."""
+    if not gather:
+        return b.sum(b.where(_onehot(b, target, fx_util.shape(x)[1]), x, b.const(0.0, x)), [1])
+    safe = b.where(b(aten.ne.Scalar, target, ignore), target, b.const(0, target))
+    return b(aten.squeeze.dim, b(aten.gather.default, x, 1, b(aten.unsqueeze.default, safe, 1)), 1)
+
+
+def _nll_loss(node: fx.Node, b: Emit, gather: bool = False) -> list | None:
     logp, target, weight, reduction, ignore = node.args[:5]
     if weight is not None or len(fx_util.shape(logp)) != 2 or reduction not in (0, 1, 2):
         return None
-    classes = fx_util.shape(logp)[1]
-    onehot = _onehot(b, target, classes)
     split = _log_softmax_input(logp)
     if split is not None:   # log_softmax(x)[target] = x[target] - lse: a row reduction of x itself
         x, lse = split
-        picked = b.sub(b.sum(b.where(onehot, x, b.const(0.0, x)), [1]), b(aten.squeeze.dim, lse, 1))
+        picked = b.sub(_pick(b, x, target, ignore, gather), b(aten.squeeze.dim, lse, 1))
     else:
-        picked = b.sum(b.where(onehot, logp, b.const(0.0, logp)), [1])
+        picked = _pick(b, logp, target, ignore, gather)
     valid = b(aten.ne.Scalar, target, ignore)
     losses = b.where(valid, b.unary(aten.neg, picked), b.const(0.0, picked))
     dtype = _out_dtype(node, 0)
@@ -306,7 +322,11 @@ def _nll_loss_backward(node: fx.Node, b: Emit) -> fx.Node | None:
     scale = b.unary(aten.neg, b.div(grad, total) if reduction == 1 else grad)
     if reduction == 0:
         scale = b(aten.unsqueeze.default, scale, 1)
-    return b.to(b.where(hit, scale, b.const(0.0, logp)), _out_dtype(node))
+    out = b.to(b.where(hit, scale, b.const(0.0, logp)), _out_dtype(node))
+    # each row holds one value (or none): its row sum, as the rounded gradient holds it, without a reduction
+    held = b.to(b.where(valid, scale, b.const(0.0, logp)), _out_dtype(node))
+    out.meta[ROW_SUM] = b.wide(held)
+    return out
 
 
 # --- dropout --------------------------------------------------------------------------------------
@@ -345,8 +365,14 @@ if hasattr(aten, "_fused_rms_norm_backward"):
     RULES[aten._fused_rms_norm_backward.default] = _rms_norm_backward
 
 
-def decompose(gm: fx.GraphModule) -> fx.GraphModule:
-    """gm with every op of RULES rewritten (where its rule applies) into epilogue primitives."""
+def _unfusable_classes(node: fx.Node, target: str) -> bool:
+    """nll_loss over classes no epilogue of `target` can take (the "cuda" kernel's N, a multiple of ALIGN)."""
+    return target == "cuda" and len(fx_util.shape(node.args[0])) == 2 and fx_util.shape(node.args[0])[1] % ALIGN != 0
+
+
+def decompose(gm: fx.GraphModule, target: str = "interpret") -> fx.GraphModule:
+    """gm with every op of RULES rewritten (where its rule applies) into epilogue primitives, for `target`'s
+    kernel (rules.TARGETS)."""
     gm = fx_util.clone(gm)
     graph = gm.graph
     for node in list(graph.nodes):
@@ -354,7 +380,10 @@ def decompose(gm: fx.GraphModule) -> fx.GraphModule:
         if rule is None or not fx_util.is_static(node):
             continue
         with graph.inserting_before(node):
-            out = rule(node, Emit(graph))
+            if rule is _nll_loss and _unfusable_classes(node, target):
+                out = _nll_loss(node, Emit(graph), gather=True)
+            else:
+                out = rule(node, Emit(graph))
         if out is None:
             continue
         if isinstance(out, list):
@@ -366,4 +395,6 @@ def decompose(gm: fx.GraphModule) -> fx.GraphModule:
             fx_util.replace(node, out)
         if not node.users:
             graph.erase_node(node)
+    for node in graph.nodes:
+        node.meta.pop(ROW_SUM, None)   # a node reference: no later pass reads it
     return fx_util.finish(gm)
