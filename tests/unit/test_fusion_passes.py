@@ -218,8 +218,8 @@ def test_cross_entropy_reads_the_logits_not_the_log_probabilities(reduction):
     assert picks and picks[0].args[1].name == "x_1"
     # the backward's row sum of nll_loss's gradient is the value each row holds: no reduction over the classes
     sums = [n for n in out.graph.nodes if n.target is aten.sum.dim_IntList]
-    assert all(fx_util.shape(n.args[0]) != (6, 10) or n.args[0].target is aten.where.self
-               and n.args[0].args[1].op == "placeholder" for n in sums)
+    assert all(fx_util.shape(n.args[0]) != (6, 10) or (n.args[0].target is aten.where.self
+               and n.args[0].args[1].op == "placeholder") for n in sums)
     same(gm, out, x, t, grad)
 
 
@@ -242,7 +242,8 @@ def test_cross_entropy_gathers_the_target_where_no_epilogue_takes_the_logits(red
         gm = trace(fn, x, t, grad)
         out = decompose(gm, "cuda")
         assert (aten.gather.default in targets(out)) == gathers
-        rows = [n for n in out.graph.nodes if n.target is aten.sum.dim_IntList and fx_util.shape(n.args[0]) == (6, classes)]
+        rows = [n for n in out.graph.nodes
+                if n.target is aten.sum.dim_IntList and fx_util.shape(n.args[0]) == (6, classes)]
         assert len(rows) == (0 if gathers else 1)
         same(gm, out, x, t, grad)
 
