@@ -3,10 +3,11 @@
 // Sm90Compute<Fn, ...> instantiates Fn<Array<float, FragmentSize>> and calls it on whole
 // fragments, so every functor here is a one-parameter template whose call operator takes
 // arrays and maps a scalar rule over them. One scalar rule per graph op; the math is fp32
-// fp32. The cooperative schedule does not overlap the epilogue with the mainloop, so every
-// instruction per element costs GEMM time: exp, log, division and the sigmoid family use the
-// hardware approximations (__expf, __logf, __fdividef; relative error ~1e-6, far below the
-// 16-bit rounding of every stored result), the rest are IEEE fp32.
+// fp32. An epilogue whose math outlasts the tile's mainloop (a short K, or the cooperative
+// schedule, which does not overlap them) costs GEMM time for every instruction per element: exp,
+// log, division and the sigmoid family use the hardware approximations (ex2 and rcp with
+// flush-to-zero, __logf; relative error ~1e-6, far below the 16-bit rounding of every stored
+// result; results below fp32's normal range are 0), the rest are IEEE fp32.
 #pragma once
 
 #include <cstdint>
@@ -40,12 +41,27 @@ namespace scalar {
 struct Add { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a + b; } };
 struct Sub { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a - b; } };
 struct Mul { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a * b; } };
-// Fast math on the device, IEEE on the host (the functors are also host-callable).
-CUTLASS_HOST_DEVICE float fast_exp(float a) {
+// Fast math on the device, IEEE on the host (the functors are also host-callable). The device's
+// exp and reciprocal are one MUFU instruction each with flush-to-zero (ex2.approx.ftz and
+// rcp.approx.ftz); without it (__expf, __fdividef) each adds a compare and two scalings for
+// arguments at the edges of the normal range.
+CUTLASS_HOST_DEVICE float fast_exp2(float a) {
 #if defined(__CUDA_ARCH__)
-  return __expf(a);
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
 #else
-  return expf(a);
+  return exp2f(a);
+#endif
+}
+CUTLASS_HOST_DEVICE float fast_exp(float a) { return fast_exp2(a * 1.4426950408889634f); }
+CUTLASS_HOST_DEVICE float fast_rcp(float a) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+#else
+  return 1.0f / a;
 #endif
 }
 CUTLASS_HOST_DEVICE float fast_log(float a) {
@@ -57,12 +73,12 @@ CUTLASS_HOST_DEVICE float fast_log(float a) {
 }
 CUTLASS_HOST_DEVICE float fast_div(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return __fdividef(a, b);
+  return a * fast_rcp(b);   // as __fdividef: 0 where 2^126 < |b|
 #else
   return a / b;
 #endif
 }
-CUTLASS_HOST_DEVICE float fast_sigmoid(float a) { return fast_div(1.0f, 1.0f + fast_exp(-a)); }
+CUTLASS_HOST_DEVICE float fast_sigmoid(float a) { return fast_rcp(1.0f + fast_exp(-a)); }
 
 struct Div { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return fast_div(a, b); } };
 struct Max {  // NaN-propagating, like torch.maximum
@@ -102,32 +118,40 @@ struct GeluTanh {  // 0.5 a (1 + tanh(y)) == a * sigmoid(2y)
     return a * fast_sigmoid(kTwoAlpha * (a + 0.044715f * a * a * a));
   }
 };
-// Φ(a), the standard normal CDF: 0.5 erfc(|a| / √2) folded by a's sign, erfc(z) = t · exp(-z² + P(t)) with
-// t = 1 / (1 + z / 2) and P the degree-9 Chebyshev fit of Numerical Recipes' erfcc (fractional error under
-// 1.2e-7 in exact arithmetic, tails included, where 0.5 (1 + erf) cancels; in fp32 the rounding of the
-// exponent's argument adds about 1e-7 a²). No branch: one exp, one division and ten FMAs, where erff takes
-// about twice the instructions and a branch on |a|.
+// Φ(a), the standard normal CDF, from exp(-a² / 2) (which φ(a), GELU's derivative, shares): with
+// z = |a| / √2 and t = 1 / (1 + p z), erfc(z) = t Q(t) exp(-z²), where Q, a degree-9 polynomial on
+// t in (0, 1], is fitted (weighted minimax, p = 0.4525) to erfcx(z) / t: relative error 3.2e-8 in
+// exact arithmetic, tails included, where 0.5 (1 + erf) cancels; in fp32 the rounding of the
+// exponent's argument adds about 1e-7 a². No branch: one exp, one reciprocal and ten FMAs.
+struct NormalTail {
+  float e;           // exp(-a² / 2)
+  float half_erfc;   // 0.5 erfc(|a| / √2): Φ(-|a|)
+};
+CUTLASS_HOST_DEVICE NormalTail normal_tail(float a) {
+  float e = fast_exp2(a * a * -0.7213475204444817f);   // -log2(e) / 2
+  float t = fast_rcp(fmaf(0.319965818f, fabsf(a), 1.0f));   // p / √2
+  float q = fmaf(t, -0.0210773461f, 0.0954338536f);   // 0.5 Q
+  q = fmaf(t, q, -0.146824628f);
+  q = fmaf(t, q, 0.0654853433f);
+  q = fmaf(t, q, -0.00943693891f);
+  q = fmaf(t, q, 0.0586874709f);
+  q = fmaf(t, q, 0.0878237411f);
+  q = fmaf(t, q, 0.11461331f);
+  q = fmaf(t, q, 0.127647296f);
+  q = fmaf(t, q, 0.127647892f);
+  return {e, t * q * e};
+}
 CUTLASS_HOST_DEVICE float normal_cdf(float a) {
-  float z = fabsf(a) * 0.7071067811865476f;
-  float t = fast_div(1.0f, fmaf(0.5f, z, 1.0f));
-  float p = fmaf(t, 0.17087277f, -0.82215223f);
-  p = fmaf(t, p, 1.48851587f);
-  p = fmaf(t, p, -1.13520398f);
-  p = fmaf(t, p, 0.27886807f);
-  p = fmaf(t, p, -0.18628806f);
-  p = fmaf(t, p, 0.09678418f);
-  p = fmaf(t, p, 0.37409196f);
-  p = fmaf(t, p, 1.00002368f);
-  p = fmaf(t, p, -1.26551223f);
-  float half_erfc = 0.5f * t * fast_exp(fmaf(-z, z, p));
-  return a > 0.0f ? 1.0f - half_erfc : half_erfc;   // NaN: the second branch, NaN
+  float h = normal_tail(a).half_erfc;
+  return a > 0.0f ? 1.0f - h : h;   // NaN: the second branch, NaN
 }
 struct GeluErf {  // a Φ(a) == 0.5 a (1 + erf(a / √2))
   CUTLASS_HOST_DEVICE float operator()(float a) const { return a * normal_cdf(a); }
 };
 struct GeluErfGrad {  // d/da GELU(a) = Φ(a) + a φ(a), φ(a) = exp(-a² / 2) / √(2π)
   CUTLASS_HOST_DEVICE float operator()(float a) const {
-    return fmaf(a * 0.3989422804014327f, fast_exp(-0.5f * a * a), normal_cdf(a));
+    NormalTail n = normal_tail(a);
+    return fmaf(a * 0.3989422804014327f, n.e, a > 0.0f ? 1.0f - n.half_erfc : n.half_erfc);
   }
 };
 // Reduction input rule of a sum-of-squares reduction: acc + x * x.

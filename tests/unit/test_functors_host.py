@@ -1,8 +1,8 @@
 """The epilogue functors' math on the host (csrc/epilogues/functors.hpp is host-callable): normal_cdf, GeluErf and
 GeluErfGrad compiled with nvcc into a host program and evaluated over a dense grid and special values, against
-fp64 references. On the device fast_exp and fast_div are the hardware approximations (__expf, __fdividef:
-relative error ~1e-6); on the host they are expf and IEEE division, so this checks the rational erfc fit and the
-formulas, the GPU suite the device build."""
+fp64 references. On the device fast_exp2 and fast_rcp are the hardware approximations (ex2, rcp:
+relative error ~1e-6); on the host they are exp2f and IEEE division, so this checks the erfc fit and the
+formulas, the GPU suite the device build (where ex2 and rcp are approximations with flush-to-zero)."""
 from __future__ import annotations
 
 import math
