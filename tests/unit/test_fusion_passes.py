@@ -227,7 +227,8 @@ def test_cross_entropy_reads_the_logits_not_the_log_probabilities(reduction):
 def test_cross_entropy_gathers_the_target_where_no_epilogue_takes_the_logits(reduction):
     """On the "cuda" target, 10 classes (not a multiple of 8) are no GEMM's N: the picked logit is a gather (one
     element a row), not a row sum over where(onehot, x, 0), which the fallback would run as a pass over the
-    logits (GPT-2's 50257, BERT's 30522); 16 classes keep the row reduction an epilogue takes."""
+    logits (GPT-2's 50257, BERT's 30522), and the logsumexp is in the form Inductor computes in one pass (its
+    online softmax: amax, sub, exp, sum); 16 classes keep the row reductions an epilogue takes."""
     g = gen(9)
     for classes, gathers in ((10, True), (16, False)):
         x, grad = randn(g, 6, classes), randn(g, 6) if reduction == 0 else randn(g)
@@ -242,9 +243,18 @@ def test_cross_entropy_gathers_the_target_where_no_epilogue_takes_the_logits(red
         gm = trace(fn, x, t, grad)
         out = decompose(gm, "cuda")
         assert (aten.gather.default in targets(out)) == gathers
-        rows = [n for n in out.graph.nodes
-                if n.target is aten.sum.dim_IntList and fx_util.shape(n.args[0]) == (6, classes)]
-        assert len(rows) == (0 if gathers else 1)
+        # the logsumexp: one reduction an epilogue runs, or Inductor's online-softmax form (amax, sub, exp, sum)
+        assert (aten.logsumexp.default in targets(out)) != gathers
+        if gathers:
+            top = next(n for n in out.graph.nodes if n.target is aten.amax.default)
+            sub = next(u for u in top.users if u.target is aten.sub.Tensor)
+            (e,) = sub.users
+            (total,) = e.users
+            assert top.args[1:] == ([1], True) and e.target is aten.exp.default
+            assert total.target is aten.sum.dim_IntList and total.args[1:] == ([1], True)
+        picks = [n for n in out.graph.nodes if n.target is aten.sum.dim_IntList
+                 and fx_util.shape(n.args[0]) == (6, classes) and n.args[0].target is aten.where.self]
+        assert len(picks) == (0 if gathers else 1)   # the forward's pick; the backward's row sum is none
         same(gm, out, x, t, grad)
 
 
@@ -368,3 +378,30 @@ def test_the_pipeline_on_a_linear_gelu_layer():
     assert GEMM in targets(out) and aten.addmm.default not in targets(out)
     assert [n.target for n in out.graph.nodes if n.target is operator.getitem] == []
     same(gm, out, x, w, b)
+
+
+def test_decompositions_keep_the_partitioner_tag_of_the_op_they_replace():
+    """Regression: the default partition runs every node after the last one tagged "is_forward" in the backward;
+    the untagged nodes of a decomposed forward op (a log_softmax's logsumexp) after it were recomputed there (GPT-2's
+    backward took a second pass over its fp32 logits). Every node a decomposition adds carries the tag of the op it
+    replaces."""
+    g = gen(11)
+    x, t, grad = randn(g, 6, 10), torch.tensor([1, 9, -100, 0, 4, -100]), randn(g)
+
+    def fn(x, t, grad):
+        logp = aten._log_softmax.default(x, 1, False)
+        loss, total = aten.nll_loss_forward.default(logp, t, None, 1, -100)
+        dlogp = aten.nll_loss_backward.default(grad, logp, t, None, 1, -100, total)
+        return [loss, aten._log_softmax_backward_data.default(dlogp, logp, 1, torch.float64)]
+
+    gm = trace(fn, x, t, grad)
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            backward = "backward" in str(n.target)
+            n.meta[fx_util.PARTITIONER_TAG] = "is_backward" if backward else "is_forward"
+    for target in ("interpret", "cuda"):
+        out = decompose(gm, target)
+        tags = {n.meta.get(fx_util.PARTITIONER_TAG) for n in out.graph.nodes if n.op == "call_function"}
+        assert tags == {"is_forward", "is_backward"}
+        lse = [n for n in out.graph.nodes if n.target in (aten.logsumexp.default, aten.amax.default)]
+        assert lse and all(n.meta[fx_util.PARTITIONER_TAG] == "is_forward" for n in lse)

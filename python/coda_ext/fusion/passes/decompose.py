@@ -14,7 +14,9 @@ reductions an epilogue runs (aten_ir.MATH, aten_ir.REDUCTIONS).
   and its backward exp(x - lse) - onehot, so the log-probabilities are never materialised; x[target] is
   a gather where no epilogue can take the logits (target "cuda", a class count that is not a multiple of
   rules.ALIGN: BERT's and GPT-2's vocabularies): the row sum of where(onehot, x, 0) would cost the fallback a
-  pass over the logits; the backward's row sum of nll_loss's gradient is the one value each row holds;
+  pass over the logits; there the logsumexp takes the form Inductor computes in one pass (max, then the sum
+  of exp(x - max), its online softmax); the backward's row sum of nll_loss's gradient is the one value each
+  row holds;
 - dropout with p = 0 or in eval mode becomes the identity; other dropout is left as it is (random: an
   epilogue has no seeded RNG, so it is not fused).
 
@@ -40,8 +42,10 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_TANH_KAPPA = 0.044715
 
 Rule = Callable[[fx.Node, Emit], Any]
-#: node.meta key: on a decomposed nll_loss_backward, its row sums (fp32, keepdim), known without a reduction
+#: node.meta keys, read within the pass only: on a decomposed nll_loss_backward, its row sums (fp32, keepdim),
+#: known without a reduction; on a logsumexp in the online form, the value it reduces
 ROW_SUM = "coda_row_sum"
+LSE_OF = "coda_lse_of"
 
 
 def _arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
@@ -223,21 +227,30 @@ def _threshold_backward(node: fx.Node, b: Emit) -> fx.Node:
 
 # --- softmax and cross-entropy ----------------------------------------------------------------
 
-def _softmax_parts(node: fx.Node, b: Emit) -> tuple[fx.Node, fx.Node] | None:
+def _softmax_parts(node: fx.Node, b: Emit, online: bool = False) -> tuple[fx.Node, fx.Node] | None:
+    """(x in fp32, its logsumexp over the last dim, keepdim): one logsumexp reduction, which an epilogue runs
+    per row, or (online) max(x) + log(sum(exp(x - max(x)))), the form Inductor computes in one pass over x
+    (its online-softmax pattern; its own logsumexp takes two): for the fallback, where no epilogue can take x.
+    A row of -inf only gives NaN there (its logsumexp is -inf)."""
     x, dim = node.args[:2]
     if dim % len(fx_util.shape(x)) != _last(x):
         return None
     xf = b.wide(x)
-    return xf, b(aten.logsumexp.default, xf, [_last(x)], True)
+    if not online:
+        return xf, b(aten.logsumexp.default, xf, [_last(x)], True)
+    top = b(aten.amax.default, xf, [_last(x)], True)
+    lse = b.add(top, b.unary(aten.log, b.sum(b.unary(aten.exp, b.sub(xf, top)), [_last(x)], True)))
+    lse.meta[LSE_OF] = xf
+    return xf, lse
 
 
-def _log_softmax(node: fx.Node, b: Emit) -> fx.Node | None:
-    parts = _softmax_parts(node, b)
+def _log_softmax(node: fx.Node, b: Emit, online: bool = False) -> fx.Node | None:
+    parts = _softmax_parts(node, b, online)
     return None if parts is None else b.to(b.sub(*parts), _out_dtype(node))
 
 
-def _softmax(node: fx.Node, b: Emit) -> fx.Node | None:
-    parts = _softmax_parts(node, b)
+def _softmax(node: fx.Node, b: Emit, online: bool = False) -> fx.Node | None:
+    parts = _softmax_parts(node, b, online)
     return None if parts is None else b.to(b.unary(aten.exp, b.sub(*parts)), _out_dtype(node))
 
 
@@ -275,7 +288,8 @@ def _log_softmax_input(logp: Any) -> tuple[fx.Node, fx.Node] | None:
     if not (isinstance(logp, fx.Node) and logp.target is aten.sub.Tensor):
         return None
     x, lse = logp.args[:2]
-    if isinstance(lse, fx.Node) and lse.target is aten.logsumexp.default and lse.args[0] is x:
+    if isinstance(lse, fx.Node) and ((lse.target is aten.logsumexp.default and lse.args[0] is x)
+                                     or lse.meta.get(LSE_OF) is x):
         return x, lse
     return None
 
@@ -366,8 +380,10 @@ if hasattr(aten, "_fused_rms_norm_backward"):
 
 
 def _unfusable_classes(node: fx.Node, target: str) -> bool:
-    """nll_loss over classes no epilogue of `target` can take (the "cuda" kernel's N, a multiple of ALIGN)."""
-    return target == "cuda" and len(fx_util.shape(node.args[0])) == 2 and fx_util.shape(node.args[0])[1] % ALIGN != 0
+    """A (log-)softmax or nll_loss over a last dim no epilogue of `target` can take (the "cuda" kernel's N is a
+    multiple of ALIGN)."""
+    shape = fx_util.shape(node.args[0])
+    return target == "cuda" and len(shape) >= 1 and shape[-1] % ALIGN != 0
 
 
 def decompose(gm: fx.GraphModule, target: str = "interpret") -> fx.GraphModule:
@@ -381,9 +397,11 @@ def decompose(gm: fx.GraphModule, target: str = "interpret") -> fx.GraphModule:
             continue
         with graph.inserting_before(node):
             if rule is _nll_loss and _unfusable_classes(node, target):
-                out = _nll_loss(node, Emit(graph), gather=True)
+                out = _nll_loss(node, Emit(graph, fx_util.pass_tag(node)), gather=True)
+            elif rule in (_log_softmax, _softmax) and _unfusable_classes(node, target):
+                out = rule(node, Emit(graph, fx_util.pass_tag(node)), online=True)
             else:
-                out = rule(node, Emit(graph))
+                out = rule(node, Emit(graph, fx_util.pass_tag(node)))
         if out is None:
             continue
         if isinstance(out, list):
@@ -395,6 +413,7 @@ def decompose(gm: fx.GraphModule, target: str = "interpret") -> fx.GraphModule:
             fx_util.replace(node, out)
         if not node.users:
             graph.erase_node(node)
-    for node in graph.nodes:
-        node.meta.pop(ROW_SUM, None)   # a node reference: no later pass reads it
+    for node in graph.nodes:   # node references: no later pass reads them
+        node.meta.pop(ROW_SUM, None)
+        node.meta.pop(LSE_OF, None)
     return fx_util.finish(gm)

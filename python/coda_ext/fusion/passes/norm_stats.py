@@ -99,7 +99,7 @@ def norm_stats(gm: fx.GraphModule) -> fx.GraphModule:
         if not reaches_gemm(source):
             continue
         n = fx_util.shape(x)[-1]
-        b = Emit(graph)
+        b = Emit(graph, fx_util.pass_tag(node))
         with graph.inserting_before(node):
             ex2 = b.div(b.sum(b.mul(x, x), [len(fx_util.shape(x)) - 1], True), n)
             var = b(aten.clamp_min.default, b.sub(ex2, b.mul(mean, mean)), 0.0)
