@@ -177,3 +177,55 @@ def test_an_input_leaf_is_not_rounded_a_computed_one_is():
     out = remat(_trace(joint_bias, _bf16((6, 8), (16, 8), (16,), (2, 3, 16))))
     rounded = [n for n in out.graph.nodes if n.meta.get(fx_util.ROUNDED)]
     assert len(rounded) == 1 and rounded[0].args[0].target is aten.view.default
+
+
+def loss_joint(a, w, target_rows, tangents_1):
+    """A causal LM's loss as the decomposed joint graph has it: the 16-bit logits (returned), an fp32 copy reshaped,
+    log-probabilities x - lse for the loss and, tagged as the default partition places them, their exp read by the
+    backward."""
+    logits = (a @ w.t()).view(2, 3, 10)
+    x = logits.float().view(6, 10)
+    lse = torch.logsumexp(x, 1, keepdim=True)
+    logp = x - lse
+    loss = -(logp * target_rows).sum()
+    grad = (torch.exp(logp) * tangents_1.sum() - target_rows * tangents_1.sum()).to(a.dtype)
+    return [loss, logits, grad.t() @ a]
+
+
+def _tag_by_placement(gm, backward_from: str) -> None:
+    """AOTAutograd's tags: nodes before the first one whose name starts with backward_from are forward."""
+    tag = "is_forward"
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.name.startswith(backward_from):
+            tag = "is_backward"
+        n.meta[fx_util.PARTITIONER_TAG] = tag
+
+
+def test_the_log_probabilities_of_returned_16_bit_logits_are_recomputed_not_kept():
+    """The backward's exp(x - lse) reads x - lse of an fp32 copy of the bf16 logits the forward returns anyway: kept,
+    that is an fp32 tensor of the logits' size (GPT-2's 3.3 GB); recomputed, the backward widens the logits again
+    (exact) and reads one value a row. The backward is what the default partition places there (its tags), though
+    exp(x - lse) depends on no tangent."""
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(6, 8, generator=g).to(torch.bfloat16)
+    w = torch.randn(10, 8, generator=g).to(torch.bfloat16)
+    rows = torch.nn.functional.one_hot(torch.tensor([1, 9, 0, 4, 2, 3]), 10).float()
+    args = [a, w, rows, torch.ones(6, 10)]
+    gm = _trace(loss_joint, args)
+    _tag_by_placement(gm, "exp")
+    backward = fx_util.backward_part(gm)
+    fp32_kept = [n for n in gm.graph.nodes if n.op == "call_function" and n not in backward
+                 and fx_util.dtype(n) == torch.float32
+                 and fx_util.shape(n) == (6, 10) and any(u in backward for u in n.users)]
+    assert fp32_kept                                    # x - lse crosses to the backward
+    out = remat(gm)
+    backward = fx_util.backward_part(out)
+    assert not [n for n in out.graph.nodes if n.op == "call_function" and n not in backward
+                and fx_util.dtype(n) == torch.float32 and fx_util.shape(n) == (6, 10)
+                and any(u in backward for u in n.users)]
+    copies = [n for n in out.graph.nodes if n.meta.get(fx_util.RECOMPUTED)]
+    assert any(aten_ir.is_widening(n) for n in copies)
+    for got, want in zip(out(*args), gm(*args), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -155,6 +155,28 @@ def retag_backward(gm: fx.GraphModule) -> None:
             del node.meta[PARTITIONER_TAG]
 
 
+def output_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The nodes the graph returns, in order (its output's arguments flattened; constants and None left out)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    found: list[fx.Node] = []
+    fx.node.map_arg(out.args, found.append)
+    return found
+
+
+def backward_part(gm: fx.GraphModule) -> set[fx.Node]:
+    """The nodes of an AOTAutograd joint graph that its default partition runs in the backward: by placement, as
+    it decides, every node after the last one tagged forward (PARTITIONER_TAG) or a primal input, and every node
+    that depends on a tangent; a graph without tags: the tangent-dependent ones. Empty without tangents."""
+    tangents = tangent_dependent(gm)
+    if not tangents:
+        return set()
+    nodes = list(gm.graph.nodes)
+    last = max((i for i, n in enumerate(nodes) if n.meta.get(PARTITIONER_TAG) == "is_forward"), default=None)
+    if last is None:
+        return tangents
+    return tangents | {n for n in nodes[last + 1:] if n.op == "call_function"}
+
+
 def tangent_dependent(gm: fx.GraphModule) -> set[fx.Node]:
     """Nodes that depend on a tangent input of an AOTAutograd joint graph: the backward part."""
     out: set[fx.Node] = set()

@@ -6,12 +6,15 @@ An activation written as element-wise math (GPT-2's GELU, 0.5·x·(1 + tanh(√(
 differentiated by autograd) hands the backward four intermediates of the MLP's width, each stored by the forward
 and read back; each is a few operations of one tensor x. A candidate is a forward value the backward reads,
 made by element-wise math (aten_ir.MATH) out of the values its closure stops at (its leaves: GEMM outputs,
-views, inputs, reductions); the candidates with the same full-size leaves (those of the candidate's size or
-larger; smaller ones — row statistics, vectors, scalars — cost little to keep) are recomputed together when they
-are more than the leaves the forward does not keep already. Each member's copies go before its first backward
-reader, marked fx_util.RECOMPUTED, so the analysis counts them as backward nodes (a backward GEMM's epilogue
-recomputes them from its tile loads; the forward stores the leaves instead of the candidates). Runs after cse,
-which would merge the copies back. remat(gm) is a pure function.
+views, inputs, reductions; a view of a widened 16-bit value is recomputed with the widening); the candidates with
+the same full-size leaves (those of the candidate's size or larger; smaller ones — row statistics, vectors,
+scalars — cost little to keep) are recomputed together when they are more than the leaves the forward does not
+keep or return already (GPT-2's log-probabilities, x - lse of an fp32 copy of the bf16 logits the model returns:
+the backward computes them again from those logits and one value a row). The backward is what the default
+partition runs there (fx_util.backward_part: by placement, as it decides). Each member's copies go before its
+first backward reader, marked fx_util.RECOMPUTED, so the analysis counts them as backward nodes (a backward
+GEMM's epilogue recomputes them from its tile loads; the forward stores the leaves instead of the candidates).
+Runs after cse, which would merge the copies back. remat(gm) is a pure function.
 
 The backward recomputes from its leaves as stored (16-bit), so the forward's closure reads each 16-bit leaf
 computed in the step (an epilogue may hold it in fp32; an input is exact already) rounded the same way (a
@@ -56,7 +59,7 @@ def _closure(v: fx.Node, backward: set[fx.Node]) -> tuple[list[fx.Node], set[fx.
         n = todo.pop()
         if n in inside or n in leaves:
             continue
-        if not _math(n, backward):
+        if not (_math(n, backward) or _free_view(n, backward)):
             leaves.add(n)
             continue
         inside.add(n)
@@ -67,15 +70,34 @@ def _closure(v: fx.Node, backward: set[fx.Node]) -> tuple[list[fx.Node], set[fx.
     return sorted(inside, key=order.__getitem__), leaves
 
 
+def _free_view(node: fx.Node, backward: set[fx.Node]) -> bool:
+    """A view (aten_ir.VIEWS keeping the element count, but expand) of a widened 16-bit value the closure
+    recomputes: free to recompute with it (the fp32 copy of a model's 16-bit logits, reshaped for its loss)."""
+    return (node not in backward and node.op == "call_function" and node.target in aten_ir.VIEWS
+            and node.target is not aten.expand.default and isinstance(node.args[0], fx.Node)
+            and fx_util.numel(node.args[0]) == fx_util.numel(node) and aten_ir.is_widening(node.args[0])
+            and _math(node.args[0], backward))
+
+
+def _alias_chain(v: fx.Node) -> list[fx.Node]:
+    """v and the values it aliases (aten_ir.is_alias), down to the stored one."""
+    chain = [v]
+    while aten_ir.is_alias(chain[-1]):
+        chain.append(chain[-1].args[0])
+    return chain
+
+
 def remat(gm: fx.GraphModule) -> fx.GraphModule:
     """gm (a joint forward + backward graph; anything else is returned as it is) with the element-wise values its
     backward reads recomputed in the backward where that keeps fewer full-size tensors (see above)."""
     gm = fx_util.clone(gm)
     graph = gm.graph
-    backward = fx_util.tangent_dependent(gm)
+    backward = fx_util.backward_part(gm)
     if not backward:
         return gm
     kept = {n for n in graph.nodes if n.op != "output" and n not in backward and any(u in backward for u in n.users)}
+    # what the forward returns it stores anyway (a model's logits): as a leaf it costs nothing more to keep
+    stored = kept | {a for out in fx_util.output_nodes(gm) if out not in backward for a in _alias_chain(out)}
     groups: dict[frozenset[fx.Node], list[tuple[fx.Node, list[fx.Node]]]] = {}
     for v in graph.nodes:
         if v not in kept or not _math(v, backward) or fx_util.numel(v) < 2:
@@ -92,7 +114,7 @@ def remat(gm: fx.GraphModule) -> fx.GraphModule:
     accepted = []
     for large, members in groups.items():
         full = [v for v, _ in members if fx_util.numel(v) >= max((fx_util.numel(x) for x in large), default=0)]
-        if len(full) > len(large - kept):
+        if len(full) > len(large - stored):
             accepted.append((sorted(large, key=order.__getitem__), members))
     for _, members in accepted:   # every copy first: the rounding below rewires forward nodes only
         _recompute(graph, members, backward, order)
