@@ -164,13 +164,13 @@ def build_items(models=DEFAULT_MODELS, epilogue: bool = False, sites: tuple[str,
             if ablate:
                 c = auto_config(k["site"], k["mnk"])
                 for g in ablations(k["site"].graph, k["site"].dtype).values():
-                    items[(g.digest(), c.tag)] = (g, k["site"].dtype, c)
-                items[("identity", c.tag)] = (graphs.identity(), k["site"].dtype, c)
+                    items[(g.digest(), k["site"].dtype, c.tag)] = (g, k["site"].dtype, c)
+                items[("identity", k["site"].dtype, c.tag)] = (graphs.identity(), k["site"].dtype, c)
                 continue
             for c in configs(k["site"], k["mnk"], epilogue):
                 items[(k["site"].kernel_key, c.tag)] = (k["site"].graph, k["site"].dtype, c)
             for c in plain_configs(k["site"], k["mnk"], epilogue):
-                items[("identity", c.tag)] = (graphs.identity(), k["site"].dtype, c)
+                items[("identity", k["site"].dtype, c.tag)] = (graphs.identity(), k["site"].dtype, c)
     return list(items.values())
 
 
@@ -194,7 +194,8 @@ def ablate(entry: dict, reps: int, built_only: bool = False) -> dict:
            if not built_only or jit.cached(jit.kernel_source(g, site.dtype, c))}
     gen = rand.generator("sweep_fusion", site.graph.digest(), device="cuda")
     sets = {name: [rand.op_inputs(op, M, N, K, gen) for _ in range(2)] for name, op in ops.items()}
-    fns = {"cublas_gemm": lambda i, s=sets["plain"]: s[i][0] @ s[i][1].t()}
+    base = sets.get("plain") or next(iter(sets.values()))   # the plain GEMM's operands, or any variant's
+    fns = {"cublas_gemm": lambda i, s=base: s[i][0] @ s[i][1].t()}
     for name, op in ops.items():
         fns[name] = lambda i, op=op, s=sets[name]: op(s[i][0], s[i][1], **s[i][2])
     summary = common.summarize(common.time_interleaved(fns, reps), "cublas_gemm")

@@ -251,3 +251,32 @@ def test_cudagraphs_compiles_through_inductors_forward_and_backward_compilers(mo
     torch._dynamo.reset()
     assert cf.plan(MLP(), args=mlp_inputs(), cudagraphs=True).report.graphs   # plan() records nothing: no refusal
     assert set(cudagraphs.ENTRY_POINTS) <= set(dir(compile_fx))
+
+
+def test_the_forward_gemms_stay_in_the_forward(monkeypatch):
+    """Regression: the GEMMs the layout pass rebuilt carried no partitioner tag, and AOTAutograd's default partition
+    runs every node after the last forward-tagged one in the backward: a model whose forward ends in GEMMs had its
+    last layer's GEMM recomputed there (a whole GEMM twice a step). The backward of two linears is their four
+    GEMMs (dW and dX each), the forward's two are not repeated."""
+    from torch._functorch import partitioners
+
+    parts = {}
+    default = partitioners.default_partition
+
+    def spy(joint, inputs, **kw):
+        parts["fw"], parts["bw"] = default(joint, inputs, **kw)
+        return parts["fw"], parts["bw"]
+
+    monkeypatch.setattr(partitioners, "default_partition", spy)
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(32, 64, bias=False), nn.Linear(64, 48, bias=False))
+    x = torch.randn(8, 32, requires_grad=True)
+    want = model(x)
+    got = torch.compile(model, backend=cf.CodaBackend(fallback="eager"))(x)
+    got.sum().backward()
+    torch.testing.assert_close(got, want)
+
+    def mms(gm):
+        return sum(n.target is torch.ops.aten.mm.default for n in gm.graph.nodes)
+
+    assert (mms(parts["fw"]), mms(parts["bw"])) == (2, 4)

@@ -165,8 +165,9 @@ def output_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 
 def backward_part(gm: fx.GraphModule) -> set[fx.Node]:
     """The nodes of an AOTAutograd joint graph that its default partition runs in the backward: by placement, as
-    it decides, every node after the last one tagged forward (PARTITIONER_TAG) or a primal input, and every node
-    that depends on a tangent; a graph without tags: the tangent-dependent ones. Empty without tangents."""
+    it decides, every node after the last one tagged forward (PARTITIONER_TAG), and every node that depends on a
+    tangent; a graph without forward tags (hand-made ones): the tangent-dependent nodes. Empty without tangents.
+    (analyze still reads the tangent-dependent ones as the backward.)"""
     tangents = tangent_dependent(gm)
     if not tangents:
         return set()

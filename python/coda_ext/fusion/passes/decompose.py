@@ -230,8 +230,8 @@ def _threshold_backward(node: fx.Node, b: Emit) -> fx.Node:
 def _softmax_parts(node: fx.Node, b: Emit, online: bool = False) -> tuple[fx.Node, fx.Node] | None:
     """(x in fp32, its logsumexp over the last dim, keepdim): one logsumexp reduction, which an epilogue runs
     per row, or (online) max(x) + log(sum(exp(x - max(x)))), the form Inductor computes in one pass over x
-    (its online-softmax pattern; its own logsumexp takes two): for the fallback, where no epilogue can take x.
-    A row of -inf only gives NaN there (its logsumexp is -inf)."""
+    (its online-softmax pattern; its own logsumexp takes two): for the fallback, where no epilogue can take x (on
+    the "cuda" target, a last dim that is not a multiple of 8: a loss's vocabulary, or any such softmax)."""
     x, dim = node.args[:2]
     if dim % len(fx_util.shape(x)) != _last(x):
         return None
@@ -295,8 +295,9 @@ def _log_softmax_input(logp: Any) -> tuple[fx.Node, fx.Node] | None:
 
 
 def _pick(b: Emit, x: fx.Node, target: fx.Node, ignore: int, gather: bool) -> fx.Node:
-    """x[m, target[m]] (0 where target is out of range): a row reduction of where(onehot, x, 0), which an
-    epilogue computes on the logits' tile, or (gather) a gather, which reads one element a row."""
+    """x[m, target[m]], 0 where target is ignore_index: a row reduction of where(onehot, x, 0), which an epilogue
+    computes on the logits' tile, or (gather) a gather, which reads one element a row. Any other target out of
+    range is an error, as in PyTorch's nll_loss (the gather faults on it; the row reduction gives 0)."""
     if not gather:
         return b.sum(b.where(_onehot(b, target, fx_util.shape(x)[1]), x, b.const(0.0, x)), [1])
     safe = b.where(b(aten.ne.Scalar, target, ignore), target, b.const(0, target))
@@ -337,8 +338,11 @@ def _nll_loss_backward(node: fx.Node, b: Emit) -> fx.Node | None:
     if reduction == 0:
         scale = b(aten.unsqueeze.default, scale, 1)
     out = b.to(b.where(hit, scale, b.const(0.0, logp)), _out_dtype(node))
-    # each row holds one value (or none): its row sum, as the rounded gradient holds it, without a reduction
-    held = b.to(b.where(valid, scale, b.const(0.0, logp)), _out_dtype(node))
+    # each row holds one value (or none: an ignored target, or one out of range, which hits no class): its row
+    # sum, as the rounded gradient holds it, without a reduction
+    hits = b(aten.logical_and.default, valid, b(aten.unsqueeze.default, b(aten.logical_and.default, b(
+        aten.ge.Scalar, target, 0), b(aten.lt.Scalar, target, classes)), 1))
+    held = b.to(b.where(hits, scale, b.const(0.0, logp)), _out_dtype(node))
     out.meta[ROW_SUM] = b.wide(held)
     return out
 

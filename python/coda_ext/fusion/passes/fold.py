@@ -108,7 +108,7 @@ def fold(gm: fx.GraphModule) -> fx.GraphModule:
         if value is None or not isinstance(value, (int, float)):
             continue
         with graph.inserting_before(node):
-            new = _full(Emit(graph), node, float(value))
+            new = _full(Emit(graph, fx_util.pass_tag(node)), node, float(value))
         fx_util.replace(node, new)
         graph.erase_node(node)
         consts[new] = float(value)

@@ -58,7 +58,7 @@ def layout(gm: fx.GraphModule) -> fx.GraphModule:
         (a, na), (b, nb) = stored(node.args[0]), stored(node.args[1])
         major = ("k" if na % 2 == 0 else "m") + ("k" if (nb + 1) % 2 == 0 else "n")
         with graph.inserting_before(node):
-            new = Emit(graph)(GEMM, a, b, major)
+            new = Emit(graph, fx_util.pass_tag(node))(GEMM, a, b, major)
         fx_util.replace(node, new)
         graph.erase_node(node)
     return fx_util.finish(gm)
