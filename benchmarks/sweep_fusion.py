@@ -7,7 +7,7 @@ kernel, and which config would do better.
 
     python -m benchmarks.sweep_fusion [--models bert-base] [--reps 10] [--dry-run]
     python -m benchmarks.sweep_fusion --epilogue --sites f686e3c8 4ddb4d57   # epilogue subtiles and stages
-    python -m benchmarks.sweep_fusion --ablate --sites 65aa8f6c             # what each part of an epilogue costs
+    python -m benchmarks.sweep_fusion --ablate --sites 65aa8f6c             # what each part of an epilogue costs (+ chart)
     python -m coda_ext prebuild benchmarks/sweep_fusion.py      # its kernels, in parallel, ahead
 
 Results (--out): sweep_fusion_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on (h100, h200, …).
@@ -238,6 +238,56 @@ def sweep(entry: dict, reps: int, epilogue: bool = False, built_only: bool = Fal
             "best": best, "variants": summary}
 
 
+#: --ablate's chart: the variants in the order they are drawn (top to bottom in each site's group).
+ABLATION_ORDER = ("full", "no_output", "stores_16bit", "no_stores", "no_row_reduce", "no_col_reduce", "no_reductions",
+                  "no_math", "output_only", "plain")
+
+
+def plot_ablation(doc: dict, path, before: dict | None = None) -> None:
+    """--ablate's results at a glance: per site, each variant's time as a multiple of the bare cuBLAS GEMM of its
+    shape (1.0 marked), and, given a `before` document of the same sites, its times as hollow bars beside."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for m in doc["models"].values() for r in m]
+    old = {(r["graph"], tuple(r["mnk"])): r for m in (before or {}).get("models", {}).values() for r in m}
+    labels, values, prior = [], [], []
+    for r in rows:
+        v = r["variants"]
+        for name in (n for n in ABLATION_ORDER if n in v):
+            labels.append(f"{r['graph']} {'x'.join(map(str, r['mnk']))} {r['major']}  {name}")
+            values.append(v[name]["median_ratio_to_cublas"])
+            o = old.get((r["graph"], tuple(r["mnk"])), {}).get("variants", {}).get(name)
+            prior.append(o["median_ratio_to_cublas"] if o else float("nan"))
+        labels.append("")
+        values.append(float("nan"))
+        prior.append(float("nan"))
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(9, 0.22 * len(labels) + 1.2))
+    ys = list(range(len(labels)))[::-1]
+    if before:
+        ax.barh([y + 0.2 for y in ys], prior, 0.4, fill=False, edgecolor="0.5", label="before")
+        ax.barh([y - 0.2 for y in ys], values, 0.4, color="C0", label="after")
+        ax.legend(fontsize=7)
+    else:
+        ax.barh(ys, values, 0.7, color="C0")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=6)
+    ax.set_xlabel("time / bare cuBLAS GEMM of the shape (median)")
+    env = doc.get("env") or {}
+    ax.set_title(f"fused sites with parts removed, {env.get('gpu', '')} (sweep_fusion --ablate)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(af.MODELS))
@@ -295,7 +345,10 @@ def main(argv=None) -> int:
     if args.dry_run:
         return 0
     doc["env"] = common.gpu_info()
-    out = common.write_json(args.out or common.results_path("sweep_fusion"), doc)
+    out = common.write_json(args.out or common.results_path("sweep_fusion_ablate" if args.ablate else "sweep_fusion"),
+                            doc)
+    if args.ablate:
+        plot_ablation(doc, out.with_suffix(".png"))
     print(f"wrote {out}")
     return 0
 

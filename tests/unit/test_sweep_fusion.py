@@ -98,3 +98,15 @@ def test_ablate_builds_each_variant_and_the_plain_gemm_in_autos_config():
     auto = sf.auto_config(e["site"], e["mnk"])
     assert {c.tag for _, _, c in items} == {auto.tag}
     assert len(items) == len(sf.ablations(e["site"].graph, e["site"].dtype)) + 1
+
+
+def test_the_ablation_chart_draws_each_site_before_and_after(tmp_path):
+    pytest.importorskip("matplotlib")
+    row = {"graph": "abcd1234", "major": "kn", "mnk": [64, 32, 16], "config": "x",
+           "variants": {name: {"median_ratio_to_cublas": r, "median_ms": r}
+                        for name, r in (("cublas_gemm", 1.0), ("full", 1.5), ("no_math", 1.2), ("plain", 0.98))}}
+    doc = {"env": {"gpu": "test GPU"}, "models": {"m": [row]}}
+    before = {"models": {"m": [{**row, "variants": {**row["variants"], "full": {"median_ratio_to_cublas": 1.9}}}]}}
+    sf.plot_ablation(doc, tmp_path / "a.png", before=before)
+    sf.plot_ablation(doc, tmp_path / "b.png")
+    assert (tmp_path / "a.png").stat().st_size > 1000 and (tmp_path / "b.png").stat().st_size > 1000
