@@ -7,7 +7,7 @@ kernel, and which config would do better.
 
     python -m benchmarks.sweep_fusion [--models bert-base] [--reps 10] [--dry-run]
     python -m benchmarks.sweep_fusion --epilogue --sites f686e3c8 4ddb4d57   # epilogue subtiles and stages
-    python -m benchmarks.sweep_fusion --ablate --sites 65aa8f6c             # what each part of an epilogue costs (+ chart)
+    python -m benchmarks.sweep_fusion --ablate --sites 65aa8f6c    # what each part of an epilogue costs, and a chart
     python -m coda_ext prebuild benchmarks/sweep_fusion.py      # its kernels, in parallel, ahead
 
 Results (--out): sweep_fusion_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on (h100, h200, …).
