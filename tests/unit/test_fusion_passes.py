@@ -195,19 +195,24 @@ def test_mean_becomes_a_sum_and_a_division():
     same(gm, out, x)
 
 
-@pytest.mark.parametrize("reduction", [0, 1, 2])
-def test_cross_entropy_reads_the_logits_not_the_log_probabilities(reduction):
-    g = gen(9)
-    x, grad = randn(g, 6, 10), randn(g, 6) if reduction == 0 else randn(g)
-    t = torch.tensor([1, 9, -100, 0, 4, -100])
-
+def _cross_entropy_joint(reduction: int):
+    """Cross-entropy's forward and backward as AOTAutograd's joint graph has them (ignore_index -100)."""
     def fn(x, t, grad):
         logp = aten._log_softmax.default(x, 1, False)
         loss, total = aten.nll_loss_forward.default(logp, t, None, reduction, -100)
         dlogp = aten.nll_loss_backward.default(grad, logp, t, None, reduction, -100, total)
         return [loss, total, aten._log_softmax_backward_data.default(dlogp, logp, 1, torch.float64)]
 
-    gm = trace(fn, x, t, grad)
+    return fn
+
+
+@pytest.mark.parametrize("reduction", [0, 1, 2])
+def test_cross_entropy_reads_the_logits_not_the_log_probabilities(reduction):
+    g = gen(9)
+    x, grad = randn(g, 6, 10), randn(g, 6) if reduction == 0 else randn(g)
+    t = torch.tensor([1, 9, -100, 0, 4, -100])
+
+    gm = trace(_cross_entropy_joint(reduction), x, t, grad)
     out = decompose(gm)
     gone = {aten._log_softmax.default, aten.nll_loss_forward.default, aten.nll_loss_backward.default,
             aten._log_softmax_backward_data.default}
@@ -234,13 +239,7 @@ def test_cross_entropy_gathers_the_target_where_no_epilogue_takes_the_logits(red
         x, grad = randn(g, 6, classes), randn(g, 6) if reduction == 0 else randn(g)
         t = torch.tensor([1, 9, -100, 0, 4, -100])
 
-        def fn(x, t, grad):
-            logp = aten._log_softmax.default(x, 1, False)
-            loss, total = aten.nll_loss_forward.default(logp, t, None, reduction, -100)
-            dlogp = aten.nll_loss_backward.default(grad, logp, t, None, reduction, -100, total)
-            return [loss, total, aten._log_softmax_backward_data.default(dlogp, logp, 1, torch.float64)]
-
-        gm = trace(fn, x, t, grad)
+        gm = trace(_cross_entropy_joint(reduction), x, t, grad)
         out = decompose(gm, "cuda")
         assert (aten.gather.default in targets(out)) == gathers
         # the logsumexp: one reduction an epilogue runs, or Inductor's online-softmax form (amax, sub, exp, sum)
@@ -388,13 +387,7 @@ def test_decompositions_keep_the_partitioner_tag_of_the_op_they_replace():
     g = gen(11)
     x, t, grad = randn(g, 6, 10), torch.tensor([1, 9, -100, 0, 4, -100]), randn(g)
 
-    def fn(x, t, grad):
-        logp = aten._log_softmax.default(x, 1, False)
-        loss, total = aten.nll_loss_forward.default(logp, t, None, 1, -100)
-        dlogp = aten.nll_loss_backward.default(grad, logp, t, None, 1, -100, total)
-        return [loss, aten._log_softmax_backward_data.default(dlogp, logp, 1, torch.float64)]
-
-    gm = trace(fn, x, t, grad)
+    gm = trace(_cross_entropy_joint(1), x, t, grad)
     for n in gm.graph.nodes:
         if n.op == "call_function":
             backward = "backward" in str(n.target)

@@ -190,10 +190,16 @@ def is_alias(node: Any) -> bool:
     return bool(s) and bool(d) and s[-1] == d[-1] and math.prod(s) == math.prod(d)
 
 
+def alias_chain(node: fx.Node) -> list[fx.Node]:
+    """node and the values it aliases (is_alias), down to the stored one."""
+    chain = [node]
+    while is_alias(chain[-1]):
+        chain.append(chain[-1].args[0])
+    return chain
+
+
 def alias_root(node: fx.Node) -> fx.Node:
-    while is_alias(node):
-        node = node.args[0]
-    return node
+    return alias_chain(node)[-1]
 
 
 def _shape(node: fx.Node) -> tuple[int, ...]:

@@ -79,14 +79,6 @@ def _free_view(node: fx.Node, backward: set[fx.Node]) -> bool:
             and _math(node.args[0], backward))
 
 
-def _alias_chain(v: fx.Node) -> list[fx.Node]:
-    """v and the values it aliases (aten_ir.is_alias), down to the stored one."""
-    chain = [v]
-    while aten_ir.is_alias(chain[-1]):
-        chain.append(chain[-1].args[0])
-    return chain
-
-
 def remat(gm: fx.GraphModule) -> fx.GraphModule:
     """gm (a joint forward + backward graph; anything else is returned as it is) with the element-wise values its
     backward reads recomputed in the backward where that keeps fewer full-size tensors (see above)."""
@@ -97,7 +89,7 @@ def remat(gm: fx.GraphModule) -> fx.GraphModule:
         return gm
     kept = {n for n in graph.nodes if n.op != "output" and n not in backward and any(u in backward for u in n.users)}
     # what the forward returns it stores anyway (a model's logits): as a leaf it costs nothing more to keep
-    stored = kept | {a for out in fx_util.output_nodes(gm) if out not in backward for a in _alias_chain(out)}
+    stored = kept | {a for out in fx_util.output_nodes(gm) if out not in backward for a in aten_ir.alias_chain(out)}
     groups: dict[frozenset[fx.Node], list[tuple[fx.Node, list[fx.Node]]]] = {}
     for v in graph.nodes:
         if v not in kept or not _math(v, backward) or fx_util.numel(v) < 2:
