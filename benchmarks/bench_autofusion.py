@@ -398,7 +398,7 @@ def profile_tables(events, steps: int, prefix: str) -> tuple[dict, dict]:
     return kernels, sites
 
 
-def profile(step, device: str, steps: int = 2, top: int = 15) -> dict:
+def profile(step, device: str, steps: int = 2, top: int = 40) -> dict:
     """torch.profiler over `steps` training steps: the wall time, the GPU kernels' summed time and count
     (a GPU-bound step has kernel time close to its wall time; the rest is the host launching), the
     kernels that take the most time, the fused kernels' time by site and GEMM shape, and the host ops with

@@ -7,7 +7,15 @@ import torch
 import coda_ext as ce
 from coda_ext.codegen.plan import plan
 from coda_ext.graph import ir
-from coda_ext.passes import canonicalize, fold_square_reduce, lower, lower_pair_stores, prune, resolve_dtypes
+from coda_ext.passes import (
+    canonicalize,
+    fold_square_reduce,
+    lower,
+    lower_pair_stores,
+    prune,
+    resolve_dtypes,
+    tanh_sigmoid,
+)
 
 
 def _example(order: int) -> ce.Graph:
@@ -250,6 +258,67 @@ def test_fold_makes_the_example_a_tree():
     typed = resolve_dtypes(built, "bfloat16")
     assert not plan(lower_pair_stores(typed)).is_tree            # y feeds D and y*y
     assert plan(lower(built, "bfloat16")).is_tree
+
+
+# --- tanh_sigmoid -----------------------------------------------------------------------------
+
+
+def _gelu_tanh_written_out(grad: bool, extra: bool = False) -> ce.Graph:
+    """The tanh GELU as a model writes it in Python (GPT-2's NewGELU) and, grad=True, its derivative as
+    autograd spells it (1 - t * t, 1 + t); extra=True: the tanh is also stored."""
+    g = ce.Graph()
+    x = g.accumulator() + g.row_vector("b")
+    t = ce.tanh(0.7978845834732056 * (x + 0.044715 * (ce.square(x) * x)))
+    if grad:
+        dy = g.tile("dy")
+        g.output(dy * 0.5 * (1.0 + t) + dy * 0.5 * x * (1.0 - t * t) * 0.7978845834732056 *
+                 (1.0 + 3.0 * 0.044715 * ce.square(x)))
+    else:
+        g.output(0.5 * x * (t + 1.0))
+        g.store("pre", x)
+    if extra:
+        g.store("t", t)
+    return g
+
+
+def _run(graph, M=29, N=72, K=16, seed=0, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    A = torch.randn(M, K, generator=gen, dtype=torch.float64) * scale
+    W = torch.randn(N, K, generator=gen, dtype=torch.float64)
+    args = {"b": torch.randn(N, generator=gen, dtype=torch.float64)}
+    if any(n.kind == "tile" for n in graph.nodes):
+        args["dy"] = torch.randn(M, N, generator=gen, dtype=torch.float64)
+    return ce.interpret(graph, A, W, compute_dtype=torch.float64, **args)
+
+
+def test_tanh_sigmoid_removes_the_tanh_of_gelu_and_its_derivative():
+    for grad in (False, True):
+        built = _gelu_tanh_written_out(grad).build()
+        rewritten = tanh_sigmoid(built)
+        assert "tanh" not in _kinds(rewritten) and "sigmoid" in _kinds(rewritten)
+        assert _kinds(rewritten).count("sigmoid") == 1        # one sigmoid serves 1 + t and 1 - t²
+        assert "tanh" not in _kinds(lower(built, "bfloat16"))
+        for scale in (0.05, 1.0, 30.0):                     # small u, the GELU's range, saturated tails
+            ref, got = _run(built, scale=scale), _run(rewritten, scale=scale)
+            assert torch.allclose(got.out, ref.out, rtol=1e-12, atol=1e-12 * scale)
+
+
+def test_tanh_sigmoid_keeps_a_tanh_with_other_consumers():
+    built = _gelu_tanh_written_out(False, extra=True).build()
+    rewritten = tanh_sigmoid(built)
+    assert "tanh" in _kinds(rewritten) and "sigmoid" in _kinds(rewritten)
+    ref, got = _run(built), _run(rewritten)
+    assert torch.equal(got.t, ref.t)
+    assert torch.allclose(got.out, ref.out, rtol=1e-12, atol=1e-12)
+
+
+def test_tanh_sigmoid_leaves_other_tanh_math():
+    g = ce.Graph()
+    t = ce.tanh(g.accumulator())
+    g.output(2.0 + t)          # not 1 + t
+    g.store("q", 1.0 - t * 0.5)
+    built = g.build()
+    assert tanh_sigmoid(built) == built
 
 
 # --- lower_pair_stores ------------------------------------------------------------------------

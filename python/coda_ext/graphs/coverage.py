@@ -38,12 +38,15 @@ def unary_a() -> Graph:
 
 def unary_b() -> Graph:
     """tanh, sigmoid, silu, relu, gelu (tanh), neg: D = silu(acc), t = tanh(acc/4) − σ(acc),
-    r = relu(acc) + gelu_tanh(acc) − acc."""
+    r = relu(acc) + gelu_tanh(acc) − acc, w = (1 + th) (1 − th²) with th = tanh(acc/8) (the forms the
+    lowering computes from σ(acc/4): passes.tanh_sigmoid)."""
     g = Graph()
     acc = g.accumulator()
     g.output(silu(acc))
     g.store("t", tanh(acc * 0.25) - sigmoid(acc))
     g.store("r", relu(acc) + gelu(acc, approximate="tanh") - acc)
+    th = tanh(acc * 0.125)
+    g.store("w", (1.0 + th) * (1.0 - th * th))
     return g
 
 
