@@ -656,6 +656,7 @@ def plot(doc: dict, path: pathlib.Path) -> None:
         return
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(8, 1.4 * len(names) + 3), 8))
     width = 0.8 / len(variants)
+    top = 0.0
     for j, v in enumerate(variants):
         xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(names))]
         speed, peak = [], []
@@ -666,6 +667,7 @@ def plot(doc: dict, path: pathlib.Path) -> None:
             peak.append(x.get(v, {}).get("peak_gb") or math.nan)
         ax1.bar(xs, speed, width, label=v)
         ax2.bar(xs, peak, width, label=v)
+        top = max([top] + [s for s in speed if s == s])
         for x, s in zip(xs, speed):
             if s == s:
                 ax1.text(x, s, f"{s:.2f}", ha="center", va="bottom", fontsize=6, rotation=90)
@@ -673,6 +675,7 @@ def plot(doc: dict, path: pathlib.Path) -> None:
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, fontsize=8)
     ax1.axhline(1.0, color="k", lw=0.8)
+    ax1.set_ylim(0, 1.25 * max(top, 1.0))   # room for the labels and the legend above the tallest bar
     ax1.set_ylabel("speedup over eager (median step)")
     ax2.set_ylabel("peak memory of a step (GB)")
     ax1.legend(fontsize=8, ncol=len(variants))
