@@ -15,6 +15,7 @@ from coda_ext.fusion.partition import (
     gain,
     io,
     is_acyclic,
+    outside,
     partition,
     recomputed,
     violations,
@@ -336,6 +337,40 @@ def test_a_backward_gemm_recomputes_and_stores_what_only_the_backward_reads():
     assert {xc, xhat, y} <= set(got[dy]) and violations(pg, got) == []
     _, stores, _ = io(pg, dy, got[dy])
     assert y in stores and xhat not in stores
+
+
+def test_the_fallback_computes_again_what_it_reads_wider_than_the_loads_it_comes_from():
+    """A layer-norm backward's epilogue: x̂ = (x − μ)·rstd (fp32, from the bf16 x it loads) feeds the epilogue's
+    reduction and the fallback's element-wise dx: the fallback computes x̂ again from x (reading 2 bytes an
+    element, not 4, and the kernel writes none), and with it x − μ; dy·γ depends on the accumulator and stays
+    stored. Read by a GEMM or another op that is not element-wise math, by another epilogue, or no wider than its
+    loads, x̂ is stored."""
+    def build(reader: str = "fallback", wide: bool = True):
+        g = G()
+        x, mean, rstd, w, gamma = (g.input(nbytes=n) for n in (B, 256, 256, B, 256))
+        xc = g.math(x, mean, roles=["tile", "col"], nbytes=2 * B if wide else B)
+        xhat = g.math(xc, rstd, roles=["tile", "col"], nbytes=2 * B if wide else B)
+        dz = g.input()
+        dy = g.gemm(dz, w)
+        dyg = g.math(dy, gamma, roles=["tile", "row"], nbytes=2 * B)
+        r = g.reduce(g.math(dyg, xhat, nbytes=2 * B))
+        if reader == "gemm":
+            g.gemm(dz, xhat, name="dW")
+        dx = g.math(dyg, xhat if reader != "gemm" else dyg, r, roles=["tile", "tile", "col"], nbytes=2 * B)
+        g.other(dx, *([xhat] if reader == "other" else []))
+        return g.graph(), dy, [xc, xhat, dyg, r - 1, r], dx
+
+    pg, dy, members, dx = build()
+    xc, xhat, dyg = members[:3]
+    again = outside(pg, dy, members, {dy, *members})
+    assert again == (xc, xhat)
+    _, stores, _ = io(pg, dy, members, outside=again)
+    assert stores == [dyg]
+    assert set(recomputed(pg, dy, members, outside=again)) == {xc, xhat}
+    assert outside(pg, dy, members, {dy, *members, dx}) == ()     # another epilogue reads x̂: stored
+    for reader, wide in (("gemm", True), ("other", True), ("fallback", False)):
+        pg, dy, members, _ = build(reader, wide)
+        assert outside(pg, dy, members, {dy, *members}) == (), (reader, wide)
 
 
 def test_what_reads_a_reduction_of_the_gemms_values_is_no_candidate():

@@ -97,7 +97,7 @@ def build_site(an: Analysis, group: Group, execute: str = "auto", cons: list[lis
 
         return arg
 
-    _, stored, _ = io(pg, group.anchor, group.members, cons)
+    _, stored, _ = io(pg, group.anchor, group.members, cons, group.outside)
     names: list[str] = []
     outputs: list[Output] = []
     out_nodes: list[fx.Node] = []
@@ -147,7 +147,7 @@ def lower(gm: fx.GraphModule, an: Analysis, part: Partition, execute: str = "aut
     unit_of: dict[fx.Node, int] = {}            # member FX node -> index of its lowered epilogue
     for k, low in enumerate(lowered):
         if low.site is not None:
-            again = set(recomputed(an.pgraph, low.group.anchor, low.group.members, cons))
+            again = set(recomputed(an.pgraph, low.group.anchor, low.group.members, cons, low.group.outside))
             for pid in (low.group.anchor,) + low.group.members:
                 if pid not in again:            # a value read outside but not stored stays there too
                     unit_of[an.fx_nodes[pid]] = k

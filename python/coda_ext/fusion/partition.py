@@ -66,6 +66,8 @@ MIP_GAP = 0.0
 class Group:
     anchor: int
     members: tuple[int, ...]   # in topological order
+    # members the fallback computes again from the same loads instead of reading a store (outside())
+    outside: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,26 +226,72 @@ def gain(pg: PGraph, cost: CostModel, anchor: int, members: Iterable[int],
     return total - cost.member_cost * len(members)
 
 
-def io(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None
-       ) -> tuple[list[tuple[int, str]], list[int], list[int]]:
+def io(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None,
+       outside: Iterable[int] = ()) -> tuple[list[tuple[int, str]], list[int], list[int]]:
     """(loads as (node, role), stored values, reductions) of one epilogue. A value that cannot be stored
-    but is read outside is recomputed there, not stored."""
+    but is read outside is recomputed there, not stored; so are the members `outside` (Group.outside)."""
     cons = cons or pg.consumers()
     members = set(members)
     inside = members | {anchor}
+    again = set(outside)
     loads = list(dict.fromkeys((o.src, o.role) for v in sorted(members) for o in pg[v].operands
                                if o.src is not None and o.src not in inside and o.role in LOADED))
-    stores = [u for u in sorted(inside) if pg[u].op != "reduce" and pg[u].storable
+    stores = [u for u in sorted(inside) if pg[u].op != "reduce" and pg[u].storable and u not in again
               and _read_outside(pg, u, members, cons)]
     reductions = [v for v in sorted(members) if pg[v].op == "reduce"]
     return loads, stores, reductions
 
 
-def recomputed(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None) -> list[int]:
-    """Members that cannot be stored but are read outside: they run in the epilogue and outside it."""
+def recomputed(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None,
+               outside: Iterable[int] = ()) -> list[int]:
+    """Members that run in the epilogue and outside it: those that cannot be stored but are read outside, and
+    the members `outside` (Group.outside)."""
     cons = cons or pg.consumers()
     members = set(members)
-    return [v for v in sorted(members) if not pg[v].storable and _read_outside(pg, v, members, cons)]
+    again = set(outside)
+    return [v for v in sorted(members) if v in again or (not pg[v].storable and _read_outside(pg, v, members, cons))]
+
+
+def outside(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int],
+            cons: list[list[int]] | None = None) -> tuple[int, ...]:
+    """Members the fallback is better off computing again than reading from a store: element-wise values of
+    the epilogue's loads alone (no path from the GEMM's accumulator or a reduction), read outside only by
+    element-wise math that no epilogue runs (`fused`: every epilogue's nodes), and wider than the tiles they
+    are computed from (a layer-norm backward's fp32 x̂ = (x - mean) · rstd from the bf16 x it loads: the kernel
+    does not write 4 bytes an element and the fallback reads 2 instead of 4), with the members they are
+    computed from. A value another epilogue, a GEMM or the graph's outputs read stays stored."""
+    cons = cons or pg.consumers()
+    members = set(members)
+    inside = members | {anchor}
+    of_loads: dict[int, set[int]] = {}      # load-only member -> the tile loads it is computed from
+    for v in sorted(members):
+        n = pg[v]
+        if n.op != "math" or any(u in inside and u not in of_loads for u in pg.sources(v)):
+            continue
+        of_loads[v] = set().union(*[of_loads.get(u, set()) for u in pg.sources(v)],
+                                  {o.src for o in n.operands if o.src not in inside and o.role == "tile"})
+
+    def fallback_math(c: int) -> bool:
+        return c in members or (pg[c].op == "math" and c not in fused)
+
+    def cone(v: int) -> set[int]:
+        out, todo = {v}, [v]
+        while todo:
+            for u in pg.sources(todo.pop()):
+                if u in of_loads and u not in out:
+                    out.add(u)
+                    todo.append(u)
+        return out
+
+    again: set[int] = set()
+    for v, tiles in of_loads.items():
+        n = pg[v]
+        if not (n.storable and _read_outside(pg, v, members, cons)) or n.nbytes <= sum(pg[t].nbytes for t in tiles):
+            continue
+        c = cone(v)
+        if all(not pg[u].output and all(fallback_math(r) for r in cons[u]) for u in c):
+            again |= c
+    return tuple(sorted(again))
 
 
 def slots(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None) -> int:
@@ -741,6 +789,7 @@ def partition(pg: PGraph, cost: CostModel | None = None, *, method: str = "ilp",
         groups = _greedy(pg, cands, limits)
         status = f"{status}; greedy" if status else "greedy"
     cons = pg.consumers()
-    out = tuple(Group(g, tuple(sorted(vs))) for g, vs in sorted(groups.items()))
+    fused = {v for g, vs in groups.items() for v in (g, *vs)}
+    out = tuple(Group(g, tuple(sorted(vs)), outside(pg, g, vs, fused, cons)) for g, vs in sorted(groups.items()))
     objective = sum(gain(pg, cost, grp.anchor, grp.members, cons) for grp in out)
     return Partition(out, cands, used, status, time.perf_counter() - start, objective)

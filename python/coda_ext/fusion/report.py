@@ -170,7 +170,7 @@ def graph_report(name: str, an: Analysis, part: Partition, lowered: tuple[Lowere
         grp = low.group
         anchor = an.fx_nodes[grp.anchor]
         mnk = an.gemm_mnk(grp.anchor)
-        loads, stores, reductions = io(pg, grp.anchor, grp.members, cons)
+        loads, stores, reductions = io(pg, grp.anchor, grp.members, cons, grp.outside)
         site = low.site
         predicted = None
         if site is not None:
@@ -227,7 +227,7 @@ def bytes_moved(pg, groups, cons: list[list[int]] | None = None) -> int:
     total = 0
     for grp in groups:
         fused.update((grp.anchor,) + tuple(grp.members))
-        loads, stores, reductions = io(pg, grp.anchor, grp.members, cons)
+        loads, stores, reductions = io(pg, grp.anchor, grp.members, cons, grp.outside)
         total += sum(pg[u].nbytes for u in pg.sources(grp.anchor)) + sum(pg[t].nbytes for t, _ in loads)
         total += sum(pg[u].nbytes for u in stores) + sum(pg[r].nbytes for r in reductions)
     for n in pg.nodes:
