@@ -203,3 +203,36 @@ def test_a_fused_launch_calls_its_op_directly_and_names_itself_in_a_profile(monk
     names = [e.name for e in prof.events() if e.name.startswith(fo.PROFILE_PREFIX)]
     assert names == [f"{fo.PROFILE_PREFIX}{site.graph.digest()[:8]} 4x8x16"]
     assert len(calls) == 2 and calls[0][3] == {}
+
+
+def test_a_member_the_fallback_computes_again_and_no_member_reads_leaves_the_epilogue():
+    """Regression: x̂ = (x − μ)·rstd read only outside (by a select the fallback runs) while x − μ feeds the
+    epilogue's reduction: x̂ is computed again outside (partition.outside), so it leaves the epilogue; kept
+    in, it had no reader in the kernel, rstd became an input nothing used, the graph builder refused the site
+    and the GEMM ran unfused."""
+    from coda_ext.fusion import passes
+    from coda_ext.fusion.analyze import analyze
+    from coda_ext.fusion.lowering import KERNEL, lower
+    from coda_ext.fusion.partition import partition
+
+    def f(x, mean, rstd, q, w, tangents):
+        dy = tangents @ w.t()
+        xc = x.float() - mean
+        xhat = xc * rstd
+        return mean * 2.0, (dy.float() * xc).sum(-1), torch.where(q, xhat, 0.0)
+
+    g = torch.Generator().manual_seed(0)
+    M, K, N = 32, 16, 64
+    args = (torch.randn(M, N, generator=g).bfloat16(), torch.randn(M, 1, generator=g),
+            torch.rand(M, 1, generator=g) + 0.5, torch.rand(M, N, generator=g) > 0.5,
+            torch.randn(N, K, generator=g).bfloat16(), torch.randn(M, K, generator=g).bfloat16())
+    gm = passes.run(make_fx(f, tracing_mode="fake")(*args))
+    an = analyze(gm, "interpret", 1)
+    part = partition(an.pgraph)
+    (grp,) = part.groups
+    assert all(any(c in grp.members for c in an.pgraph.consumers()[v]) for v in grp.outside)
+    out, lowered = lower(gm, an, part)
+    assert all(low.site is not None for low in lowered)
+    assert sum(n.target is KERNEL for n in out.graph.nodes) == 1
+    for a, b in zip(f(*args), out(*args)):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2)

@@ -252,6 +252,18 @@ def recomputed(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[
     return [v for v in sorted(members) if v in again or (not pg[v].storable and _read_outside(pg, v, members, cons))]
 
 
+def _settled(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int], cons: list[list[int]]) -> Group:
+    """The epilogue with its members the fallback computes again (outside()); those no member left in the kernel
+    reads leave it (they read only loads: the rest stays connected), so no load is left unused."""
+    keep = set(members)
+    again = set(outside(pg, anchor, keep, fused, cons))
+    while True:
+        unread = {v for v in again & keep if not any(c in keep for c in cons[v])}
+        if not unread:
+            return Group(anchor, tuple(sorted(keep)), tuple(sorted(again & keep)))
+        keep -= unread
+
+
 def outside(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int],
             cons: list[list[int]] | None = None) -> tuple[int, ...]:
     """Members the fallback is better off computing again than reading from a store: element-wise values of
@@ -790,6 +802,6 @@ def partition(pg: PGraph, cost: CostModel | None = None, *, method: str = "ilp",
         status = f"{status}; greedy" if status else "greedy"
     cons = pg.consumers()
     fused = {v for g, vs in groups.items() for v in (g, *vs)}
-    out = tuple(Group(g, tuple(sorted(vs)), outside(pg, g, vs, fused, cons)) for g, vs in sorted(groups.items()))
+    out = tuple(_settled(pg, g, vs, fused, cons) for g, vs in sorted(groups.items()))
     objective = sum(gain(pg, cost, grp.anchor, grp.members, cons) for grp in out)
     return Partition(out, cands, used, status, time.perf_counter() - start, objective)

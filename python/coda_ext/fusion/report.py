@@ -225,8 +225,8 @@ def bytes_moved(pg, groups, cons: list[list[int]] | None = None) -> int:
     cons = cons or pg.consumers()
     fused: set[int] = set()
     total = 0
-    for grp in groups:
-        fused.update((grp.anchor,) + tuple(grp.members))
+    for grp in groups:   # members the fallback computes again (Group.outside) count on its side too
+        fused.update(v for v in (grp.anchor, *grp.members) if v not in grp.outside)
         loads, stores, reductions = io(pg, grp.anchor, grp.members, cons, grp.outside)
         total += sum(pg[u].nbytes for u in pg.sources(grp.anchor)) + sum(pg[t].nbytes for t, _ in loads)
         total += sum(pg[u].nbytes for u in stores) + sum(pg[r].nbytes for r in reductions)

@@ -6,8 +6,8 @@ reads 1 - tanh²) spends most of its epilogue math in tanh: about fourteen instr
 FMAs). Where the epilogue's math outlasts a short mainloop (K = 768) that is GEMM time. The
 rewritten forms are exact identities and more accurate in fp32: 1 + tanh(u) cancels where u << 0,
 1 - tanh² where |u| is large; 2 s and s (1 - s) do not (1 - s loses only where s > 1/2, where
-4 s (1 - s) = 1 - tanh² is the same absolute error as before). A tanh with any other consumer stays
-for that consumer. The reference interpreter runs the graph as written.
+4 s (1 - s) = 1 - tanh² is the same absolute error as before). A tanh with any other reader stays as it
+is (rewriting the rest would add the sigmoid to it). The reference interpreter runs the graph as written.
 """
 from __future__ import annotations
 
@@ -24,24 +24,29 @@ def _scalar(value: float) -> ir.Node:
 
 
 def _rewrites(graph: ir.GraphIR) -> dict[int, tuple[str, int]]:
-    """{consumer index: ("plus", tanh index) for 1 + t, ("one_minus_sq", tanh index) for 1 - t²}."""
+    """{consumer index: ("plus", tanh index) for 1 + t, ("one_minus_sq", tanh index) for 1 - t²}, for each tanh
+    whose every reader is one of these forms (else the tanh would stay and the sigmoid add to it)."""
     nodes, consumers = graph.nodes, graph.consumers()
     out: dict[int, tuple[str, int]] = {}
     for t, n in enumerate(nodes):
         if n.kind != "tanh":
             continue
+        found: dict[int, tuple[str, int]] = {}
+        covered = True
         for c in consumers[t]:
             cn = nodes[c]
-            if cn.kind == "add" and len(set(cn.inputs)) == 2:
-                other = cn.inputs[1] if cn.inputs[0] == t else cn.inputs[0]
-                if _const(nodes[other], 1.0):
-                    out[c] = ("plus", t)
-            sq = nodes[c]
-            if (sq.kind == "square" and sq.inputs == (t,)) or (sq.kind == "mul" and sq.inputs == (t, t)):
-                for s in consumers[c]:
-                    sn = nodes[s]
-                    if sn.kind == "sub" and sn.inputs[1] == c and _const(nodes[sn.inputs[0]], 1.0):
-                        out[s] = ("one_minus_sq", t)
+            if cn.kind == "add" and len(set(cn.inputs)) == 2 and \
+                    _const(nodes[cn.inputs[1] if cn.inputs[0] == t else cn.inputs[0]], 1.0):
+                found[c] = ("plus", t)
+            elif (cn.kind == "square" and cn.inputs == (t,)) or (cn.kind == "mul" and cn.inputs == (t, t)):
+                subs = [s for s in consumers[c] if nodes[s].kind == "sub" and nodes[s].inputs[1] == c
+                        and _const(nodes[nodes[s].inputs[0]], 1.0)]
+                covered &= len(subs) == len(consumers[c])
+                found.update(dict.fromkeys(subs, ("one_minus_sq", t)))
+            else:
+                covered = False
+        if covered and found:
+            out.update(found)
     return out
 
 
