@@ -110,6 +110,21 @@ def test_inference_graphs_are_fused_too():
     assert report.graphs[0].name.startswith("inference graph") and report.kernels
 
 
+def test_cpu_inputs_build_no_kernel_whatever_the_target(monkeypatch):
+    """Regression: the "cuda" target's partition on CPU tensors (a plan checked on a machine without a GPU)
+    prebuilt its kernels with nvcc, though the interpreter runs them there."""
+    from coda_ext.fusion.frontend import CodaBackend
+
+    built = []
+    monkeypatch.setattr(CodaBackend, "_prebuild", staticmethod(lambda lowered, rep: built.append(lowered)))
+    torch.manual_seed(0)
+    model = MLP().to(torch.bfloat16)
+    x, t = mlp_inputs()
+    fused = cf.fuse(model, fallback="eager", target="cuda")
+    step(fused, x.to(torch.bfloat16), t)
+    assert cf.report_of(fused).kernels and built == []
+
+
 def test_the_registered_backend_name_and_options(capsys):
     torch.manual_seed(0)
     model = MLP()

@@ -47,7 +47,8 @@ class Options:
     execute: "auto" (the compiled kernel on CUDA, the interpreter elsewhere) or "interpret".
     method: "ilp" or "greedy"; time_limit: seconds for the ILP before the greedy fallback.
     report: print each graph's report when it is compiled (also with CODA_FUSION_REPORT=1).
-    prebuild: build every kernel of a graph in parallel (coda_ext.prebuild) before it first runs.
+    prebuild: build every kernel of a graph in parallel (coda_ext.prebuild) before it first runs (CUDA inputs
+        only: on the CPU the kernels run in the interpreter, target="cuda" or not).
     cudagraphs: record the Inductor fallback's graphs, fused kernels included, into CUDA graphs and replay
         them (Inductor's cudagraph trees, as torch.compile's mode="reduce-overhead"; cudagraphs.py): the
         host launches one graph instead of each kernel. Needs the Inductor fallback ("auto" on CUDA);
@@ -254,7 +255,7 @@ class CodaBackend:
                                              forward_outputs)
             self.report.add(rep)
             self.lowered += lowered
-            if opts.prebuild and target == "cuda" and opts.execute == "auto" and not self.plan_only:
+            if opts.prebuild and on_cuda and target == "cuda" and opts.execute == "auto" and not self.plan_only:
                 self._prebuild(lowered, rep)
             if opts.report or os.environ.get(REPORT_ENV, "") not in ("", "0"):
                 print(rep)
