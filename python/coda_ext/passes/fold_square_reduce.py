@@ -10,7 +10,8 @@ from ..graph import ir
 from .prune import prune
 
 
-def _squared(node: ir.Node) -> int | None:
+def squared(node: ir.Node) -> int | None:
+    """x where node is x * x (square(x) or mul(x, x)), else None."""
     if node.kind == "square":
         return node.inputs[0]
     if node.kind == "mul" and node.inputs[0] == node.inputs[1]:
@@ -24,7 +25,7 @@ def fold_square_reduce(graph: ir.GraphIR) -> ir.GraphIR:
     for i, n in enumerate(nodes):
         if n.kind in ("row_reduce", "col_reduce") and n.attr("op") == "sum":
             src = n.inputs[0]
-            base = _squared(nodes[src])
+            base = squared(nodes[src])
             if base is not None and len(consumers[src]) == 1:
                 attrs = dict(n.attrs)
                 attrs["op"] = "sumsq"

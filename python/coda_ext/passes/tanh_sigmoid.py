@@ -12,6 +12,7 @@ is (rewriting the rest would add the sigmoid to it). The reference interpreter r
 from __future__ import annotations
 
 from ..graph import ir
+from .fold_square_reduce import squared
 from .prune import prune
 
 
@@ -38,7 +39,7 @@ def _rewrites(graph: ir.GraphIR) -> dict[int, tuple[str, int]]:
             if cn.kind == "add" and len(set(cn.inputs)) == 2 and \
                     _const(nodes[cn.inputs[1] if cn.inputs[0] == t else cn.inputs[0]], 1.0):
                 found[c] = ("plus", t)
-            elif (cn.kind == "square" and cn.inputs == (t,)) or (cn.kind == "mul" and cn.inputs == (t, t)):
+            elif squared(cn) == t:
                 subs = [s for s in consumers[c] if nodes[s].kind == "sub" and nodes[s].inputs[1] == c
                         and _const(nodes[nodes[s].inputs[0]], 1.0)]
                 covered &= len(subs) == len(consumers[c])
