@@ -16,10 +16,8 @@ reductions an epilogue runs (aten_ir.MATH, aten_ir.REDUCTIONS).
   rules.ALIGN: BERT's and GPT-2's vocabularies): the row sum of where(onehot, x, 0) would cost the fallback a
   pass over the logits; there the logsumexp takes the form Inductor computes in one pass (max, then the sum
   of exp(x - max), its online softmax); the backward's row sum of nll_loss's gradient is the one value each
-  row holds where an epilogue takes the logits (no reduction in the kernel), and a reduction where the fallback
-  runs the backward: Inductor then writes the gradient in the reduction kernel's second loop over each row, where
-  a pointwise kernel over the padded (M, 50257) rows divides every flat index by the row length (GPT-2: 2.03 ms
-  against 1.71);
+  row holds, never a reduction (as a reduction, Inductor ran GPT-2's fallback backward in 5.31 ms against
+  2.03 for the pointwise form);
 - dropout with p = 0 or in eval mode becomes the identity; other dropout is left as it is (random: an
   epilogue has no seeded RNG, so it is not fused).
 
@@ -330,7 +328,7 @@ def _nll_loss(node: fx.Node, b: Emit, gather: bool = False) -> list | None:
     return [b.to(loss, dtype), total]
 
 
-def _nll_loss_backward(node: fx.Node, b: Emit, row_sum: bool = True) -> fx.Node | None:
+def _nll_loss_backward(node: fx.Node, b: Emit) -> fx.Node | None:
     grad, logp, target, weight, reduction, ignore, total = node.args[:7]
     if weight is not None or len(fx_util.shape(logp)) != 2 or reduction not in (0, 1, 2):
         return None
@@ -341,8 +339,6 @@ def _nll_loss_backward(node: fx.Node, b: Emit, row_sum: bool = True) -> fx.Node 
     if reduction == 0:
         scale = b(aten.unsqueeze.default, scale, 1)
     out = b.to(b.where(hit, scale, b.const(0.0, logp)), _out_dtype(node))
-    if not row_sum:
-        return out
     # each row holds one value (or none: an ignored target, or one out of range, which hits no class): its row
     # sum, as the rounded gradient holds it, without a reduction
     hits = b(aten.logical_and.default, valid, b(aten.unsqueeze.default, b(aten.logical_and.default, b(
@@ -407,8 +403,6 @@ def decompose(gm: fx.GraphModule, target: str = "interpret") -> fx.GraphModule:
         with graph.inserting_before(node):
             if rule is _nll_loss and _unfusable_classes(node.args[0], target):
                 out = _nll_loss(node, Emit(graph, fx_util.pass_tag(node)), gather=True)
-            elif rule is _nll_loss_backward and _unfusable_classes(node.args[1], target):
-                out = _nll_loss_backward(node, Emit(graph, fx_util.pass_tag(node)), row_sum=False)
             elif rule in (_log_softmax, _softmax) and _unfusable_classes(node.args[0], target):
                 out = rule(node, Emit(graph, fx_util.pass_tag(node)), online=True)
             else:
