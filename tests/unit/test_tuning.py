@@ -296,6 +296,37 @@ def test_auto_op_of_a_graph_that_only_smaller_tiles_fit():
     assert set(op.input_names) == {"z"} and op.config_for(16384, 4096, 4096).tile != (128, 256, 64)
 
 
+def test_auto_op_keeps_no_refusal_alive():
+    """Regression: the "auto" op kept the refusals of the candidates a graph did not fit in a list beside the
+    traceback that held it, a reference cycle holding every caller's frame: a compiled graph's tensors
+    outlived their last use until the garbage collector ran (Inductor's CUDA graph trees then found them
+    freed under their pool check: "storage data ptrs are not allocated in pool")."""
+    import gc
+    import weakref
+
+    import torch
+
+    def caller(t):
+        g = ce.Graph()
+        acc = g.accumulator()
+        e, o = g.pair_tile("z")
+        g.output(acc * e + o)
+        g.store_pairs("dz", acc, o)
+        g.store_pairs("dh", o, acc)
+        return TunedOp(g, "bfloat16", tune=False)   # the first candidate refuses this graph
+
+    gc.collect()
+    gc.disable()
+    try:
+        t = torch.empty(3)
+        alive = weakref.ref(t)
+        caller(t)
+        del t
+        assert alive() is None   # freed when its last reference went, not by the collector
+    finally:
+        gc.enable()
+
+
 def test_tuning_memory_keeps_operand_layouts_apart():
     assert tuning.memory_key("d", "bfloat16", 8, 8, 8, "H100") != tuning.memory_key("d", "bfloat16", 8, 8, 8, "H100",
                                                                                       "mn")

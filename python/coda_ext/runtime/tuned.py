@@ -45,14 +45,18 @@ class TunedOp(GraphOp):
 
     def _first_source(self, graph: Any, dtype: Any):
         """The kernel source of the first candidate the graph fits (the interface does not depend on the
-        config; a heavy epilogue may not fit the first, 128x256, candidate's shared memory)."""
-        errors = []
+        config; a heavy epilogue may not fit the first, 128x256, candidate's shared memory). No refusal is
+        kept while the next is tried: a kept exception's traceback holds its callers' frames (a compiled
+        graph's, with its tensors) in a reference cycle until the garbage collector runs, and CUDA graph trees
+        find such tensors alive in their pool and then freed under them."""
         for c in self.candidates:
             try:
                 return kernel_source(graph, dtype, c)
-            except UnsupportedError as e:
-                errors.append(e)
-        raise errors[0]
+            except UnsupportedError:
+                continue
+        if not self.candidates:
+            raise UnsupportedError("coda_ext: no kernel config to build this graph with")
+        return kernel_source(graph, dtype, self.candidates[0])   # none fits: the first candidate's refusal
 
     def _laid_out(self, config: KernelConfig) -> KernelConfig:
         """The config with this op's operand layout."""
