@@ -283,16 +283,21 @@ def test_column_reduction_with_a_too_small_epilogue_tile_is_refused_before_nvcc(
     ce.emit_source(g, "bfloat16", dataclasses.replace(cfg, epilogue_tile=(128, 32)))
 
 
-def test_auto_op_of_a_graph_that_only_smaller_tiles_fit():
-    """Regression: the "auto" op built its interface from the first candidate (cooperative 128x256) and so
-    refused a graph with heavy epilogue buffers that the other candidates fit."""
+def _only_smaller_tiles_fit() -> ce.Graph:
+    """A pair tile read and two pair stores: too much epilogue buffer for the first candidate (128x256)."""
     g = ce.Graph()
     acc = g.accumulator()
     e, o = g.pair_tile("z")
     g.output(acc * e + o)
     g.store_pairs("dz", acc, o)
     g.store_pairs("dh", o, acc)
-    op = TunedOp(g, "bfloat16", tune=False)
+    return g
+
+
+def test_auto_op_of_a_graph_that_only_smaller_tiles_fit():
+    """Regression: the "auto" op built its interface from the first candidate (cooperative 128x256) and so
+    refused a graph with heavy epilogue buffers that the other candidates fit."""
+    op = TunedOp(_only_smaller_tiles_fit(), "bfloat16", tune=False)
     assert set(op.input_names) == {"z"} and op.config_for(16384, 4096, 4096).tile != (128, 256, 64)
 
 
@@ -307,13 +312,7 @@ def test_auto_op_keeps_no_refusal_alive():
     import torch
 
     def caller(t):
-        g = ce.Graph()
-        acc = g.accumulator()
-        e, o = g.pair_tile("z")
-        g.output(acc * e + o)
-        g.store_pairs("dz", acc, o)
-        g.store_pairs("dh", o, acc)
-        return TunedOp(g, "bfloat16", tune=False)   # the first candidate refuses this graph
+        return TunedOp(_only_smaller_tiles_fit(), "bfloat16", tune=False)   # the first candidate refuses it
 
     gc.collect()
     gc.disable()
