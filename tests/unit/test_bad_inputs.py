@@ -70,3 +70,33 @@ def test_zz_count(capsys):
     with capsys.disabled():
         print(f"\nbad inputs: {COUNT['cases']} cases checked on CPU")
     assert COUNT["cases"] == 0 or COUNT["cases"] >= 2 * len(bad_inputs.CASES)
+
+
+def test_any_n_without_row_vectors_stores_padded_rows(stub_library, cpu_as_gpu):
+    """N = 50 (a vocabulary's width is no multiple of 8): a graph without row vectors launches, its (M, N)
+    outputs with rows padded to 16 bytes (the TMA store's need) and its fake giving the same strides (so a
+    compiled graph's layout asserts hold); a graph with a row vector names the vector and asks for N a multiple
+    of 8."""
+    from coda_ext import graphs
+    from coda_ext.runtime import checks
+    from coda_ext.runtime.op import CompiledOp
+    from coda_ext.runtime.torch_op import _run_graph_fake
+
+    def op_of(graph):
+        ks = ce.kernel_source(graph, "bfloat16")
+        return CompiledOp(ks.graph, ks.lowered, ks.dtype, ks.config, stub_library, ks.source)
+
+    A, W = torch.randn(37, 64, dtype=torch.bfloat16), torch.randn(50, 64, dtype=torch.bfloat16)
+    op = op_of(graphs.unary_b())            # D and three stores, no inputs
+    with pytest.raises(cpu_as_gpu) as e:
+        op(A, W)
+    outs = e.value.args[0]
+    tiles = [t for t in outs.values() if t.dim() == 2]
+    assert tiles and all(t.shape == (37, 50) and t.stride() == (56, 1) for t in tiles)
+    fake = _run_graph_fake(op.key, A.to("meta"), W.to("meta"), [], [])
+    assert [t.stride() for t in fake] == [outs[n].stride() for n in op.output_names]
+    assert checks.padded_strides((4, 9, 50), torch.bfloat16) == (9 * 56, 56, 1)
+    assert checks.padded_strides((4, 9, 48), torch.bfloat16) == (9 * 48, 48, 1)
+    with pytest.raises(ValueError, match=r"N = 50 \(W.shape\[0\]\) must be a multiple of 8 for this graph: its row "
+                                         r"vector input\(s\) \['bias'\]"):
+        op_of(graphs.acc_bias())(A, W, bias=torch.randn(50, dtype=torch.bfloat16))

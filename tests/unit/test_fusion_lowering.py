@@ -169,7 +169,10 @@ def test_the_cuda_rules_refuse_gemms_the_kernel_cannot_read():
 
     assert anchor_problem(t(64, 32), t(48, 32), "kk", "cuda") is None
     assert "K = 30" in anchor_problem(t(64, 30), t(48, 30), "kk", "cuda")
-    assert "N = 50" in anchor_problem(t(64, 32), t(50, 32), "kk", "cuda")
+    # any N where W is read K-major (its outputs get padded rows; a vocabulary of 50257), a multiple of 8 where
+    # W's stored rows are N long
+    assert anchor_problem(t(64, 32), t(50, 32), "kk", "cuda") is None
+    assert "N = 50" in anchor_problem(t(64, 32), t(32, 50), "kn", "cuda")
     assert "float32" in anchor_problem(t(64, 32, dtype=torch.float32), t(48, 32, dtype=torch.float32), "kk", "cuda")
     assert anchor_problem(t(64, 32, dtype=torch.float32), t(48, 32, dtype=torch.float32), "kk", "interpret") is None
     # regression: a weight gradient dzᵀ @ x reads A = dz M-major, so M (an odd vocabulary: a tied LM
@@ -236,3 +239,26 @@ def test_a_member_the_fallback_computes_again_and_no_member_reads_leaves_the_epi
     assert sum(n.target is KERNEL for n in out.graph.nodes) == 1
     for a, b in zip(f(*args), out(*args)):
         assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_the_fused_kernels_fake_gives_the_kernels_padded_rows():
+    """A fused kernel's results as the real op gives them: on CUDA its (M, N) outputs have rows padded to 16
+    bytes where N is no multiple of 8 (an LM head over 50257 classes), its reductions are plain vectors; in the
+    interpreter (CPU, or execute="interpret") everything is contiguous."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from coda_ext import graphs
+    from coda_ext.fusion.op import Output, Site, _fusion_kernel_fake
+
+    g = graphs.reductions().build()                       # D = acc, row and column reductions
+    names = {n.kind: n.name for n in g.nodes if n.name}
+    outs = (Output(names["output"], (2, 4, 50), torch.bfloat16), Output(g[g.find("row_reduce")[0]].name, (8,),
+                                                                        torch.float32))
+    for device, execute, padded in (("cuda", "auto", True), ("cuda", "interpret", False), ("cpu", "auto", False)):
+        site = Site(g, "bfloat16", "kk", (), outs, execute)
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            a = torch.empty(8, 64, dtype=torch.bfloat16, device=device)
+            w = torch.empty(50, 64, dtype=torch.bfloat16, device=device)
+            d, r = _fusion_kernel_fake(site.spec(), [a, w])
+        assert d.shape == (2, 4, 50) and d.stride() == ((4 * 56, 56, 1) if padded else (200, 50, 1)), device
+        assert r.shape == (8,) and r.stride() == (1,)

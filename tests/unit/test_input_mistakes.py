@@ -89,7 +89,7 @@ OP_MISTAKES = {   # id: (change of a valid call, error, message)
                              r"dimension to a multiple of 8\)")),
     "N not a multiple of 8": (dict(W=lambda a: a["W"][:68], bias=lambda a: a["bias"][:68],
                                    residual=lambda a: a["residual"][:, :68].contiguous()), ValueError,
-                              r"N = 68 \(W.shape\[0\]\) gives output rows of 136 bytes"),
+                              r"N = 68 \(W.shape\[0\]\) must be a multiple of 8 for this graph: its row vector"),
     "W dtype": (dict(W=lambda a: a["W"].half()), TypeError,
                 r"W has dtype torch.float16, expected torch.bfloat16; convert it with \.to\(torch.bfloat16\)"),
     "residual dtype": (dict(residual=lambda a: a["residual"].half()), TypeError,
@@ -161,8 +161,8 @@ READY_MISTAKES = {   # id: (call, the changed arguments, error, message)
     "linear_residual_norm N = 68": (
         lambda x, w, res, nw: ops.linear_residual_norm(x, w, res, nw),
         lambda a: dict(x=a["x"], w=a["w"][:68], res=a["res"][:, :68].contiguous(), nw=a["nw"][:68]), ValueError,
-        (r"linear_residual_norm: N = 68 \(weight.shape\[0\]\) gives output rows of 136 bytes; N must be a multiple "
-         r"of 8")),
+        (r"linear_residual_norm: N = 68 \(weight.shape\[0\]\) must be a multiple of 8 for this graph: its row "
+         r"vector input\(s\) \['norm_weight'\]")),
     "linear_dx weight rows read along N": (
         lambda dz, w: ops.linear_dx(dz, w),
         lambda a: dict(dz=torch.ones(M, 72, dtype=BF16), w=torch.ones(72, 60, dtype=BF16)), ValueError,

@@ -26,6 +26,7 @@ import torch
 from ..config import MAJORS
 from ..graph import interpret, ir
 from ..graph.canonical import as_ir
+from ..runtime import checks
 
 SPEC_VERSION = 1
 #: Roles of a kernel's tensor inputs: an (M, N) tile, a length-N row vector, a length-M column
@@ -184,8 +185,15 @@ for _key in ("CPU", "CUDA"):
 
 @torch.library.register_fake("coda_ext::fusion_kernel", lib=_LIB)
 def _fusion_kernel_fake(spec: str, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The results' shapes, dtypes and strides as the real op gives them: the kernel's (M, N) outputs have
+    16-byte rows (runtime.checks.empty_rows: padded where N is not a multiple of 8); the interpreter's are
+    contiguous."""
     site = load_site(spec)
-    return [tensors[0].new_empty(o.shape, dtype=o.dtype) for o in site.outputs]
+    like = tensors[0]
+    kernel = like.device.type == "cuda" and site.execute != "interpret"
+    return [checks.empty_rows(o.shape, o.dtype, like.device)
+            if kernel and site.graph[site.graph.named(o.name)].kind in ("output", "store")
+            else like.new_empty(o.shape, dtype=o.dtype) for o in site.outputs]
 
 
 fusion_kernel = torch.ops.coda_ext.fusion_kernel.default

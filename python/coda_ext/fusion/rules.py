@@ -1,8 +1,9 @@
 """What a fused kernel accepts: the one home of the kernel's limits as the fusion compiler applies them.
 
 target "cuda": the SM90 kernel (README "Requirements on inputs"): bf16/fp16 GEMM operands of one
-dtype, K and N multiples of 8 (and M where A is read M-major: a weight gradient), operands stored
-contiguously (read in place through `major`).
+dtype, K a multiple of 8 (and N where W is read N-major, M where A is read M-major: a weight gradient),
+operands stored contiguously (read in place through `major`); an N that is not a multiple of 8 (a
+vocabulary) loads no tile or row vector of that width, and its outputs are stored with padded rows.
 target "interpret": the reference interpreter (CPU tests): any float GEMM, any layout.
 Both: at most graph.verify.MAX_SLOTS runtime inputs and outputs and MAX_REDUCTIONS reductions per
 graph; tiles are float; vectors float or integer (bool vectors are widened to fp32 by the call);
@@ -49,8 +50,10 @@ def anchor_problem(a: torch.Tensor, w: torch.Tensor, major: str, target: str) ->
     if target == "cuda":
         K = a.shape[1] if major[0] == "k" else a.shape[0]
         N = w.shape[0] if major[1] == "k" else w.shape[1]
-        if K % ALIGN or N % ALIGN:
-            return f"K = {K} and N = {N} must be multiples of {ALIGN} (16-byte rows)"
+        if K % ALIGN:
+            return f"K = {K} must be a multiple of {ALIGN} (16-byte rows)"
+        if major[1] == "n" and N % ALIGN:   # W read N-major: its stored rows are N long
+            return f"N = {N} must be a multiple of {ALIGN} where W is read N-major (16-byte rows)"
         if major[0] == "m" and a.shape[1] % ALIGN:   # A read M-major: its stored rows are M long
             return f"M = {a.shape[1]} must be a multiple of {ALIGN} where A is read M-major (16-byte rows)"
         if not (a.is_contiguous() and w.is_contiguous()):
@@ -58,8 +61,14 @@ def anchor_problem(a: torch.Tensor, w: torch.Tensor, major: str, target: str) ->
     return None
 
 
-def loadable(role: str, dtype: torch.dtype) -> bool:
-    """Whether an epilogue can read a tensor of `dtype` in `role` (tile, row, col, scalar)."""
+def loadable(role: str, dtype: torch.dtype, columns: int | None = None, target: str = "interpret") -> bool:
+    """Whether an epilogue can read a tensor of `dtype` in `role` (tile, row, col, scalar) in a frame of
+    `columns` columns. On "cuda", a tile or row vector whose rows are not a multiple of 16 bytes (an N that is
+    not a multiple of 8, such as a 50257-token vocabulary) is not loaded: its producer joins the epilogue (the
+    kernel's own outputs of such a width are stored with padded rows)."""
+    if target == "cuda" and role in ("tile", "row") and columns is not None and \
+            (columns * dtype.itemsize) % 16:
+        return False
     if role == "tile":
         return dtype in FLOAT
     return dtype in VECTOR

@@ -52,6 +52,26 @@ def require_sm90(device: torch.device) -> None:
         _SM90_DEVICES.add(device.index)
 
 
+def padded_strides(shape: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+    """Strides of a tensor of `shape` whose rows (the last dim) start 16 bytes apart, as the TMA store of an
+    output needs: contiguous where they already do, the rows padded otherwise (N = 50257 bf16 columns: rows of
+    50264). The leading dims (M, or batch and sequence) may be symbolic."""
+    per = max(1, _ALIGN // dtype.itemsize)
+    strides: list[Any] = [1]
+    if len(shape) >= 2:
+        strides.insert(0, -(-shape[-1] // per) * per)
+        for d in reversed(shape[1:-1]):
+            strides.insert(0, strides[0] * d)
+    return tuple(strides)
+
+
+def empty_rows(shape: tuple[Any, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """An output of `shape` with 16-byte rows (padded_strides; contiguous where they already are)."""
+    if isinstance(shape[-1], int) and (shape[-1] * dtype.itemsize) % _ALIGN == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.empty_strided(shape, padded_strides(shape, dtype), dtype=dtype, device=device)
+
+
 def check_device(name: str, t: torch.Tensor, device: torch.device | None) -> None:
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device} but the GEMM operands are on {device}; move it with "
@@ -80,12 +100,12 @@ def check_tensor(name: str, t: Any, *, dtype: torch.dtype, device: torch.device 
     return t
 
 
-def check_operands(A: Any, W: Any, dtype: torch.dtype, has_d: bool = True, major: str = "kk",
+def check_operands(A: Any, W: Any, dtype: torch.dtype, major: str = "kk",
                    names: tuple[str, str] = ("A", "W")) -> tuple[int, int, int]:
     """A (M, K) and W (N, K), each contiguous along the dimension `major` names (config.MAJORS: "k" for
-    A or W, "m" for A, "n" for W), W on A's device. Returns (M, N, K). has_d: the kernel writes D (its
-    rows must be 16-byte aligned for the TMA store). names: how the caller calls A and W. Not checked
-    here: that A's device is an SM90 GPU (require_gpu, last)."""
+    A or W, "m" for A, "n" for W), W on A's device. Returns (M, N, K). Any N: the op gives D and its other
+    tile outputs 16-byte rows (empty_rows). names: how the caller calls A and W. Not checked here: that A's
+    device is an SM90 GPU (require_gpu, last)."""
     M, N, K = signature.check_operands(A, W, names)
     if M < 1 or N < 1 or K < 1:
         raise ValueError(f"empty problem: M={M}, N={N}, K={K}; every dimension must be at least 1")
@@ -96,10 +116,6 @@ def check_operands(A: Any, W: Any, dtype: torch.dtype, has_d: bool = True, major
             check_tensor(name, t, dtype=dtype, device=A.device, shape=tuple(t.shape))
         else:
             _check_transposed(name, t, dtype, A.device, rows)
-    esize = A.element_size()
-    if has_d and (N * esize) % _ALIGN:
-        raise ValueError(f"N = {N} ({names[1]}.shape[0]) gives output rows of {N * esize} bytes; N must be a "
-                         f"multiple of {_ALIGN // esize} for the TMA store of D")
     return M, N, K
 
 

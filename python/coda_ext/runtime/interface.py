@@ -63,6 +63,8 @@ class GraphOp:
         main = (self.output_name,) if self.output_name else ()
         self.output_names = main + tuple(
             s.name for s in self.slots if s.kind not in ir.INPUT_KINDS and s.kind != "scalar")
+        #: outputs in the GEMM's (M, N) frame: their rows start 16 bytes apart (checks.empty_rows), so any N stores
+        self.tile_outputs = frozenset(main + tuple(s.name for s in self.slots if s.kind == "store"))
         self.pairs, self.segment = signature.columns(lowered)
         self._checked: dict[tuple, tuple[int, int, int]] = {}   # (M, N, K) per argument layout check_call passed
         self.key = register(key, self)
@@ -91,6 +93,13 @@ class GraphOp:
             return (M,), torch.float32
         return (N,), torch.float32  # col_reduce
 
+    def empty_output(self, name: str, M: Any, N: Any, device: Any) -> torch.Tensor:
+        """A new tensor for output `name` (the real op's and the fake's: the same strides)."""
+        shape, dtype = self.output_spec(name, M, N)
+        if name in self.tile_outputs:
+            return checks.empty_rows(shape, dtype, device)
+        return torch.empty(shape, dtype=dtype, device=device)
+
     def input_shape(self, name: str, M: Any, N: Any) -> tuple[Any, ...] | None:
         return signature.input_shape(self._slot(name).kind, M, N)
 
@@ -114,9 +123,13 @@ class GraphOp:
         A's device). Fake and meta tensors get the same checks (no data pointers). operands: what the
         caller calls A and W. Returns (M, N, K)."""
         self.check_names(inputs, out)
-        M, N, K = checks.check_operands(A, W, self.dtype, has_d=self.output_name is not None, major=self.major,
-                                        names=operands)
+        M, N, K = checks.check_operands(A, W, self.dtype, major=self.major, names=operands)
         signature.check_columns(N, self.pairs, self.segment)
+        short = [s.name for s in self.slots if s.kind == "row_vector" and (N * torch_dtype(s.dtype).itemsize) % 16]
+        if short:
+            raise ValueError(f"N = {N} ({operands[1]}.shape[0]) must be a multiple of 8 for this graph: its row "
+                             f"vector input(s) {short} are read 16 bytes at a time (a graph without row vectors "
+                             "takes any N: its outputs are stored with padded rows)")
         device = A.device
         for s in self.slots:
             if s.kind == "scalar" and s.mode == "value":
