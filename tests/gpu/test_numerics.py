@@ -41,6 +41,30 @@ def test_compiled_matches_interpreter(compiled_ops, case, dtype, M, N, K):
     check_against_reference(op, graph, A, W, inputs, got, f"{case}/{dtype}/{M}x{N}x{K}")
 
 
+@pytest.mark.parametrize("M,N,K", [(77, 203, 136), (1000, 4099, 264), (130, 50257, 64)],
+                         ids=["77x203x136", "1000x4099x264", "130x50257x64"])
+@pytest.mark.parametrize("case", ["reductions", "unary_b"])
+def test_any_n_without_row_vectors(compiled_ops, case, M, N, K):
+    """N that is no multiple of 8 (an LM head's vocabulary): a graph without row vectors stores its (M, N)
+    outputs with rows padded to 16 bytes, every element within the rule, whether the op allocates them or
+    they are given (poisoned) with that layout."""
+    dtype = cases.CASES[case][1][0]
+    op = compiled_ops[(case, dtype)]
+    gen = rand.generator("any_n", case, M, N, K, device="cuda")
+    A, W, inputs = rand.op_inputs(op, M, N, K, gen)
+    with checks.nan_memory():
+        got = op(A, W, **inputs)
+    torch.cuda.synchronize()
+    for name in op.tile_outputs:
+        per = 16 // got[name].element_size()
+        assert got[name].stride() == (-(-N // per) * per, 1), name
+    check_against_reference(op, cases.CASES[case][0](), A, W, inputs, got, f"any_n/{case}/{M}x{N}x{K}")
+    given = op(A, W, out=checks.nan_outputs(op, M, N), **inputs)
+    torch.cuda.synchronize()
+    for name in got:
+        assert torch.equal(given[name], got[name]), name
+
+
 @pytest.mark.parametrize("case", ["design", "example", "reductions"])
 def test_reductions_relaunch(compiled_ops, case):
     """Re-launching gives correct, bit-identical reductions every time (no stale counters,
