@@ -133,6 +133,21 @@ struct EpilogueGemm {
     return args;
   }
 
+  // CUTLASS's can_implement asks the contiguous extent N of D (and C) to be a multiple of 16 bytes, but TMA
+  // needs only 16-byte aligned bases and row strides, which the runtime gives every output (rows padded to 16
+  // bytes). Where N is not B's contiguous extent (B read K-major), CUTLASS's check runs at N rounded up to 16
+  // elements (the strides are still checked as given) and the fusion's own checks run at the true N too.
+  static bool implementable(Arguments const& args) {
+    if constexpr (cutlass::detail::is_major<0, typename CollectiveMainloop::StrideB>()) {
+      return Kernel::can_implement(args);
+    } else {
+      Arguments padded = args;
+      cute::get<1>(padded.problem_shape) = (cute::get<1>(args.problem_shape) + 15) / 16 * 16;
+      return Kernel::can_implement(padded) &&
+             CollectiveEpilogue::FusionCallbacks::can_implement(args.problem_shape, args.epilogue.thread);
+    }
+  }
+
   static size_t partials_bytes(ReductionList const& reductions, int64_t M, int64_t N) {
     size_t bytes = 0;
     for (int i = 0; i < reductions.count; ++i) {
@@ -212,7 +227,7 @@ struct EpilogueGemm {
     }
 
     Arguments args = gemm_arguments(L, make_fusion(L, partials));
-    if (!Kernel::can_implement(args))
+    if (!implementable(args))
       return fail(CODA_ERROR_CAN_IMPLEMENT, "CUTLASS can_implement rejected the problem", nullptr);
     cutlass::Status status = Kernel::initialize_workspace(args, gemm_ws ? base : nullptr, stream, nullptr);
     if (status != cutlass::Status::kSuccess)
