@@ -135,14 +135,21 @@ struct EpilogueGemm {
 
   // CUTLASS's can_implement asks the contiguous extent N of D (and C) to be a multiple of 16 bytes, but TMA
   // needs only 16-byte aligned bases and row strides, which the runtime gives every output (rows padded to 16
-  // bytes). Where N is not B's contiguous extent (B read K-major), CUTLASS's check runs at N rounded up to 16
-  // elements (the strides are still checked as given) and the fusion's own checks run at the true N too.
+  // bytes). Where N is not B's contiguous extent (B read K-major) and not such a multiple, CUTLASS's check
+  // runs at N rounded up to one (the strides are still checked as given) and the fusion's own checks at the
+  // true N too; any other N is checked exactly as CUTLASS does.
   static bool implementable(Arguments const& args) {
+    constexpr int kBitsD = cutlass::sizeof_bits<ElementD>::value;
+    constexpr int kBitsC = cute::is_void_v<typename Cfg::ElementC> ? kBitsD
+                                                                    : cutlass::sizeof_bits<typename Cfg::ElementC>::value;
+    constexpr int kAlign = 128 / (kBitsD < kBitsC ? kBitsD : kBitsC);   // elements in 16 bytes, the narrower type
+    int const N = cute::get<1>(args.problem_shape);
     if constexpr (cutlass::detail::is_major<0, typename CollectiveMainloop::StrideB>()) {
       return Kernel::can_implement(args);
     } else {
+      if (N % kAlign == 0) return Kernel::can_implement(args);
       Arguments padded = args;
-      cute::get<1>(padded.problem_shape) = (cute::get<1>(args.problem_shape) + 15) / 16 * 16;
+      cute::get<1>(padded.problem_shape) = (N + kAlign - 1) / kAlign * kAlign;
       return Kernel::can_implement(padded) &&
              CollectiveEpilogue::FusionCallbacks::can_implement(args.problem_shape, args.epilogue.thread);
     }
