@@ -133,16 +133,24 @@ struct EpilogueGemm {
     return args;
   }
 
+  // Elements of the narrower of D and C in 16 bytes (1 where the kernel has neither: no tile goes through TMA).
+  static constexpr int tma_row_elements() {
+    int bits = 0;
+    if constexpr (!cute::is_void_v<ElementD>) bits = cutlass::sizeof_bits<ElementD>::value;
+    if constexpr (!cute::is_void_v<typename Cfg::ElementC>) {
+      constexpr int c = cutlass::sizeof_bits<typename Cfg::ElementC>::value;
+      bits = (bits == 0 || c < bits) ? c : bits;
+    }
+    return bits == 0 ? 1 : 128 / bits;
+  }
+
   // CUTLASS's can_implement asks the contiguous extent N of D (and C) to be a multiple of 16 bytes, but TMA
   // needs only 16-byte aligned bases and row strides, which the runtime gives every output (rows padded to 16
   // bytes). Where N is not B's contiguous extent (B read K-major) and not such a multiple, CUTLASS's check
   // runs at N rounded up to one (the strides are still checked as given) and the fusion's own checks at the
   // true N too; any other N is checked exactly as CUTLASS does.
   static bool implementable(Arguments const& args) {
-    constexpr int kBitsD = cutlass::sizeof_bits<ElementD>::value;
-    constexpr int kBitsC = cute::is_void_v<typename Cfg::ElementC> ? kBitsD
-                                                                    : cutlass::sizeof_bits<typename Cfg::ElementC>::value;
-    constexpr int kAlign = 128 / (kBitsD < kBitsC ? kBitsD : kBitsC);   // elements in 16 bytes, the narrower type
+    constexpr int kAlign = tma_row_elements();
     int const N = cute::get<1>(args.problem_shape);
     if constexpr (cutlass::detail::is_major<0, typename CollectiveMainloop::StrideB>()) {
       return Kernel::can_implement(args);
