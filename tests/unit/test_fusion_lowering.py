@@ -169,9 +169,9 @@ def test_the_cuda_rules_refuse_gemms_the_kernel_cannot_read():
 
     assert anchor_problem(t(64, 32), t(48, 32), "kk", "cuda") is None
     assert "K = 30" in anchor_problem(t(64, 30), t(48, 30), "kk", "cuda")
-    # any N where W is read K-major (its outputs get padded rows; a vocabulary of 50257), a multiple of 8 where
-    # W's stored rows are N long
-    assert anchor_problem(t(64, 32), t(50, 32), "kk", "cuda") is None
+    # the kernel takes any N read K-major, but the fusion compiler leaves an odd N (a vocabulary) plain: its
+    # fused LM head measured slower than cuBLAS and Inductor's cross-entropy
+    assert "N = 50" in anchor_problem(t(64, 32), t(50, 32), "kk", "cuda")
     assert "N = 50" in anchor_problem(t(64, 32), t(32, 50), "kn", "cuda")
     assert "float32" in anchor_problem(t(64, 32, dtype=torch.float32), t(48, 32, dtype=torch.float32), "kk", "cuda")
     assert anchor_problem(t(64, 32, dtype=torch.float32), t(48, 32, dtype=torch.float32), "kk", "interpret") is None

@@ -169,7 +169,7 @@ def test_norm_fold_leaves_norms_it_should_not_fold():
     # a reader that is no GEMM and no element-wise math (a reduction over the rows): y is needed anyway
     other = _before_fold(lambda x, g, b, w1, b1, w2, b2: [F.linear(ln(x, g, b), w1, b1), ln(x, g, b).sum(0)], *args)
     assert norm_fold(other, cost=FOLD).meta[META] == []
-    # on the GPU kernel's rules a GEMM of N = 12 (not a multiple of 8) loads no row vector: the fold needs them
+    # on the GPU kernel's rules a GEMM of N = 12 (not a multiple of 8) cannot anchor an epilogue
     bf = [t.to(torch.bfloat16) for t in args]
     gm16 = _before_fold(lambda x, g, b, w1, b1, w2, b2: F.linear(ln(x, g, b), w1, b1), *bf)
     assert norm_fold(gm16, "cuda", cost=FOLD).meta[META] == []

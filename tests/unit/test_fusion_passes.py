@@ -257,31 +257,6 @@ def test_cross_entropy_gathers_the_target_where_no_epilogue_takes_the_logits(red
         same(gm, out, x, t, grad)
 
 
-def test_cross_entropy_over_an_lm_heads_odd_classes_keeps_the_forms_its_epilogue_takes():
-    """Logits straight from an mm whose W is stored (N, K) (an LM head without a bias) are the output of a GEMM
-    whose epilogue takes any N: 10 classes keep the logsumexp and the row-sum pick the epilogue runs; from a W
-    stored (K, N) (read N-major: N must be a multiple of 8) they take the fallback's forms (gather, online)."""
-    g = gen(12)
-    h, w, grad = randn(g, 6, 8), randn(g, 10, 8), randn(g)
-    t = torch.tensor([1, 9, -100, 0, 4, -100])
-
-    def loss(x, t, grad):
-        return _cross_entropy_joint(1)(x, t, grad)
-
-    def head(stored_nk):
-        def fn(h, w, t, grad):
-            x = aten.mm.default(h, aten.t.default(w) if stored_nk else aten.clone.default(w.t()))
-            return loss(x, t, grad)
-        return fn
-
-    for stored_nk, gathers in ((True, False), (False, True)):
-        gm = trace(head(stored_nk), h, w, t, grad)
-        out = decompose(gm, "cuda")
-        assert (aten.gather.default in targets(out)) == gathers
-        assert (aten.logsumexp.default in targets(out)) != gathers
-        same(gm, out, h, w, t, grad)
-
-
 def test_softmax_and_its_backward():
     g = gen(10)
     x, dy = randn(g, 4, 9), randn(g, 4, 9)

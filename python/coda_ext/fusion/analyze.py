@@ -75,7 +75,7 @@ def shape_role(shape: tuple[int, ...], out: tuple[int, ...]) -> str | None:
     return None
 
 
-def _load(x: fx.Node, out: tuple[int, ...], target: str = "interpret") -> tuple[str | None, fx.Node]:
+def _load(x: fx.Node, out: tuple[int, ...]) -> tuple[str | None, fx.Node]:
     """The role x plays in a value of shape `out` and the node to load for it: a vector broadcast by a
     view or expand is loaded as the vector it came from, a tile as the value its aliases show, and a
     16-bit value widened to fp32 as stored (the epilogue widens it)."""
@@ -96,7 +96,7 @@ def _load(x: fx.Node, out: tuple[int, ...], target: str = "interpret") -> tuple[
         while aten_ir.is_widening(x):
             x = x.args[0]
     dtype = fx_util.dtype(x)
-    if role is None or dtype is None or not rules.loadable(role, dtype, out[-1] if out else None, target):
+    if role is None or dtype is None or not rules.loadable(role, dtype):
         return None, x
     return role, x
 
@@ -136,7 +136,7 @@ def analyze(gm: fx.GraphModule, target: str = "interpret", forward_outputs: int 
         n = aten_ir.arange_length(x)
         if n is not None and out and n == out[-1] and fx_util.shape(x) == (n,):
             return Operand(None, "col_index"), x
-        role, load = _load(x, out, target)
+        role, load = _load(x, out)
         return Operand(pid(load), role), load
 
     for node in gm.graph.nodes:

@@ -1,9 +1,11 @@
 """What a fused kernel accepts: the one home of the kernel's limits as the fusion compiler applies them.
 
 target "cuda": the SM90 kernel (README "Requirements on inputs"): bf16/fp16 GEMM operands of one
-dtype, K a multiple of 8 (and N where W is read N-major, M where A is read M-major: a weight gradient),
-operands stored contiguously (read in place through `major`); an N that is not a multiple of 8 (a
-vocabulary) loads no tile or row vector of that width, and its outputs are stored with padded rows.
+dtype, K and N multiples of 8 (and M where A is read M-major: a weight gradient), operands stored
+contiguously (read in place through `major`). The kernel itself takes any N where W is read K-major (its
+outputs get padded rows), but the fusion compiler leaves such a GEMM plain: GPT-2's LM head over 50257
+classes with its cross-entropy's logsumexp and target logit in the epilogue measured slower than cuBLAS and
+Inductor's kernels (docs/measured.md, "An LM head over an odd vocabulary").
 target "interpret": the reference interpreter (CPU tests): any float GEMM, any layout.
 Both: at most graph.verify.MAX_SLOTS runtime inputs and outputs and MAX_REDUCTIONS reductions per
 graph; tiles are float; vectors float or integer (bool vectors are widened to fp32 by the call);
@@ -50,10 +52,8 @@ def anchor_problem(a: torch.Tensor, w: torch.Tensor, major: str, target: str) ->
     if target == "cuda":
         K = a.shape[1] if major[0] == "k" else a.shape[0]
         N = w.shape[0] if major[1] == "k" else w.shape[1]
-        if K % ALIGN:
-            return f"K = {K} must be a multiple of {ALIGN} (16-byte rows)"
-        if major[1] == "n" and N % ALIGN:   # W read N-major: its stored rows are N long
-            return f"N = {N} must be a multiple of {ALIGN} where W is read N-major (16-byte rows)"
+        if K % ALIGN or N % ALIGN:
+            return f"K = {K} and N = {N} must be multiples of {ALIGN} (16-byte rows; the fusion compiler leaves an odd N plain)"
         if major[0] == "m" and a.shape[1] % ALIGN:   # A read M-major: its stored rows are M long
             return f"M = {a.shape[1]} must be a multiple of {ALIGN} where A is read M-major (16-byte rows)"
         if not (a.is_contiguous() and w.is_contiguous()):
@@ -61,14 +61,8 @@ def anchor_problem(a: torch.Tensor, w: torch.Tensor, major: str, target: str) ->
     return None
 
 
-def loadable(role: str, dtype: torch.dtype, columns: int | None = None, target: str = "interpret") -> bool:
-    """Whether an epilogue can read a tensor of `dtype` in `role` (tile, row, col, scalar) in a frame of
-    `columns` columns. On "cuda", a tile or row vector whose rows are not a multiple of 16 bytes (an N that is
-    not a multiple of 8, such as a 50257-token vocabulary) is not loaded: its producer joins the epilogue (the
-    kernel's own outputs of such a width are stored with padded rows)."""
-    if target == "cuda" and role in ("tile", "row") and columns is not None and \
-            (columns * dtype.itemsize) % 16:
-        return False
+def loadable(role: str, dtype: torch.dtype) -> bool:
+    """Whether an epilogue can read a tensor of `dtype` in `role` (tile, row, col, scalar)."""
     if role == "tile":
         return dtype in FLOAT
     return dtype in VECTOR

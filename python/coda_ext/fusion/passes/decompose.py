@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .. import aten_ir, fx_util
+from .. import fx_util
 from ..rules import ALIGN
 from .emit import Emit
 
@@ -384,27 +384,11 @@ if hasattr(aten, "_fused_rms_norm_backward"):
     RULES[aten._fused_rms_norm_backward.default] = _rms_norm_backward
 
 
-def _gemm_output(x: Any) -> bool:
-    """Whether x is, through views and dtype conversions, the product of an mm whose W is stored (N, K) (read
-    K-major): a GEMM whose epilogue takes any N (its outputs stored with padded rows)."""
-    while isinstance(x, fx.Node) and x.op == "call_function" and x.target in aten_ir.VIEWS | aten_ir.CONVERTS:
-        x = x.args[0]
-    if not (isinstance(x, fx.Node) and x.op == "call_function" and x.target is aten.mm.default):
-        return False
-    w = x.args[1]
-    return isinstance(w, fx.Node) and w.target is aten.t.default and fx_util.is_contiguous(w.args[0])
-
-
-def _unfusable_classes(v: Any, target: str) -> bool:
-    """Whether the classes of v (a (log-)softmax's input, or nll_loss's log-probabilities) are a last dim no
-    epilogue of `target` takes: on "cuda", a count that is not a multiple of ALIGN, unless the logits come
-    straight from a GEMM whose W is read K-major (an LM head without a bias: its epilogue takes them; a
-    bias of that length is a row vector the kernel does not load)."""
-    shape = fx_util.shape(v)
-    if not (target == "cuda" and len(shape) >= 1 and shape[-1] % ALIGN != 0):
-        return False
-    split = _log_softmax_input(v)
-    return not _gemm_output(split[0] if split is not None else v)
+def _unfusable_classes(x: Any, target: str) -> bool:
+    """Whether x's last dim (a (log-)softmax's or nll_loss's classes) is one no epilogue of `target` can take
+    (the "cuda" kernel's N is a multiple of ALIGN)."""
+    shape = fx_util.shape(x)
+    return target == "cuda" and len(shape) >= 1 and shape[-1] % ALIGN != 0
 
 
 def decompose(gm: fx.GraphModule, target: str = "interpret") -> fx.GraphModule:

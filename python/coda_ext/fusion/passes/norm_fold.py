@@ -135,8 +135,7 @@ def _plan(norm: Norm, backward: set[fx.Node], target: str, cost: CostModel
         held = path[-1] if path else norm.y
         if _call(u, GEMM) and u.args[0] is held and u.args[1] is not held and u.args[2][0] == "k" \
                 and len(fx_util.shape(held)) == 2 \
-                and rules.anchor_problem(fx_util.val(held), fx_util.val(u.args[1]), u.args[2], target) is None \
-                and rules.loadable("row", fx_util.dtype(u), fx_util.shape(u)[-1], target):   # the fold's row vectors
+                and rules.anchor_problem(fx_util.val(held), fx_util.val(u.args[1]), u.args[2], target) is None:
             gemms.append(u)
         elif u.op == "call_function" and aten_ir.math_problem(u) is None \
                 and fx_util.shape(u)[-1:] == fx_util.shape(norm.y)[-1:]:
