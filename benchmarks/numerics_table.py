@@ -92,6 +92,7 @@ def _unary(dtype: str) -> fz.Case:
     c.store("gelu_erf", c.add("ce.gelu({0})", a))
     c.store("gelu_tanh", c.add("ce.gelu({0}, approximate='tanh')", a))
     c.store("gelu_erf_grad", c.add("ce.gelu_grad({0})", a))
+    c.store("gelu_tanh_grad", c.add("ce.gelu_grad({0}, approximate='tanh')", a))
     return c.case(dtype)
 
 
@@ -194,6 +195,7 @@ LABELS = {
     "unary/sqrt": "sqrt (of abs(acc))", "unary/rsqrt": "rsqrt (of abs(acc) + 0.5)", "unary/square": "square",
     "unary/tanh": "tanh", "unary/sigmoid": "sigmoid", "unary/silu": "silu", "unary/gelu_erf": "gelu (erf)",
     "unary/gelu_tanh": "gelu (tanh)", "unary/gelu_erf_grad": "gelu_grad (erf)",
+    "unary/gelu_tanh_grad": "gelu_grad (tanh)",
     "select/neg": "neg", "select/abs": "abs", "select/relu": "relu", "select/max": "max (acc, tile)",
     "select/min": "min (acc, row vector)", "select/cast_bf16": "cast to bf16", "select/cast_fp16": "cast to fp16",
     "select/where_lt": "where(lt(acc, tile), acc, row)",

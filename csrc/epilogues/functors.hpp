@@ -112,10 +112,28 @@ struct Tanh { CUTLASS_HOST_DEVICE float operator()(float a) const { return tanhf
 struct Sigmoid { CUTLASS_HOST_DEVICE float operator()(float a) const { return fast_sigmoid(a); } };
 struct Silu { CUTLASS_HOST_DEVICE float operator()(float a) const { return a * fast_sigmoid(a); } };
 struct Relu { CUTLASS_HOST_DEVICE float operator()(float a) const { return (a != a) ? a : (a > 0.f ? a : 0.f); } };
-struct GeluTanh {  // 0.5 a (1 + tanh(y)) == a * sigmoid(2y)
+// GELU's tanh form: 0.5 a (1 + tanh(y)) = a s with s = sigmoid(2y) = 1 / (1 + 2^u), where
+// 2y = a (k1 + k3 a²), k1 = 2 √(2/π), k3 = 0.044715 k1, and u = -2y log2(e) = a (c1 + c3 a²): the
+// exponent's scale folded into the constants (three FMUL/FFMA, one ex2, one rcp, one FMUL).
+struct GeluTanhParts {
+  float e;   // 2^u = exp(-2y)
+  float s;   // sigmoid(2y)
+};
+CUTLASS_HOST_DEVICE GeluTanhParts gelu_tanh_parts(float a, float a2) {
+  float e = fast_exp2(a * fmaf(-0.10294323958002350f, a2, -2.3022081981443250f));   // c3, c1
+  return {e, fast_rcp(1.0f + e)};   // a -> -inf: e = inf, s = 0
+}
+struct GeluTanh {
+  CUTLASS_HOST_DEVICE float operator()(float a) const { return a * gelu_tanh_parts(a, a * a).s; }
+};
+// Its derivative: d/da (a s) = s + a (2y)' s (1 - s), (2y)' = k1 + 3 k3 a², and 1 - s = e s (no
+// cancellation where s is near 1; where e overflows s is 0 and so is the term: the min keeps inf * 0 out).
+struct GeluTanhGrad {
   CUTLASS_HOST_DEVICE float operator()(float a) const {
-    constexpr float kTwoAlpha = 1.5957691216057308f;  // 2 * sqrt(2 / pi)
-    return a * fast_sigmoid(kTwoAlpha * (a + 0.044715f * a * a * a));
+    float a2 = a * a;
+    GeluTanhParts p = gelu_tanh_parts(a, a2);
+    float ds = p.s * fminf(p.e * p.s, 1.0f);   // s (1 - s); NaN stays NaN (fminf(NaN, 1) = 1, s NaN)
+    return fmaf(a * ds, fmaf(0.21406444881780073f, a2, 1.5957691216057308f), p.s);   // 3 k3, k1
   }
 };
 // Φ(a), the standard normal CDF, from exp(-a² / 2) (which φ(a), GELU's derivative, shares): with
@@ -230,6 +248,7 @@ CODA_EPI_FUNCTOR(Sigmoid)
 CODA_EPI_FUNCTOR(Silu)
 CODA_EPI_FUNCTOR(Relu)
 CODA_EPI_FUNCTOR(GeluTanh)
+CODA_EPI_FUNCTOR(GeluTanhGrad)
 CODA_EPI_FUNCTOR(GeluErf)
 CODA_EPI_FUNCTOR(GeluErfGrad)
 CODA_EPI_FUNCTOR(PlusSquare)

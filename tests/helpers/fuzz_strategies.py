@@ -91,6 +91,7 @@ def _relu(x): return torch.where(x > 0, x, torch.where(torch.isnan(x), x, torch.
 def _gelu_erf(x): return 0.5 * x * (1 + torch.erf(x * math.sqrt(0.5)))
 def _gelu_erf_grad(x): return 0.5 * (1 + torch.erf(x * math.sqrt(0.5))) + x * torch.exp(-0.5 * x * x) * _INV_SQRT_2PI
 def _gelu_tanh(x): return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+def _gelu_tanh_grad(x): return torch.func.grad(lambda v: _gelu_tanh(v).sum())(x)
 def _cast(x, dtype): return x.to(TORCH[dtype]).to(x.dtype)
 def _where(c, a, b): return torch.where(c != 0, a, b)
 def _compare(fn): return lambda a, b: fn(a, b).to(torch.promote_types(a.dtype, b.dtype))
@@ -261,6 +262,7 @@ OPS = [
     Row("gelu_erf", "ce.gelu({0}, approximate='none')", _gelu_erf),
     Row("gelu_tanh", "ce.gelu({0}, approximate='tanh')", _gelu_tanh),
     Row("gelu_erf_grad", "ce.gelu_grad({0})", _gelu_erf_grad),
+    Row("gelu_tanh_grad", "ce.gelu_grad({0}, approximate='tanh')", _gelu_tanh_grad),
     Row("cast", "ce.cast({0}, {dtype!r})", _cast, params=(("dtype", FLOATS),), exact=True, decide=_near_rounding_tie),
     Row("cos_turns", "ce.cos_turns({0})", lambda t: torch.cos(2 * math.pi * t), needs="cos_turns"),
     Row("sin_turns", "ce.sin_turns({0})", lambda t: torch.sin(2 * math.pi * t), needs="sin_turns"),

@@ -87,7 +87,7 @@ def test_any_n_without_row_vectors_stores_padded_rows(stub_library, cpu_as_gpu):
         return CompiledOp(ks.graph, ks.lowered, ks.dtype, ks.config, stub_library, ks.source)
 
     A, W = torch.randn(37, 64, dtype=torch.bfloat16), torch.randn(50, 64, dtype=torch.bfloat16)
-    op = op_of(graphs.unary_b())            # D and three stores, no inputs
+    op = op_of(graphs.unary_b())            # D and four stores, no inputs
     with pytest.raises(cpu_as_gpu) as e:
         op(A, W)
     outs = e.value.args[0]

@@ -1,8 +1,9 @@
-"""The epilogue functors' math on the host (csrc/epilogues/functors.hpp is host-callable): normal_cdf, GeluErf and
-GeluErfGrad compiled with nvcc into a host program and evaluated over a dense grid and special values, against
-fp64 references. On the device fast_exp2 and fast_rcp are the hardware approximations (ex2, rcp:
-relative error ~1e-6); on the host they are exp2f and IEEE division, so this checks the erfc fit and the
-formulas, the GPU suite the device build (where ex2 and rcp are approximations with flush-to-zero)."""
+"""The epilogue functors' math on the host (csrc/epilogues/functors.hpp is host-callable): normal_cdf,
+GeluErf, GeluErfGrad, GeluTanh and GeluTanhGrad compiled with nvcc into a host program and evaluated over
+a dense grid and special values, against fp64 references. On the device fast_exp2 and fast_rcp are the
+hardware approximations (ex2, rcp: relative error ~1e-6); on the host they are exp2f and IEEE division,
+so this checks the erfc fit and the formulas, the GPU suite the device build (where ex2 and rcp are
+approximations with flush-to-zero)."""
 from __future__ import annotations
 
 import math
@@ -36,7 +37,8 @@ int main() {
   using namespace coda::epi::scalar;
   float x;
   while (std::scanf("%f", &x) == 1) {
-    std::printf("%.9g %.9g %.9g\n", coda::epi::scalar::normal_cdf(x), GeluErf{}(x), GeluErfGrad{}(x));
+    std::printf("%.9g %.9g %.9g %.9g %.9g\n", coda::epi::scalar::normal_cdf(x), GeluErf{}(x), GeluErfGrad{}(x),
+                GeluTanh{}(x), GeluTanhGrad{}(x));
   }
   return 0;
 }
@@ -90,3 +92,23 @@ def test_gelu_and_its_derivative(evaluate):
     special = evaluate(torch.tensor([math.inf, -math.inf, math.nan], dtype=torch.float64))
     assert special[0].tolist()[:2] == [1.0, math.inf] and special[1, 0] == 0.0
     assert all(math.isnan(v) for v in special[2].tolist())
+
+
+def test_tanh_gelu_and_its_derivative(evaluate):
+    """GeluTanh = 0.5 x (1 + tanh(y)) and GeluTanhGrad = its derivative, y = √(2/π) (x + 0.044715 x³), through
+    a sigmoid with the exponent's scale folded into the constants, within a few fp32 ulps of their scale, out to
+    |x| = 14 (where exp(-2y) overflows fp32 for negative x: the values are 0 and the derivative's
+    s (1 - s) term is kept from inf · 0); NaN stays NaN."""
+    x = _grid()
+    got = evaluate(x)
+    k = math.sqrt(2.0 / math.pi)
+    u = k * (x + 0.044715 * x ** 3)
+    want = 0.5 * x * (1 + torch.tanh(u))
+    grad = 0.5 * (1 + torch.tanh(u)) + 0.5 * x * k * (1 + 3 * 0.044715 * x * x) / torch.cosh(u) ** 2
+    scale = x.abs().clamp(min=1.0)
+    assert ((got[:, 3] - want).abs() / scale).max() < 5e-7
+    assert ((got[:, 4] - grad).abs()).max() < 5e-7
+    assert torch.isfinite(got[:, 3:]).all()
+    special = evaluate(torch.tensor([math.nan, 40.0, -40.0], dtype=torch.float64))
+    assert all(math.isnan(v) for v in special[0, 3:].tolist())
+    assert special[1, 3:].tolist() == [40.0, 1.0] and special[2, 3:].abs().tolist() == [0.0, 0.0]

@@ -126,27 +126,16 @@ def test_rms_norm_forward_and_backward():
         torch.testing.assert_close(got, want.detach(), rtol=1e-10, atol=1e-12)
 
 
-def test_gelu_backward_tanh():
-    g = gen(6)
-    x = torch.cat([randn(g, 64) * 4, torch.tensor([0.0, 1e-4, -1e-4, 2e-3, -8.0, 8.0], dtype=torch.float64)])
-    dy = randn(g, x.numel())
-    gm = trace(lambda dy, x: aten.gelu_backward.default(dy, x, approximate="tanh"), dy, x)
-    out = decompose(gm)
-    assert aten.gelu_backward.default not in targets(out)
-    assert all(t is aten.tanh.default or "erf" not in str(t) for t in targets(out))
-    same(gm, out, dy, x, rtol=1e-9, atol=1e-12)
-
-
-def test_exact_gelu_backward_is_one_epilogue_node(monkeypatch):
-    """The exact GELU's backward stays one op, which an epilogue runs as dy · gelu_grad(x) (one node; its
-    decomposition was a dozen, a division and a select among them); the tanh form is refused there (it is
-    decomposed before)."""
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_backward_is_one_epilogue_node(monkeypatch, approximate):
+    """GELU's backward, exact or tanh form, stays one op, which an epilogue runs as dy · gelu_grad(x) (one node;
+    the exact form's decomposition was a dozen, a division and a select among them, the tanh form's 20)."""
     from coda_ext.fusion import aten_ir
 
     g = gen(6)
     x = torch.cat([randn(g, 64) * 4, torch.tensor([0.0, 1e-4, -1e-4, 2e-3, -8.0, 8.0], dtype=torch.float64)])
     dy = randn(g, x.numel())
-    gm = trace(lambda dy, x: aten.gelu_backward.default(dy, x), dy, x)
+    gm = trace(lambda dy, x: aten.gelu_backward.default(dy, x, approximate=approximate), dy, x)
     out = decompose(gm)
     assert aten.gelu_backward.default in targets(out)
     node = next(n for n in out.graph.nodes if n.target is aten.gelu_backward.default)
@@ -160,14 +149,12 @@ def test_exact_gelu_backward_is_one_epilogue_node(monkeypatch):
         def __mul__(self, other: Value) -> Value:
             return Value(f"{self.text} * {other.text}")
 
-    monkeypatch.setattr(aten_ir.cm, "gelu_grad", lambda v: Value(f"gelu_grad({v.text})"))
+    monkeypatch.setattr(aten_ir.cm, "gelu_grad", lambda v, approximate: Value(f"gelu_grad({v.text}, {approximate})"))
     got = rule.emit(node, lambda a: Value({node.args[0]: "dy", node.args[1]: "x"}[a]))
-    assert got.text == "dy * gelu_grad(x)"
-    tanh = trace(lambda dy, x: aten.gelu_backward.default(dy, x, approximate="tanh"), dy, x)
-    tnode = next(n for n in tanh.graph.nodes if n.target is aten.gelu_backward.default)
-    assert "tanh" in rule.check(tnode)
-    want = aten.gelu_backward.default(dy, x)
-    torch.testing.assert_close(dy * ce.graph.semantics.gelu_erf_grad(x), want, rtol=1e-12, atol=1e-14)
+    assert got.text == f"dy * gelu_grad(x, {approximate})"
+    want = aten.gelu_backward.default(dy, x, approximate=approximate)
+    grad = ce.graph.semantics.gelu_erf_grad if approximate == "none" else ce.graph.semantics.gelu_tanh_grad
+    torch.testing.assert_close(dy * grad(x), want, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("op,args", [

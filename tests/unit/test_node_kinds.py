@@ -116,6 +116,13 @@ _Y = torch.linspace(0.25, 3.0, M * N).reshape(M, N).flip(1)
 _Z = torch.linspace(-1.0, 1.5, M * N).reshape(M, N)
 _PAIRS = torch.arange(M * 2 * N, dtype=torch.float32).reshape(M, 2 * N)
 
+def _gelu_tanh_grad(a: float) -> float:
+    """The tanh-form GELU's derivative through sech² (the closed form under test uses 1 - tanh²)."""
+    k = math.sqrt(2 / math.pi)
+    u = k * (a + 0.044715 * a ** 3)
+    return 0.5 * (1 + math.tanh(u)) + 0.5 * a * k * (1 + 3 * 0.044715 * a * a) / math.cosh(u) ** 2
+
+
 #: Independent references of the element-wise kinds, on Python floats.
 _SCALAR = {
     "neg": lambda a: -a, "abs": abs, "exp": math.exp, "log": lambda a: math.log(abs(a)),
@@ -125,6 +132,7 @@ _SCALAR = {
     "gelu_tanh": lambda a: 0.5 * a * (1 + math.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))),
     "gelu_erf": lambda a: 0.5 * a * (1 + math.erf(a / math.sqrt(2))),
     "gelu_erf_grad": lambda a: 0.5 * (1 + math.erf(a / math.sqrt(2))) + a * math.exp(-a * a / 2) / math.sqrt(2 * math.pi),  # noqa: E501
+    "gelu_tanh_grad": lambda a: _gelu_tanh_grad(a),
     "cos_turns": lambda t: math.cos(2 * math.pi * t), "sin_turns": lambda t: math.sin(2 * math.pi * t),
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "div": lambda a, b: a / b,
     "max": max, "min": min, "eq": lambda a, b: float(a == b), "ne": lambda a, b: float(a != b),

@@ -89,13 +89,12 @@ def _gelu(n: fx.Node, a: Arg) -> Any:
     return cm.gelu(a(n.args[0]), approximate=n.kwargs.get("approximate", "none"))
 
 
+def _approximate(n: fx.Node) -> str:
+    return n.args[2] if len(n.args) > 2 else n.kwargs.get("approximate", "none")
+
+
 def _gelu_backward(n: fx.Node, a: Arg) -> Any:
-    return a(n.args[0]) * cm.gelu_grad(a(n.args[1]))
-
-
-def _exact_gelu(n: fx.Node) -> str | None:
-    mode = n.args[2] if len(n.args) > 2 else n.kwargs.get("approximate", "none")
-    return None if mode == "none" else f"gelu_backward with approximate={mode!r} (decomposed before)"
+    return a(n.args[0]) * cm.gelu_grad(a(n.args[1]), approximate=_approximate(n))
 
 
 def _to_copy(n: fx.Node, a: Arg) -> Any:
@@ -133,7 +132,7 @@ MATH: dict[Any, MathRule] = {
     aten.relu.default: _unary(cm.relu), aten.silu.default: _unary(cm.silu),
     aten.reciprocal.default: MathRule(lambda n, a: 1.0 / a(n.args[0])),
     aten.gelu.default: MathRule(_gelu),
-    aten.gelu_backward.default: MathRule(_gelu_backward, _exact_gelu),   # dy · gelu_grad(x): one node
+    aten.gelu_backward.default: MathRule(_gelu_backward),   # dy · gelu_grad(x): one node, either form
     aten.pow.Tensor_Scalar: MathRule(_pow, _pow_check),
     aten.clamp_min.default: MathRule(lambda n, a: cm.maximum(a(n.args[0]), a(n.args[1]))),
     aten.clamp_max.default: MathRule(lambda n, a: cm.minimum(a(n.args[0]), a(n.args[1]))),

@@ -53,7 +53,8 @@ def anchor_problem(a: torch.Tensor, w: torch.Tensor, major: str, target: str) ->
         K = a.shape[1] if major[0] == "k" else a.shape[0]
         N = w.shape[0] if major[1] == "k" else w.shape[1]
         if K % ALIGN or N % ALIGN:
-            return f"K = {K} and N = {N} must be multiples of {ALIGN} (16-byte rows; the fusion compiler leaves an odd N plain)"
+            return (f"K = {K} and N = {N} must be multiples of {ALIGN} (16-byte rows; the fusion compiler leaves an "
+                    "odd N plain)")
         if major[0] == "m" and a.shape[1] % ALIGN:   # A read M-major: its stored rows are M long
             return f"M = {a.shape[1]} must be a multiple of {ALIGN} where A is read M-major (16-byte rows)"
         if not (a.is_contiguous() and w.is_contiguous()):

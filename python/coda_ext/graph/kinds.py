@@ -117,6 +117,8 @@ _ENTRIES = (
        "compute"),                                                 # 0.5 x (1 + erf(x / sqrt 2)) = x Φ(x)
     _k("gelu_erf_grad", 1, "fp32", pointwise(sem.gelu_erf_grad), "GeluErfGrad", 2 * _T + 6,
        "compute"),                                                 # Φ(x) + x φ(x): GELU's derivative
+    _k("gelu_tanh_grad", 1, "fp32", pointwise(sem.gelu_tanh_grad), "GeluTanhGrad", 2 * _T + 8,
+       "compute"),                                                 # d/dx of the tanh form
     _k("cast", 1, "cast", sem.cast, "Cast", 1.0),
     _k("cos_turns", 1, "fp32", pointwise(lambda t: torch.cos(2 * math.pi * t)), "CosTurns", _T + 1, "compute"),
     _k("sin_turns", 1, "fp32", pointwise(lambda t: torch.sin(2 * math.pi * t)), "SinTurns", _T + 1, "compute"),

@@ -35,10 +35,12 @@ def gelu(x: Value, approximate: str = "none") -> Value:
     return _op("gelu_erf" if approximate == "none" else "gelu_tanh", x)
 
 
-def gelu_grad(x: Value) -> Value:
-    """The derivative of the exact GELU, Φ(x) + x·φ(x) (Φ, φ: the standard normal CDF and density), as one
-    node: gelu's backward is gelu_grad(x) * dy."""
-    return _op("gelu_erf_grad", x)
+def gelu_grad(x: Value, approximate: str = "none") -> Value:
+    """The derivative of GELU as one node: of the exact form, Φ(x) + x·φ(x) (Φ, φ: the standard normal CDF and
+    density), or of the tanh form (approximate='tanh'); gelu's backward is gelu_grad(x) * dy."""
+    if approximate not in ("none", "tanh"):
+        raise GraphError(f"gelu_grad: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _op("gelu_erf_grad" if approximate == "none" else "gelu_tanh_grad", x)
 
 
 def add(a: Operand, b: Operand) -> Value: return _op("add", a, b)

@@ -77,6 +77,14 @@ def pointwise(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return evaluate
 
 
+def gelu_tanh_grad(x: torch.Tensor) -> torch.Tensor:
+    """d/dx GELU(x) (the tanh form 0.5 x (1 + tanh(y)), y = √(2/π) (x + 0.044715 x³)):
+    0.5 (1 + tanh(y)) + 0.5 x (1 - tanh²(y)) y'."""
+    k = math.sqrt(2.0 / math.pi)
+    t = torch.tanh(k * (x + 0.044715 * x * x * x))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x)
+
+
 def gelu_erf_grad(x: torch.Tensor) -> torch.Tensor:
     """d/dx GELU(x) (the erf form): Φ(x) + x φ(x)."""
     return 0.5 * (1.0 + torch.erf(x * math.sqrt(0.5))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)

@@ -8,6 +8,7 @@ from ..graph.math import (
     exp,
     fma,
     gelu,
+    gelu_grad,
     log,
     maximum,
     minimum,
@@ -37,9 +38,10 @@ def unary_a() -> Graph:
 
 
 def unary_b() -> Graph:
-    """tanh, sigmoid, silu, relu, gelu (tanh), neg: D = silu(acc), t = tanh(acc/4) − σ(acc),
-    r = relu(acc) + gelu_tanh(acc) − acc, w = (1 + th) (1 − th²) with th = tanh(acc/8) (the forms the
-    lowering computes from σ(acc/4): passes.tanh_sigmoid)."""
+    """tanh, sigmoid, silu, relu, gelu (tanh), both GELU derivatives, neg: D = silu(acc),
+    t = tanh(acc/4) − σ(acc), r = relu(acc) + gelu_tanh(acc) − acc, w = (1 + th) (1 − th²) with
+    th = tanh(acc/8) (the forms the lowering computes from σ(acc/4): passes.tanh_sigmoid),
+    d = gelu_grad(acc/4) + gelu_grad_tanh(acc/4)."""
     g = Graph()
     acc = g.accumulator()
     g.output(silu(acc))
@@ -47,6 +49,7 @@ def unary_b() -> Graph:
     g.store("r", relu(acc) + gelu(acc, approximate="tanh") - acc)
     th = tanh(acc * 0.125)
     g.store("w", (1.0 + th) * (1.0 - th * th))
+    g.store("d", gelu_grad(acc * 0.25) + gelu_grad(acc * 0.25, approximate="tanh"))
     return g
 
 

@@ -6,9 +6,9 @@ reductions an epilogue runs (aten_ir.MATH, aten_ir.REDUCTIONS).
   over the row, as PyTorch computes them: the variance of the centred values; norm_stats makes it one
   where a GEMM epilogue can take it); the backward reads the forward's fp32 statistics (PyTorch's CPU
   kernel rounds them to a 16-bit input's dtype, its CUDA kernel does not);
-- GELU (tanh form), SiLU, sigmoid, tanh and ReLU backward: their derivatives as element-wise math
-  (SwiGLU is silu(gate) * up: its parts decompose); the exact GELU's backward stays one op, which an
-  epilogue runs as dy · gelu_grad(x);
+- SiLU, sigmoid, tanh and ReLU backward: their derivatives as element-wise math (SwiGLU is
+  silu(gate) * up: its parts decompose); GELU's backward, exact or tanh form, stays one op, which an
+  epilogue runs as dy · gelu_grad(x) (one functor: the tanh form's derivative written out was 20 nodes);
 - softmax / log-softmax and their backward; mean;
 - cross-entropy: nll_loss(log_softmax(x)) becomes logsumexp(x) - x[target], both row reductions of x,
   and its backward exp(x - lse) - onehot, so the log-probabilities are never materialised; x[target] is
@@ -38,9 +38,6 @@ from .emit import Emit
 
 aten = torch.ops.aten
 prims = torch.ops.prims
-
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-GELU_TANH_KAPPA = 0.044715
 
 Rule = Callable[[fx.Node, Emit], Any]
 #: node.meta keys, read within the pass only: on a decomposed nll_loss_backward, its row sums (fp32, keepdim),
@@ -185,22 +182,6 @@ def _mean(node: fx.Node, b: Emit) -> fx.Node | None:
 
 
 # --- activations' derivatives -----------------------------------------------------------------
-
-def _gelu_backward(node: fx.Node, b: Emit) -> fx.Node | None:
-    """The tanh form as its math; the exact form stays one op (aten_ir: dy · gelu_grad(x), one epilogue node
-    whose Φ needs no erf)."""
-    dy, x = node.args[:2]
-    if _arg(node, 2, "approximate", "none") != "tanh":
-        return None
-    dyf, xf = b.wide(dy), b.wide(x)
-    x2 = b.mul(xf, xf)
-    inner = b.mul(b.add(xf, b.mul(b.mul(x2, xf), GELU_TANH_KAPPA)), SQRT_2_OVER_PI)
-    t = b.unary(aten.tanh, inner)
-    left = b.mul(b.add(t, 1.0), 0.5)
-    right = b.mul(b.mul(b.mul(xf, 0.5), b.sub(1.0, b.mul(t, t))),
-                  b.mul(b.add(b.mul(x2, 3.0 * GELU_TANH_KAPPA), 1.0), SQRT_2_OVER_PI))
-    return b.to(b.mul(dyf, b.add(left, right)), _out_dtype(node))
-
 
 def _silu_backward(node: fx.Node, b: Emit) -> fx.Node:
     dy, x = node.args[:2]
@@ -365,7 +346,6 @@ RULES: dict[Any, Rule] = {
     aten.native_layer_norm.default: _layer_norm,
     aten.native_layer_norm_backward.default: _layer_norm_backward,
     aten.mean.dim: _mean,
-    aten.gelu_backward.default: _gelu_backward,
     aten.silu_backward.default: _silu_backward,
     aten.sigmoid_backward.default: _sigmoid_backward,
     aten.tanh_backward.default: _tanh_backward,
