@@ -3,9 +3,11 @@
 Dynamo captures the model's graph; AOTAutograd traces its joint forward + backward graph and hands it
 to our partition_fn before splitting it: the passes, the partitioner and the lowering run on the
 joint graph, so a fusion decision sees both directions and the activations saved between them (an
-epilogue of a forward GEMM may compute, and save, what only the backward reads). AOTAutograd's
-default partition then splits the fused graph into forward and backward; the fused kernels are
-calls of coda_ext::fusion_kernel in either. An inference graph (nothing requires grad) is fused alone.
+epilogue of a forward GEMM may compute, and save, what only the backward reads). Before AOTAutograd
+traces Dynamo's graph, a GELU written out there in its tanh form (GPT-2's) becomes one gelu call
+(passes.gelu_tanh_form), which AOTAutograd differentiates as one aten.gelu_backward rather than op by op.
+AOTAutograd's default partition then splits the fused graph into forward and backward; the fused kernels
+are calls of coda_ext::fusion_kernel in either. An inference graph (nothing requires grad) is fused alone.
 
 What is not fused goes to the fallback compiler: "inductor" (torch.compile's default compiler; the
 fused kernels are extern calls to it) or "eager" (the FX graphs run op by op). "auto" takes Inductor
@@ -249,6 +251,7 @@ class CodaBackend:
         target = opts.target if opts.target != "auto" else ("cuda" if on_cuda else "interpret")
         fallback = opts.fallback if opts.fallback != "auto" else ("inductor" if on_cuda else "eager")
         compile_fn = _stop if self.plan_only else _inductor if fallback == "inductor" else _eager
+        gm = passes.gelu_tanh_form(gm)
 
         def run(graph: fx.GraphModule, name: str, forward_outputs: int | None = None) -> fx.GraphModule:
             fused, rep, lowered = fuse_graph(graph, opts, target, f"{name} {len(self.report.graphs)}",

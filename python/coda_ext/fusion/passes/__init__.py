@@ -1,5 +1,6 @@
 """Graph passes of the fusion compiler, each a pure function GraphModule -> GraphModule, and the
-pipeline that runs them in order (run)."""
+pipeline that runs them in order (run) on AOTAutograd's joint graph. gelu_tanh_form runs before, on Dynamo's
+graph (frontend.CodaBackend)."""
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -10,6 +11,7 @@ from torch import fx
 from .cse import cse
 from .decompose import decompose
 from .fold import fold
+from .gelu_form import gelu_tanh_form
 from .layout import GEMM, layout
 from .norm_fold import norm_fold
 from .norm_stats import norm_stats
@@ -30,4 +32,5 @@ def run(gm: fx.GraphModule, target: str = "interpret", unfolded: Collection[str]
     return gm
 
 
-__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "layout", "norm_fold", "norm_stats", "remat", "run"]
+__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "gelu_tanh_form", "layout", "norm_fold", "norm_stats",
+           "remat", "run"]
