@@ -24,6 +24,21 @@ def test_zero_preserving_graphs_skip_the_check():
     assert _needs(build) == {"rowsum": False, "csq": False}
 
 
+def test_a_gelu_derivative_times_a_zero_value_skips_the_check():
+    """dy · gelu_grad(x) (a GELU backward's bias gradient, summed over the rows) is 0 beyond M: dy is, and the
+    derivative is bounded (0.5 at x = 0, the tile's padding). Not so where the bounded function's input may
+    be infinite there (an rsqrt of the padding), or where it is added rather than multiplied."""
+    def build(g, acc):
+        x = g.tile("x")
+        g.output(acc)
+        g.col_reduce("erf", acc * ce.gelu_grad(x), "sum")
+        g.col_reduce("tanh", acc * ce.gelu_grad(x, approximate="tanh"), "sum")
+        g.col_reduce("sig", ce.sigmoid(x * 2.0) * acc, "sum")
+        g.col_reduce("inf", acc * ce.sigmoid(ce.rsqrt(x)), "sum")   # rsqrt(0) = inf outside: not proven
+        g.col_reduce("add", acc + ce.gelu_grad(x), "sum")           # 0.5 outside
+    assert _needs(build) == {"erf": False, "tanh": False, "sig": False, "inf": True, "add": True}
+
+
 def test_values_nonzero_outside_keep_the_check():
     def build(g, acc):
         g.output(acc)

@@ -15,6 +15,9 @@ from ..graph import ir
 _ZERO_PRESERVING = ("neg", "abs", "sqrt", "square", "tanh", "silu", "relu", "gelu_tanh", "gelu_erf", "cast")
 #: Leaves that are finite everywhere in the padded tile (so 0 * leaf == 0).
 _FINITE_LEAVES = ("accumulator", "tile", "row_vector", "col_vector")
+#: Bounded element-wise kinds: finite where their input is (a GELU derivative of a tile that is 0 outside is
+#: 0.5 there, so dy · gelu_grad(x) is 0 outside with dy).
+_BOUNDED = ("tanh", "sigmoid", "gelu_erf_grad", "gelu_tanh_grad", "cos_turns", "sin_turns")
 
 
 def zero_outside(graph: ir.GraphIR, node: int, axis: str) -> bool:
@@ -48,10 +51,13 @@ def zero_outside(graph: ir.GraphIR, node: int, axis: str) -> bool:
 
 
 def _finite(graph: ir.GraphIR, node: int, axis: str) -> bool:
-    """Finite beyond the problem: a finite leaf, a constant, or a value that is 0 there."""
+    """Finite beyond the problem: a finite leaf, a constant, a bounded function of a finite value, or a value
+    that is 0 there."""
     n = graph[node]
     if n.kind in _FINITE_LEAVES or (n.kind == "scalar" and n.attr("mode") == "constant"):
         return True
+    if n.kind in _BOUNDED:
+        return _finite(graph, n.inputs[0], axis)
     return zero_outside(graph, node, axis)
 
 
