@@ -110,3 +110,18 @@ def test_the_ablation_chart_draws_each_site_before_and_after(tmp_path):
     sf.plot_ablation(doc, tmp_path / "a.png", before=before)
     sf.plot_ablation(doc, tmp_path / "b.png")
     assert (tmp_path / "a.png").stat().st_size > 1000 and (tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_the_cublas_baseline_writes_padded_rows_where_n_is_odd():
+    """The bare GEMM's output has the fused kernel's layout: rows padded to 16 bytes at an odd N (cuBLAS would
+    take its unaligned path on a contiguous (M, 50257) output), the values a @ wᵀ; aligned N stays contiguous."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    for n, stride in ((13, 16), (16, 16)):
+        a, w = torch.randn(5, 24, generator=g), torch.randn(n, 24, generator=g)
+        for w_layout in (w, w.t().contiguous().t()):    # K-major, and N-major as a transposed view
+            got = sf.cublas_gemm(a.to(torch.bfloat16), w_layout.to(torch.bfloat16))
+            assert got.shape == (5, n) and got.stride() == (stride, 1)
+            torch.testing.assert_close(got.float(), a.to(torch.bfloat16).float() @ w.to(torch.bfloat16).float().t(),
+                                       rtol=1e-2, atol=1e-2)
