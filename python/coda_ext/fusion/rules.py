@@ -5,7 +5,7 @@ dtype, K and N multiples of 8 (and M where A is read M-major: a weight gradient)
 contiguously (read in place through `major`). The kernel itself takes any N where W is read K-major (its
 outputs get padded rows), but the fusion compiler leaves such a GEMM plain: GPT-2's LM head over 50257
 classes with its cross-entropy's logsumexp and target logit in the epilogue measured slower than cuBLAS and
-Inductor's kernels (docs/measured.md, "An LM head over an odd vocabulary").
+Inductor's kernels (docs/measured.md: "An LM head over 50257 classes, fused").
 target "interpret": the reference interpreter (CPU tests): any float GEMM, any layout.
 Both: at most graph.verify.MAX_SLOTS runtime inputs and outputs and MAX_REDUCTIONS reductions per
 graph; tiles are float; vectors float or integer (bool vectors are widened to fp32 by the call);
