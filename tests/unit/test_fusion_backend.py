@@ -185,6 +185,18 @@ def test_bert_two_layers_report():
     assert "aten.embedding.default" in left and any("scaled_dot_product" in t for t in left)
     text = str(report)
     assert "kept on chip" in text and "left to the fallback" in text and "IO model" in text
+    # the IO model names the GPU it priced the kernels for (the CUDA device in use; no GPU: the H100 default)
+    assert "IO model (H100 SXM, " in text
+
+
+def test_the_io_model_prices_a_kernel_for_the_gpu_it_is_given():
+    """regression: the report printed 'IO model (H100, ...)' whatever the GPU (the runs on an H200 said H100)."""
+    from coda_ext import graphs
+
+    g = graphs.reductions().build()
+    h100, h200 = (cf.CostModel(gpu=name).kernel(g, "bfloat16", (16384, 4096, 64)) for name in ("H100 SXM", "H200"))
+    assert (h100.gpu, h200.gpu) == ("H100 SXM", "H200")
+    assert h200.fused_s < h100.fused_s          # memory-bound (K = 64): the H200's faster HBM takes less time
 
 
 def test_bert_dropout_is_left_to_the_fallback():

@@ -24,6 +24,7 @@ class KernelCost:
     fused_bytes: int
     unfused_bytes: int
     config: str
+    gpu: str = "H100 SXM"   # the GPU whose model priced it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,4 +59,4 @@ class CostModel:
         v = m.variants
         spec = m.gpu
         return KernelCost(v["fused"].seconds(spec), v["compile"].seconds(spec), v["unfused"].seconds(spec),
-                          v["fused"].bytes, v["unfused"].bytes, m.config.tag)
+                          v["fused"].bytes, v["unfused"].bytes, m.config.tag, spec.name)

@@ -85,7 +85,7 @@ class GraphReport:
                 lines.append(f"{head}: not fused ({k.error})")
                 continue
             t = k.predicted
-            timing = "" if t is None else (f"; IO model (H100, {t.config}): fused {t.fused_s * 1e6:.1f} us, "
+            timing = "" if t is None else (f"; IO model ({t.gpu}, {t.config}): fused {t.fused_s * 1e6:.1f} us, "
                                            f"compile-style {t.compile_s * 1e6:.1f} us, "
                                            f"eager {t.unfused_s * 1e6:.1f} us")
             lines.append(f"{head} kernel {k.kernel[:8]}: {len(k.members)} nodes fused, "
