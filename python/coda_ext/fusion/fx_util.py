@@ -141,6 +141,26 @@ RECOMPUTED = "coda_recomputed"
 ROUNDED = "coda_rounded"
 
 
+def closure(root: fx.Node, through: Callable[[fx.Node], bool], limit: int) -> tuple[set[fx.Node], set[fx.Node]] | None:
+    """(the nodes root is computed by through nodes `through` accepts, root included; the nodes they read that it
+    does not accept) or None where more than `limit` nodes would be inside."""
+    inside: set[fx.Node] = set()
+    leaves: set[fx.Node] = set()
+    todo = [root]
+    while todo:
+        n = todo.pop()
+        if n in inside or n in leaves:
+            continue
+        if n is not root and not through(n):
+            leaves.add(n)
+            continue
+        inside.add(n)
+        if len(inside) > limit:
+            return None
+        todo.extend(n.all_input_nodes)
+    return inside, leaves
+
+
 def pass_tag(node: fx.Node) -> dict[str, Any]:
     """The partitioner tag of a node, as meta for the nodes that replace it."""
     return {PARTITIONER_TAG: node.meta[PARTITIONER_TAG]} if PARTITIONER_TAG in node.meta else {}

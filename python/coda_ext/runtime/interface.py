@@ -95,7 +95,10 @@ class GraphOp:
 
     def empty_output(self, name: str, M: Any, N: Any, device: Any) -> torch.Tensor:
         """A new tensor for output `name` (the real op's and the fake's: the same strides)."""
-        shape, dtype = self.output_spec(name, M, N)
+        return self.new_output(name, *self.output_spec(name, M, N), device)
+
+    def new_output(self, name: str, shape: tuple[Any, ...], dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """A new tensor of output `name`'s shape and dtype: 16-byte rows for a tile output, else contiguous."""
         if name in self.tile_outputs:
             return checks.empty_rows(shape, dtype, device)
         return torch.empty(shape, dtype=dtype, device=device)

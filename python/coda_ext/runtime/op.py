@@ -96,9 +96,7 @@ class CompiledOp(GraphOp):
 
         def output_tensor(name: str) -> torch.Tensor:
             shape, dtype = specs[name]
-            outputs[name] = t = out[name] if name in out else \
-                checks.empty_rows(shape, dtype, device) if name in self.tile_outputs else \
-                torch.empty(shape, dtype=dtype, device=device)
+            outputs[name] = t = out[name] if name in out else self.new_output(name, shape, dtype, device)
             return t
 
         D = output_tensor(self.output_name) if self.output_name else None

@@ -169,21 +169,8 @@ class _Walk:
 
 def _leaves(u: fx.Node) -> set[fx.Node] | None:
     """The nodes u's arithmetic of one user reads (u itself any user count), or None past MAX_NODES."""
-    leaves: set[fx.Node] = set()
-    seen: set[fx.Node] = set()
-    todo = [u]
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        if n is not u and not (_is(n, ARITH) and len(n.users) == 1):
-            leaves.add(n)
-            continue
-        seen.add(n)
-        if len(seen) > MAX_NODES:
-            return None
-        todo.extend(n.all_input_nodes)
-    return leaves
+    found = fx_util.closure(u, lambda n: _is(n, ARITH) and len(n.users) == 1, MAX_NODES)
+    return None if found is None else found[1]
 
 
 def _close(p: Poly | None, want: Poly) -> bool:

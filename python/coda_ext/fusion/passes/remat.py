@@ -52,20 +52,10 @@ def _math(node: fx.Node, backward: set[fx.Node]) -> bool:
 def _closure(v: fx.Node, backward: set[fx.Node]) -> tuple[list[fx.Node], set[fx.Node]] | None:
     """(the element-wise nodes v is computed by, in graph order; the nodes they read that are not) or None
     where that takes more than MAX_CLOSURE nodes."""
-    inside: set[fx.Node] = set()
-    leaves: set[fx.Node] = set()
-    todo = [v]
-    while todo:
-        n = todo.pop()
-        if n in inside or n in leaves:
-            continue
-        if not (_math(n, backward) or _free_view(n, backward)):
-            leaves.add(n)
-            continue
-        inside.add(n)
-        if len(inside) > MAX_CLOSURE:
-            return None
-        todo.extend(n.all_input_nodes)
+    found = fx_util.closure(v, lambda n: _math(n, backward) or _free_view(n, backward), MAX_CLOSURE)
+    if found is None:
+        return None
+    inside, leaves = found
     order = {n: i for i, n in enumerate(v.graph.nodes)}
     return sorted(inside, key=order.__getitem__), leaves
 
