@@ -161,6 +161,11 @@ def summarize(times: dict[str, list[float]], baseline: str) -> dict:
     return out
 
 
+def relative_gaps(curve: list[float], ref: list[float]) -> list[float]:
+    """|curve - ref| / |ref| at each step (of two loss curves, over the shorter one)."""
+    return [abs(a - b) / max(abs(b), 1e-12) for a, b in zip(curve, ref)]
+
+
 def is_kernel(event) -> bool:
     """A torch.profiler event that is a GPU kernel (or copy): not a CPU op, and not the GPU-side annotation a
     record_function range also leaves on the timeline (counting it would count its kernels twice)."""

@@ -39,6 +39,8 @@ def test_results_json_has_every_model_and_variant(results):
         assert liger or "liger_kernel" in entry["skipped"]["liger"]
         assert entry["tokens"] == 64 and entry["config"]["num_hidden_layers"] == 1
         eager = entry["variants"]["eager"]["loss"]
+        # eager's second curve (its run-to-run spread, the loss goal's floor): a CPU repeats itself exactly
+        assert entry["variants"]["eager"]["loss_repeat"] == eager and bench.eager_spread(entry) == 0
         for v, row in entry["variants"].items():
             assert {"step_ms", "peak_gb", "tokens_per_s", "mfu", "loss", "breakdown"} <= set(row)
             assert len(row["loss"]) == STEPS and row["step_ms"] > 0
