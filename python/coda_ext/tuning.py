@@ -42,11 +42,8 @@ TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=4)
 TALL_192_S8 = dataclasses.replace(TALL_192, swizzle=8)
 TALL_192_PAIRS = KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8)
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
-#: A column reduction over a short K loop (K <= 1024): cooperative 128x128 (see heuristic)
-COOP_SHORT_K = dataclasses.replace(COOP_SMALL, swizzle=4)
 HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, WIDE, MEDIUM,
-                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_PAIRS,
-                                               COOP_SHORT_K)
+                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_PAIRS)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
@@ -148,10 +145,14 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       and 1.43-1.79x in cooperative 128x256; a 32-node epilogue (GELU and its derivative beside two row
       reductions) ran 1.76x slower in 128x192 than in 128x128 (H200, one run,
       benchmarks/results/sweep_fusion_h200.json);
-    - a column reduction over K <= 1024 (a short mainloop: the reduction's epilogue is most of a tile's
-      time) in cooperative 128x128 with swizzle 4 (COOP_SHORT_K) where 128x256 leaves three stages:
-      16384x3072x768 N-major (BERT's GELU backward with the bias gradient) 246 us against 295 in
-      cooperative 128x256 2x1 swizzle 4 and 358 with swizzle 8 (sweep_fusion_h200.json);
+    - a column reduction over K <= 1024 (a short mainloop: the epilogue is most of a tile's time) with
+      both operands K-major in ping-pong 128x128, whose epilogue overlaps the other warp group's mainloop:
+      GPT-2's GELU backward with the bias gradient (16384x3072x768, dy . gelu'(x) and its column sums)
+      177 us against 182 in cooperative 128x256 2x1 and 190 in cooperative 128x128; N-major (BERT's)
+      stays cooperative 128x256 2x1 (fit_swizzle: 4): 190 us against 200 in cooperative 128x128 and 202
+      in ping-pong 128x128 (H200, one run each, benchmarks/results/sweep_fusion_gelu_h200.json; with the
+      GELU derivative written out node by node cooperative 128x128 had been the fastest there, 246 us
+      against 295: a lighter epilogue moves the balance to the larger tile);
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
@@ -218,8 +219,7 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     tall = ()
     if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
         tall = (TALL_192, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
-    skip = (TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,)) + \
-        (() if epilogue.col_reduce else (COOP_SHORT_K,))
+    skip = (TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
     return tuple(c for c in HEURISTIC_CONFIGS if c not in skip) + tall
 
 
@@ -241,7 +241,7 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) 
         return WAVE_FILL
     if tiles_256 >= 2 * sms:
         if epilogue.col_reduce:
-            return COOP_SHORT_K if K <= 1024 and epilogue.large_stages >= 3 else LARGE
+            return PINGPONG if K <= 1024 and major == "kk" else LARGE
         if N > 16384:
             return WIDE if tiles_m >= 32 and not (epilogue.plain or epilogue.tile_load) else LARGE
         if K > 4096 or (epilogue.plain and major == "kk"):

@@ -162,11 +162,11 @@ def test_auto_dispatches_by_shape(compiled_ops):
             got = op(A, W, **inputs)
             torch.cuda.synchronize()
             check_against_reference(ref_op, cases.CASES[case][0](), A, W, inputs, got, f"auto/{case}/{M}x{N}x{K}")
-    # all but the configs the heuristic keeps for epilogues these graphs do not have (a pair tile load: the dSwiGLU
-    # launch; a column reduction over a short K): those are picked in tests/unit/test_tuning.py and run here at
-    # every HEURISTIC_CONFIG through cases.config_cases
+    # all but the config the heuristic keeps for epilogues these graphs do not have (a pair tile load: the dSwiGLU
+    # launch): it is picked in tests/unit/test_tuning.py and runs here at every HEURISTIC_CONFIG through
+    # cases.config_cases
     # every kernel of them, that is: the swizzle (and raster) a shape launches with is fitted to it (tuning.fit_swizzle)
-    wanted = {c.kernel for c in set(tuning.HEURISTIC_CONFIGS) - {tuning.PINGPONG_PAIR_LOADS, tuning.COOP_SHORT_K}}
+    wanted = {c.kernel for c in set(tuning.HEURISTIC_CONFIGS) - {tuning.PINGPONG_PAIR_LOADS}}
     chosen = {c.kernel for c in chosen}
     assert chosen == wanted, (sorted(c.tag for c in wanted - chosen), sorted(c.tag for c in chosen - wanted))
 

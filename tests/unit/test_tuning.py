@@ -163,18 +163,19 @@ def test_narrow_n_takes_128x192_for_a_light_epilogue():
     assert tuning.heuristic(2048, 768, 768, epilogue=light).tile[:2] != (128, 192)
 
 
-def test_a_column_reduction_over_a_short_k_takes_cooperative_128x128():
-    """A column reduction with K <= 1024 and stages to spare: cooperative 128x128 swizzle 4 (246 against 295
-    and 358 us at 16384x3072x768, sweep_fusion_h200.json); a longer K keeps cooperative 128x256, and an
-    epilogue that leaves 128x256 fewer than three stages ping-pong 128x128."""
-    assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED, major="kn") == tuning.COOP_SHORT_K
+def test_a_column_reduction_over_a_short_k():
+    """A column reduction with K <= 1024: ping-pong 128x128 with both operands K-major (GPT-2's GELU
+    backward: 177 against 182 and 190 us), cooperative 128x256 2x1 N-major (BERT's: 190 against 200 and
+    202 us; sweep_fusion_gelu_h200.json); a longer K keeps cooperative 128x256, and an epilogue that
+    leaves 128x256 fewer than three stages ping-pong 128x128."""
+    assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED) == tuning.PINGPONG
+    assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED, major="kn") == tuning.LARGE   # swizzle 4: fitted
+    assert tuning.heuristic(12608, 3072, 768, epilogue=COLRED, major="kn") == tuning.LARGE   # ViT-B/16's rows
     # LARGE_TALL with swizzle 4: 12 N tiles of 256, which swizzle 8 pads to 16
     assert tuning.heuristic(16384, 3072, 2048, epilogue=COLRED, major="kn") == tuning.LARGE
     tight = dataclasses.replace(COLRED, large_stages=2)
     assert tuning.heuristic(16384, 768, 768, epilogue=tight, major="kn") == \
         dataclasses.replace(tuning.PINGPONG, swizzle=2)   # 6 N tiles: swizzle 4 would pad them to 8
-    assert tuning.COOP_SHORT_K in tuning.heuristic_configs(COLRED, "kn")
-    assert tuning.COOP_SHORT_K not in tuning.heuristic_configs(POINTWISE)
 
 
 def test_auto_uses_the_graph_epilogue():
