@@ -16,13 +16,26 @@ struct Cooperative {
   using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
   static constexpr int kEpilogueThreads = 256;
+  static constexpr bool kOverlapEpilogues = false;
 };
 struct Pingpong {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
   using TileScheduler = cutlass::gemm::PersistentScheduler;
   static constexpr int kEpilogueThreads = 128;
+  static constexpr bool kOverlapEpilogues = false;
 };
+// Ping-pong whose two math warp groups' epilogues may overlap (only their MMAs stay ordered): the
+// project's own kernel (sm90_pingpong_overlap.cuh), each warp group with its own epilogue shared memory,
+// load pipeline and named barrier. OrderEpilogues = true orders the epilogues again, for debugging (its
+// results must be bit-identical).
+template <bool OrderEpilogues>
+struct PingpongOverlapT : Pingpong {
+  static constexpr bool kOverlapEpilogues = true;
+  static constexpr bool kOrderEpilogues = OrderEpilogues;
+};
+using PingpongOverlap = PingpongOverlapT<false>;
+using PingpongOverlapOrdered = PingpongOverlapT<true>;
 // Cooperative with the stream-K scheduler, for problems with too few output tiles to fill the
 // GPU (small M, long K): the K loop of a tile is split across CTAs, their fp32 partial
 // accumulators meet in the GEMM workspace in a fixed order (deterministic), and the epilogue
@@ -36,7 +49,7 @@ template <
   class ElementD_,      // element of the main output D; void: the graph writes no D
   int TileM, int TileN, int TileK,
   int ClusterM, int ClusterN,
-  class Schedule_,      // Cooperative or Pingpong
+  class Schedule_,      // Cooperative, Pingpong, CooperativeStreamK or PingpongOverlap(Ordered)
   int EpiTileM = 0,     // epilogue subtile (0, 0): CUTLASS's choice (128x32 cooperative, 64x32 ping-pong)
   int EpiTileN = 0,
   bool AMajorM = false, // A (M, K) with M contiguous

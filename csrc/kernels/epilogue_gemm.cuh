@@ -23,6 +23,7 @@
 #include "sm90_cutlass.cuh"
 #include "config.cuh"
 #include "finalize.cuh"
+#include "sm90_pingpong_overlap.cuh"
 #include "../epilogues/nodes.hpp"
 
 namespace coda::kernels {
@@ -80,21 +81,39 @@ struct EpilogueCollective<Cfg, Fusion, true> {
       Fusion, typename Desc::DispatchPolicy>::CollectiveOp;
 };
 
+// The kernel class: CUTLASS's GemmUniversal for the schedule, or (PingpongOverlap) the project's ping-pong
+// kernel with overlapping epilogues.
+template <class Cfg, class Mainloop, class Epilogue, bool = Cfg::Schedule::kOverlapEpilogues>
+struct GemmKernel {
+  using type = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                    typename Cfg::Schedule::TileScheduler>;
+};
+template <class Cfg, class Mainloop, class Epilogue>
+struct GemmKernel<Cfg, Mainloop, Epilogue, true> {
+  using type = PingpongOverlapKernel<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+                                     typename Cfg::Schedule::TileScheduler, Cfg::Schedule::kOrderEpilogues>;
+};
+
 template <class Cfg, class Fusion>
 struct EpilogueGemm {
-  using CollectiveEpilogue = typename EpilogueCollective<Cfg, Fusion>::type;
+  static constexpr bool kOverlapEpilogues = Cfg::Schedule::kOverlapEpilogues;
+  using BuiltEpilogue = typename EpilogueCollective<Cfg, Fusion>::type;
+  using CollectiveEpilogue = cute::conditional_t<kOverlapEpilogues, OverlapEpilogue<BuiltEpilogue>, BuiltEpilogue>;
+  // The mainloop's stages get what the epilogue leaves: one epilogue's storage, or one per math warp group
+  // when their epilogues overlap.
+  static constexpr int kEpilogueSmem =
+      (kOverlapEpilogues ? 2 : 1) * static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       typename Cfg::ElementAB, typename Cfg::LayoutA, Cfg::kAlignmentAB,
       typename Cfg::ElementAB, typename Cfg::LayoutB, Cfg::kAlignmentAB,
       float, typename Cfg::TileShape, typename Cfg::ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueSmem>,
       typename Cfg::Schedule::Mainloop>::CollectiveOp;
 
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue, typename Cfg::Schedule::TileScheduler>;
+  using Kernel = typename GemmKernel<Cfg, CollectiveMainloop, CollectiveEpilogue>::type;
+  static_assert(Kernel::SharedStorageSize <= 232448, "the kernel's shared memory exceeds an SM90 CTA's 227 KB");
   using Arguments = typename Kernel::Arguments;
   using FusionArguments = typename Fusion::Arguments;
   using ElementAB = typename Cfg::ElementAB;

@@ -5,7 +5,15 @@ import dataclasses
 
 from .errors import UnsupportedError
 
-SCHEDULES = ("cooperative", "pingpong", "streamk")
+SCHEDULES = ("cooperative", "pingpong", "streamk", "overlap", "overlap_ordered")
+#: Schedules of the ping-pong kind (two math warp groups of 64-row MMAs, alternating tiles): "overlap" is
+#: ping-pong whose two warp groups' epilogues may run at the same time (csrc/kernels/sm90_pingpong_overlap.cuh:
+#: each warp group owns its epilogue's shared memory, so the epilogue takes twice its storage from the
+#: mainloop's stages); "overlap_ordered" is the same kernel with the epilogues ordered again, for debugging
+#: (its results must be bit-identical to "overlap"'s).
+PINGPONG_SCHEDULES = ("pingpong", "overlap", "overlap_ordered")
+#: Schedules whose epilogue shared memory is allocated once per math warp group.
+OVERLAP_SCHEDULES = ("overlap", "overlap_ordered")
 #: Operand layouts: which dimension of A (M, K) and of W (N, K) is contiguous. "kk": both K
 #: (x @ Wᵀ with W as torch.nn.Linear stores it); "kn": W is a transposed view (the dX GEMM
 #: dz @ W reads W (N_out, K_in) as it is stored); "mn": both transposed views (the weight
@@ -13,7 +21,7 @@ SCHEDULES = ("cooperative", "pingpong", "streamk")
 MAJORS = ("kk", "kn", "mk", "mn")
 
 
-_TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk"}
+_TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk", "overlap": "ppo", "overlap_ordered": "ppoo"}
 RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
 #: The most shared-memory stages KernelConfig.epilogue_stages gives the epilogue's loads or stores.
 MAX_EPILOGUE_STAGES = 8
@@ -37,7 +45,9 @@ class KernelConfig:
     Compiled into the kernel: tile = (TILE_M, TILE_N, TILE_K); cluster = (CLUSTER_M, CLUSTER_N);
     schedule = cooperative | pingpong | streamk (cooperative with the stream-K tile scheduler: the K
     loop of each output tile is split across CTAs when there are too few tiles to fill the GPU;
-    deterministic); epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice; epilogue_stages =
+    deterministic) | overlap (ping-pong whose two warp groups' epilogues may overlap; its epilogue
+    buffers are allocated twice) | overlap_ordered (overlap with the epilogues ordered: debugging);
+    epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice; epilogue_stages =
     (STAGES_C, STAGES_D), the shared-memory stages of the epilogue's TMA tile loads and of its TMA stores,
     or None for CUTLASS's choice (min(subtiles, 4) and min(subtiles, 2)): deeper load stages let the
     producer warp fetch more of a tile's inputs while the mainloop runs, at the mainloop's expense.
@@ -60,7 +70,7 @@ class KernelConfig:
         tm, tn, tk = self.tile
         if self.schedule not in SCHEDULES:
             raise UnsupportedError(f"KernelConfig: schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        min_m = 64 if self.schedule == "pingpong" else 128
+        min_m = 64 if self.schedule in PINGPONG_SCHEDULES else 128
         if tm not in (64, 128, 256) or tm < min_m:
             raise UnsupportedError(f"KernelConfig: TILE_M={tm} is not supported by the {self.schedule} "
                                    f"schedule; use one of {[m for m in (64, 128, 256) if m >= min_m]}")
@@ -72,7 +82,7 @@ class KernelConfig:
             if tm % em or tn % en or em not in (64, 128) or en not in (16, 32, 64, 128):
                 raise UnsupportedError(f"KernelConfig: epilogue_tile {self.epilogue_tile} must divide the tile "
                                        f"{self.tile} with EPI_M in (64, 128) and EPI_N in (16, 32, 64, 128)")
-            want_m = 64 if self.schedule == "pingpong" else 128   # CUTLASS's SM90 epilogue builder asserts it
+            want_m = 64 if self.schedule in PINGPONG_SCHEDULES else 128   # CUTLASS's SM90 epilogue builder asserts it
             if em != want_m:
                 raise UnsupportedError(f"KernelConfig: the {self.schedule} schedule's epilogue runs subtiles of "
                                        f"{want_m} rows; use epilogue_tile=({want_m}, {en})")

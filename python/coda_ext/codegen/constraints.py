@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import KernelConfig
+from ..config import OVERLAP_SCHEDULES, PINGPONG_SCHEDULES, KernelConfig
 from ..errors import UnsupportedError
 from ..graph import ir
 
@@ -48,7 +48,7 @@ def fit_config(graph: ir.GraphIR, config: KernelConfig) -> KernelConfig:
         raise UnsupportedError(
             f"segment_reduce(size={size}): a segment (head) must lie inside one N tile, but config {config.tag} "
             f"has TILE_N={tn}; use a TILE_N that is a multiple of {size}")
-    em = 64 if config.schedule == "pingpong" else tm
+    em = 64 if config.schedule in PINGPONG_SCHEDULES else tm
     if em not in (64, 128):
         raise UnsupportedError(f"segment_reduce: config {config.tag} has TILE_M={tm}; with the {config.schedule} "
                                "schedule use TILE_M 128 (the epilogue subtile must hold whole rows of 128 or fewer)")
@@ -68,7 +68,7 @@ def epilogue_tile(config: KernelConfig) -> tuple[int, int]:
     if config.epilogue_tile is not None:
         return tuple(config.epilogue_tile)
     tm = config.tile[0]
-    return (tm if config.schedule != "pingpong" else min(tm, 64), 32)
+    return (tm if config.schedule not in PINGPONG_SCHEDULES else min(tm, 64), 32)
 
 
 def _align(n: int) -> int:
@@ -101,11 +101,18 @@ def epilogue_buffers(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> dic
     return parts
 
 
+def epilogue_copies(config: KernelConfig) -> int:
+    """How many copies of the epilogue's buffers the kernel holds: one per math warp group where their
+    epilogues overlap (the "overlap" schedules), else one."""
+    return 2 if config.schedule in OVERLAP_SCHEDULES else 1
+
+
 def mainloop_stages(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> int:
-    """An upper bound of the mainloop pipeline stages left beside the epilogue's buffers."""
+    """An upper bound of the mainloop pipeline stages left beside the epilogue's buffers (all copies)."""
     tm, tn, tk = config.tile
     stage = (tm + tn) * tk * _BYTES[dtype] + STAGE_BARRIERS
-    return (SMEM_BYTES - sum(epilogue_buffers(graph, dtype, config).values())) // stage
+    epilogue = epilogue_copies(config) * sum(epilogue_buffers(graph, dtype, config).values())
+    return (SMEM_BYTES - epilogue) // stage
 
 
 def check_shared_memory(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> None:
@@ -115,11 +122,13 @@ def check_shared_memory(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> 
     tm, tn, tk = config.tile
     em, en = epilogue_tile(config)
     parts = epilogue_buffers(graph, dtype, config)
-    epilogue = sum(parts.values())
+    copies = epilogue_copies(config)
+    epilogue = copies * sum(parts.values())
     stage = (tm + tn) * tk * _BYTES[dtype]
     listing = ", ".join(f"{k} {v // 1024} KB" for k, v in parts.items())
     raise UnsupportedError(
-        f"the epilogue needs at least {epilogue // 1024} KB of shared memory ({listing}) with config {config.tag} "
+        f"the epilogue needs at least {epilogue // 1024} KB of shared memory ({listing}"
+        f"{', once per math warp group' if copies > 1 else ''}) with config {config.tag} "
         f"(epilogue subtile {em}x{en}), leaving the mainloop fewer than {MIN_MAINLOOP_STAGES} stages of "
         f"{stage // 1024} KB: use 16-bit tiles and stores instead of float32, fewer of them, a smaller epilogue tile "
         "or a smaller TILE_N")
@@ -132,7 +141,7 @@ def check_column_partials(graph: ir.GraphIR, dtype: str, config: KernelConfig) -
     if not graph.find("col_reduce"):
         return
     em, en = epilogue_tile(config)
-    warps = 4 if config.schedule == "pingpong" else 8
+    warps = 4 if config.schedule in PINGPONG_SCHEDULES else 8
     need = 4 * warps * config.tile[1]
     if em * en * _BYTES[dtype] < need:
         raise UnsupportedError(

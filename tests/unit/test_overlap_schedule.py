@@ -1,0 +1,126 @@
+"""The "overlap" schedules without a GPU: ping-pong whose two math warp groups' epilogues may run at the same
+time (csrc/kernels/sm90_pingpong_overlap.cuh) and its debugging twin with the epilogues ordered. The configs
+accept and refuse what ping-pong does, have their own tags, emit the project's kernel, and the epilogue's
+shared memory is counted once per warp group when the mainloop's stages are planned."""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import pytest
+
+import coda_ext as ce
+from coda_ext import graphs
+from coda_ext.codegen import constraints
+from coda_ext.config import OVERLAP_SCHEDULES, PINGPONG_SCHEDULES, SCHEDULES
+from coda_ext.graph.builder import Graph
+from coda_ext.graph.canonical import as_ir
+from coda_ext.graph.math import gelu, gelu_grad, segment_reduce
+from coda_ext.passes import lower
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PING = ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4)
+
+
+def gelu_forward() -> Graph:
+    """GPT-2's MLP up projection: pre = acc + bias (D), gelu_tanh(pre) stored."""
+    g = Graph()
+    pre = g.accumulator() + g.row_vector("bias")
+    g.output(pre)
+    g.store("act", gelu(pre, approximate="tanh"))
+    return g
+
+
+def gelu_backward() -> Graph:
+    """GPT-2's GELU backward at the dX GEMM (graph d2dbb499): dz = acc * gelu_tanh'(pre) (D), Σ_m dz."""
+    g = Graph()
+    dz = g.accumulator() * gelu_grad(g.tile("pre"), approximate="tanh")
+    g.output(dz)
+    g.col_reduce("dbias", dz, "sum")
+    return g
+
+
+@pytest.mark.parametrize("schedule", OVERLAP_SCHEDULES)
+def test_overlap_accepts_and_refuses_like_pingpong(schedule):
+    assert schedule in SCHEDULES and schedule in PINGPONG_SCHEDULES
+    for tile in ((64, 128, 64), (128, 128, 64), (128, 256, 64)):
+        ce.KernelConfig(tile, (1, 1), schedule)
+    ce.KernelConfig((128, 128, 64), (2, 1), schedule, epilogue_tile=(64, 64))
+    with pytest.raises(ce.UnsupportedError, match=f"TILE_M=32 is not supported by the {schedule} schedule"):
+        ce.KernelConfig((32, 128, 64), schedule=schedule)
+    with pytest.raises(ce.UnsupportedError, match=rf"{schedule} schedule's epilogue runs subtiles of 64 rows"):
+        ce.KernelConfig((128, 128, 64), schedule=schedule, epilogue_tile=(128, 64))
+
+
+def test_overlap_tags_are_their_own():
+    assert ce.KernelConfig((128, 128, 64), (1, 1), "overlap", swizzle=4).tag == "ppo_128x128x64_c1x1_s4"
+    assert ce.KernelConfig((64, 128, 64), (1, 1), "overlap_ordered", major="kn").tag == "ppoo_64x128x64_c1x1_kn"
+    tags = {ce.KernelConfig((128, 128, 64), schedule=s).tag for s in SCHEDULES}
+    assert len(tags) == len(SCHEDULES)
+
+
+@pytest.mark.parametrize("schedule,name", [("overlap", "PingpongOverlap"),
+                                           ("overlap_ordered", "PingpongOverlapOrdered")])
+def test_emitted_source_names_the_overlap_kernel(schedule, name):
+    src = ce.emit_source(gelu_backward(), "bfloat16", dataclasses.replace(PING, schedule=schedule))
+    assert f"coda::kernels::{name}>;" in src
+    ping = ce.emit_source(gelu_backward(), "bfloat16", PING)
+    assert "coda::kernels::Pingpong>;" in ping and "Overlap" not in ping
+    # the names exist in the kernel templates, as the debugging switch of one kernel
+    config = (ROOT / "csrc" / "kernels" / "config.cuh").read_text()
+    assert f"using {name} = PingpongOverlapT<{str(schedule == 'overlap_ordered').lower()}>;" in config
+    assert "#include \"sm90_pingpong_overlap.cuh\"" in (ROOT / "csrc" / "kernels" / "epilogue_gemm.cuh").read_text()
+
+
+def test_overlap_epilogue_subtiles_and_column_partials_are_pingpongs():
+    """64-row subtiles (CUTLASS's ping-pong epilogue, one warp group of 4 warps a tile), segments included."""
+    over = dataclasses.replace(PING, schedule="overlap")
+    assert constraints.epilogue_tile(over) == constraints.epilogue_tile(PING) == (64, 32)
+    g = Graph()
+    acc = g.accumulator()
+    g.output(acc * segment_reduce(acc, 64, "sumsq"))
+    low = lower(as_ir(g), "bfloat16")
+    assert constraints.fit_config(low, over).epilogue_tile == (64, 64)
+    constraints.check_column_partials(lower(as_ir(gelu_backward()), "bfloat16"), "bfloat16", over)   # 4 warps
+
+
+def test_overlap_counts_the_epilogue_storage_once_per_warp_group():
+    """GPT-2's GELU backward (a bf16 tile load and a column reduction) leaves one mainloop stage fewer in
+    "overlap" than in ping-pong (the feasibility study's sizeof figures: 6 and 5 stages); a plain GEMM none."""
+    for build, fewer in ((gelu_backward, 1), (graphs.identity, 0)):
+        low = lower(as_ir(build()), "bfloat16")
+        ping = constraints.mainloop_stages(low, "bfloat16", PING)
+        for schedule in OVERLAP_SCHEDULES:
+            over = constraints.mainloop_stages(low, "bfloat16", dataclasses.replace(PING, schedule=schedule))
+            assert ping - over == fewer, (build.__name__, schedule, ping, over)
+    assert constraints.epilogue_copies(PING) == 1
+    assert constraints.epilogue_copies(dataclasses.replace(PING, schedule="overlap")) == 2
+
+
+def test_overlap_refuses_an_epilogue_that_fits_pingpong_only():
+    """Six bf16 tile loads (4 stages of 64x32 each, 16 KB) with a 128x256 tile fit ping-pong's shared memory
+    once but not twice: the refusal names the per-warp-group copy."""
+    g = Graph()
+    v = g.accumulator()
+    for i in range(6):
+        v = v * g.tile(f"t{i}")
+    g.output(v)
+    cfg = ce.KernelConfig((128, 256, 64), (1, 1), "pingpong")
+    ce.kernel_source(g, "bfloat16", cfg)
+    with pytest.raises(ce.UnsupportedError, match="once per math warp group"):
+        ce.kernel_source(g, "bfloat16", dataclasses.replace(cfg, schedule="overlap"))
+
+
+def test_sweep_fusion_times_overlap_beside_pingpong():
+    from benchmarks import sweep_fusion as sf
+
+    alts = {(tile, cluster, schedule, swizzle) for tile, cluster, schedule, swizzle in sf.ALTERNATIVES}
+    assert ((128, 128, 64), (1, 1), "pingpong", 4) in alts and ((128, 128, 64), (1, 1), "overlap", 4) in alts
+
+
+def test_the_heuristic_never_picks_overlap():
+    """Untested on a GPU: tuning.py's configs stay ping-pong, cooperative and stream-K."""
+    from coda_ext import tuning
+
+    picked = {v.schedule for v in vars(tuning).values() if isinstance(v, ce.KernelConfig)}
+    assert picked and not picked & set(OVERLAP_SCHEDULES)
