@@ -5,8 +5,8 @@
         [--tools memcheck racecheck initcheck] [--families plain ...] [--sanitizer PATH] [--out-dir DIR]
 
 One process per tool runs every family (FAMILIES: plain GEMM, every node kind, reductions and their
-finalize, the pair ops with the packed pair tiles, operand layouts kn/mn, the cooperative, ping-pong
-and stream-K schedules, a graph without D), each a small launch at M, N, K none a tile multiple,
+finalize, the pair ops with the packed pair tiles, operand layouts kn/mn, the cooperative, ping-pong,
+stream-K and overlap (both orders) schedules, a graph without D), each a small launch at M, N, K none a tile multiple,
 under `compute-sanitizer --tool T` (the three tools run side by side). Outputs come from PyTorch's
 allocator with its cache off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor its own cudaMalloc, so
 memcheck sees each tensor's bounds and initcheck starts each output uninitialized). Under memcheck
@@ -105,6 +105,12 @@ FAMILIES: tuple[Family, ...] = (
            graphs.swiglu_backward_linear, "bfloat16", dataclasses.replace(DEFAULT, major="kn"), (RAGGED,)),
     Family("major_mn", "weight_grad with accumulate (acc + tile); A and W transposed (mn); ping-pong 64x128",
            _weight_grad_accumulate, "bfloat16", dataclasses.replace(tuning.SKINNY, major="mn"), ((336, 264, 72),)),
+    Family("overlap", "the reductions graph, ping-pong 128x128 with overlapping epilogues (per-warp-group smem, "
+           "named barriers 1 and 8); 323 tiles: two or three a CTA", _kind("reductions"), "bfloat16",
+           dataclasses.replace(DEFAULT, schedule="overlap"), ((2333, 2056, 136),)),
+    Family("overlap_ordered", "README example (row vector, SiLU, tile load, store, row reduction), the overlap "
+           "kernel with its epilogues ordered (debugging switch); W transposed (kn)", graphs.example, "bfloat16",
+           dataclasses.replace(DEFAULT, schedule="overlap_ordered", major="kn"), (RAGGED,)),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 

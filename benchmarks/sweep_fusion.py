@@ -21,9 +21,11 @@ from benchmarks import bench_autofusion as af
 from benchmarks import common
 
 DEFAULT_MODELS = ("bert-base",)
-#: The configs tried beside "auto"'s, in each kernel's operand layout: the two schedules' usual tiles, and
-#: ping-pong 64 x 128 (half the accumulator a thread: room for a long epilogue's registers).
-ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 192, 64), (1, 1), "pingpong", 8),
+#: The configs tried beside "auto"'s, in each kernel's operand layout: the two schedules' usual tiles,
+#: ping-pong 64 x 128 (half the accumulator a thread: room for a long epilogue's registers), and ping-pong
+#: 128 x 128 swizzle 4 with overlapping epilogues ("overlap", untested on a GPU so far) beside the plain one.
+ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1), "overlap", 4),
+                ((128, 192, 64), (1, 1), "pingpong", 8),
                 ((64, 256, 64), (1, 1), "pingpong", 8), ((64, 128, 64), (1, 1), "pingpong", 4),
                 ((128, 128, 64), (1, 1), "cooperative", 4),
                 ((128, 256, 64), (2, 1), "cooperative", 4), ((256, 128, 64), (1, 1), "cooperative", 4))
@@ -120,13 +122,14 @@ def configs(site, mnk, epilogue: bool = False) -> list:
     repeats, each in the site's operand layout (epilogue: EPILOGUE_BASES × EPILOGUE_VARIANTS instead)."""
     import coda_ext as ce
     from benchmarks.sweep_backward import fits
+    from coda_ext.config import PINGPONG_SCHEDULES
 
     auto = auto_config(site, mnk)
     out = {auto.tag: auto}
     tries = [ce.KernelConfig(tile, cluster, schedule, swizzle=swizzle, major=site.major)
              for tile, cluster, schedule, swizzle in ALTERNATIVES] if not epilogue else [
         ce.KernelConfig(tile, cluster, schedule, swizzle=swizzle, major=site.major, epilogue_stages=st,
-                        epilogue_tile=None if en is None else (64 if schedule == "pingpong" else 128, en))
+                        epilogue_tile=None if en is None else (64 if schedule in PINGPONG_SCHEDULES else 128, en))
         for tile, cluster, schedule, swizzle in EPILOGUE_BASES for en, st in EPILOGUE_VARIANTS
         if en is None or tile[1] % en == 0]   # subtiles that divide the tile
     for c in tries:

@@ -50,10 +50,11 @@ CodaLaunch make_launch(const at::Tensor& A, const at::Tensor& W, const std::opti
 void launch(uintptr_t run_fn, uintptr_t workspace_fn, const at::Tensor& A, const at::Tensor& W,
             const std::optional<at::Tensor>& D, const std::vector<std::optional<at::Tensor>>& slot_tensors,
             const std::vector<int64_t>& slot_ld, const std::vector<double>& slot_value, int64_t max_swizzle,
-            int64_t raster_order, uintptr_t stream) {
+            int64_t raster_order, int64_t sm_count, uintptr_t stream) {
   CodaLaunch L = make_launch(A, W, D, slot_tensors, slot_ld, slot_value);
   L.max_swizzle = static_cast<int32_t>(max_swizzle);
   L.raster_order = static_cast<int32_t>(raster_order);
+  L.sm_count = static_cast<int32_t>(sm_count);   // 0: one persistent CTA per SM
   auto workspace_size = reinterpret_cast<CodaWorkspaceSizeFn>(workspace_fn);
   auto run = reinterpret_cast<CodaRunFn>(run_fn);
   size_t bytes = workspace_size(L.M, L.N, L.K);

@@ -46,6 +46,10 @@ class CompiledOp(GraphOp):
     other outputs are allocated. M (the rows of A) is a runtime size: any M runs on this kernel.
     """
 
+    #: The persistent CTAs a launch asks for (CodaLaunch.sm_count); 0: one per SM. Tests set a few on an op
+    #: so each CTA runs many tiles (the ping-pong kernels' warp groups then alternate over several).
+    sm_count: int = 0
+
     def __init__(self, graph: ir.GraphIR, lowered: ir.GraphIR, dtype: str, config: KernelConfig, library: str,
                  source: str):
         self.graph = graph              # canonical user graph
@@ -129,7 +133,8 @@ class CompiledOp(GraphOp):
             stream = _raw_stream(device)
             try:
                 load_binding().launch(self._run, self._workspace, A, W, D, tensors, lds, values,
-                                      self.config.swizzle, RASTER_ORDERS[self.config.raster], stream)
+                                      self.config.swizzle, RASTER_ORDERS[self.config.raster], self.sm_count,
+                                      stream)
             except RuntimeError as e:
                 raise LaunchError(f"{self!r}: {e}") from e
         result = Outputs()
