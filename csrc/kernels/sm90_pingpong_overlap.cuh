@@ -10,9 +10,10 @@
 // a tile costs about max(mainloop, (mainloop + epilogue) / 2).
 //
 // Roles (384 threads): warp group 0 is the producer — warp 0 loads A and B for every tile of the CTA,
-// warp 2 loads the epilogue inputs of warp group 1's tiles (the CTA's even tiles: 0, 2, 4, ...), warp 3
-// those of warp group 2's (odd tiles); warp 1 idles. Warp groups 1 and 2 are the consumers. Each pipeline
-// state advances only over the tiles of its warp group, except the mainloop's, whose ring both share.
+// warp 2 loads the epilogue inputs of math group 0's tiles (the CTA's even tiles: 0, 2, 4, ...), warp 3
+// those of math group 1's (odd tiles); warp 1 idles. Warp groups 1 and 2 of the CTA are math groups 0 and
+// 1, the consumers. Each pipeline state advances only over the tiles of its math group, except the
+// mainloop's, whose ring both share (as in CUTLASS's ping-pong kernel).
 //
 // The host side (Arguments, Params, workspace, grid, can_implement) is CUTLASS's ping-pong kernel's, which
 // this class derives from; SharedStorage and operator() are its own. OrderEpilogues = true orders the
