@@ -23,33 +23,11 @@ import torch
 
 import coda_ext as ce
 from coda_ext import graphs
-from coda_ext.graph.builder import Graph
-from coda_ext.graph.math import gelu, gelu_grad
 from tests.gpu.test_numerics import check_against_reference
 from tests.helpers import checks, rand
 
-
-def gelu_forward() -> Graph:
-    """pre = acc + bias (D), gelu_tanh(pre) stored in bf16 and gelu_erf(pre) in fp32."""
-    g = Graph()
-    pre = g.accumulator() + g.row_vector("bias")
-    g.output(pre)
-    g.store("act", gelu(pre, approximate="tanh"))
-    g.store("act_erf", gelu(pre), dtype="float32")
-    return g
-
-
-def gelu_backward() -> Graph:
-    """GPT-2's GELU backward at the dX GEMM: dz = acc * gelu_tanh'(pre) (D, pre a tile load), dbias = Σ_m dz."""
-    g = Graph()
-    dz = g.accumulator() * gelu_grad(g.tile("pre"), approximate="tanh")
-    g.output(dz)
-    g.col_reduce("dbias", dz, "sum")
-    return g
-
-
 #: name -> (builder, operand layout)
-GRAPHS = {"gelu_fwd": (gelu_forward, "kn"), "gelu_bwd": (gelu_backward, "kk"),
+GRAPHS = {"gelu_fwd": (graphs.bias_gelu_stores, "kn"), "gelu_bwd": (graphs.gelu_backward_dbias, "kk"),
           "row_reduce": (graphs.design, "kk"), "plain": (graphs.identity, "kk")}
 TILES = ((128, 128, 64), (64, 128, 64))
 SCHEDULES = ("pingpong", "overlap_ordered", "overlap")

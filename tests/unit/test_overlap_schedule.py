@@ -13,31 +13,11 @@ import coda_ext as ce
 from coda_ext import graphs
 from coda_ext.codegen import constraints
 from coda_ext.config import OVERLAP_SCHEDULES, PINGPONG_SCHEDULES, SCHEDULES
-from coda_ext.graph.builder import Graph
 from coda_ext.graph.canonical import as_ir
-from coda_ext.graph.math import gelu, gelu_grad, segment_reduce
 from coda_ext.passes import lower
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PING = ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4)
-
-
-def gelu_forward() -> Graph:
-    """GPT-2's MLP up projection: pre = acc + bias (D), gelu_tanh(pre) stored."""
-    g = Graph()
-    pre = g.accumulator() + g.row_vector("bias")
-    g.output(pre)
-    g.store("act", gelu(pre, approximate="tanh"))
-    return g
-
-
-def gelu_backward() -> Graph:
-    """GPT-2's GELU backward at the dX GEMM (graph d2dbb499): dz = acc * gelu_tanh'(pre) (D), Σ_m dz."""
-    g = Graph()
-    dz = g.accumulator() * gelu_grad(g.tile("pre"), approximate="tanh")
-    g.output(dz)
-    g.col_reduce("dbias", dz, "sum")
-    return g
 
 
 @pytest.mark.parametrize("schedule", OVERLAP_SCHEDULES)
@@ -62,9 +42,9 @@ def test_overlap_tags_are_their_own():
 @pytest.mark.parametrize("schedule,name", [("overlap", "PingpongOverlap"),
                                            ("overlap_ordered", "PingpongOverlapOrdered")])
 def test_emitted_source_names_the_overlap_kernel(schedule, name):
-    src = ce.emit_source(gelu_backward(), "bfloat16", dataclasses.replace(PING, schedule=schedule))
+    src = ce.emit_source(graphs.gelu_backward_dbias(), "bfloat16", dataclasses.replace(PING, schedule=schedule))
     assert f"coda::kernels::{name}>;" in src
-    ping = ce.emit_source(gelu_backward(), "bfloat16", PING)
+    ping = ce.emit_source(graphs.gelu_backward_dbias(), "bfloat16", PING)
     assert "coda::kernels::Pingpong>;" in ping and "Overlap" not in ping
     # the names exist in the kernel templates, as the debugging switch of one kernel
     config = (ROOT / "csrc" / "kernels" / "config.cuh").read_text()
@@ -76,18 +56,16 @@ def test_overlap_epilogue_subtiles_and_column_partials_are_pingpongs():
     """64-row subtiles (CUTLASS's ping-pong epilogue, one warp group of 4 warps a tile), segments included."""
     over = dataclasses.replace(PING, schedule="overlap")
     assert constraints.epilogue_tile(over) == constraints.epilogue_tile(PING) == (64, 32)
-    g = Graph()
-    acc = g.accumulator()
-    g.output(acc * segment_reduce(acc, 64, "sumsq"))
-    low = lower(as_ir(g), "bfloat16")
+    low = lower(as_ir(graphs.qkv_rope(False, True, 64)), "bfloat16")   # QK-norm: 64-wide segment reductions
     assert constraints.fit_config(low, over).epilogue_tile == (64, 64)
-    constraints.check_column_partials(lower(as_ir(gelu_backward()), "bfloat16"), "bfloat16", over)   # 4 warps
+    bwd = lower(as_ir(graphs.gelu_backward_dbias()), "bfloat16")
+    constraints.check_column_partials(bwd, "bfloat16", over)   # 4 warps x TILE_N fp32 partials fit a 64x32 subtile
 
 
 def test_overlap_counts_the_epilogue_storage_once_per_warp_group():
     """GPT-2's GELU backward (a bf16 tile load and a column reduction) leaves one mainloop stage fewer in
     "overlap" than in ping-pong (the feasibility study's sizeof figures: 6 and 5 stages); a plain GEMM none."""
-    for build, fewer in ((gelu_backward, 1), (graphs.identity, 0)):
+    for build, fewer in ((graphs.gelu_backward_dbias, 1), (graphs.identity, 0)):
         low = lower(as_ir(build()), "bfloat16")
         ping = constraints.mainloop_stages(low, "bfloat16", PING)
         for schedule in OVERLAP_SCHEDULES:
@@ -98,17 +76,12 @@ def test_overlap_counts_the_epilogue_storage_once_per_warp_group():
 
 
 def test_overlap_refuses_an_epilogue_that_fits_pingpong_only():
-    """Six bf16 tile loads (4 stages of 64x32 each, 16 KB) with a 128x256 tile fit ping-pong's shared memory
-    once but not twice: the refusal names the per-warp-group copy."""
-    g = Graph()
-    v = g.accumulator()
-    for i in range(6):
-        v = v * g.tile(f"t{i}")
-    g.output(v)
-    cfg = ce.KernelConfig((128, 256, 64), (1, 1), "pingpong")
-    ce.kernel_source(g, "bfloat16", cfg)
+    """swiglu_backward_linear (a pair tile, two stores) with 8 load stages fits ping-pong 128x128's shared memory
+    once (4 mainloop stages) but not twice: the refusal names the per-warp-group copy."""
+    cfg = ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", epilogue_stages=(8, 2))
+    ce.kernel_source(graphs.swiglu_backward_linear(), "bfloat16", cfg)
     with pytest.raises(ce.UnsupportedError, match="once per math warp group"):
-        ce.kernel_source(g, "bfloat16", dataclasses.replace(cfg, schedule="overlap"))
+        ce.kernel_source(graphs.swiglu_backward_linear(), "bfloat16", dataclasses.replace(cfg, schedule="overlap"))
 
 
 def test_sweep_fusion_times_overlap_beside_pingpong():

@@ -24,9 +24,11 @@ from .epilogues import (
     acc_bias,
     acc_rowsum,
     bias_gelu,
+    bias_gelu_stores,
     bias_silu,
     design,
     example,
+    gelu_backward_dbias,
     identity,
     rstd_scale,
     rstd_swiglu,
@@ -46,8 +48,9 @@ from .forward import (
 )
 
 __all__ = [
-    "ACTIVATIONS", "acc_aux", "acc_bias", "acc_rowsum", "bias_gelu", "bias_silu", "binary", "design", "example",
-    "identity", "linear", "linear_residual_norm", "linear_swiglu", "lm_head_cross_entropy",
+    "ACTIVATIONS", "acc_aux", "acc_bias", "acc_rowsum", "bias_gelu", "bias_gelu_stores", "bias_silu", "binary",
+    "design", "example", "gelu_backward_dbias", "identity", "linear", "linear_residual_norm", "linear_swiglu",
+    "lm_head_cross_entropy",
     "lm_head_cross_entropy_backward", "lm_head_cross_entropy_train", "pair_gates", "pair_tile_read", "qkv_rope",
     "reductions", "rms_linear",
     "rms_norm_backward_linear", "rstd_scale", "rstd_swiglu", "silu_acc", "silu_aux_bias", "store_rowsum", "swiglu",

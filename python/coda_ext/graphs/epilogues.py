@@ -3,7 +3,7 @@ demo example, the benchmark families and the ablation's one-feature-at-a-time gr
 from __future__ import annotations
 
 from ..graph.builder import Graph
-from ..graph.math import gelu, silu, swiglu_pairs
+from ..graph.math import gelu, gelu_grad, silu, swiglu_pairs
 from .backward import linear
 
 
@@ -47,6 +47,27 @@ def bias_gelu() -> Graph:
     """D = gelu_tanh(acc + bias[n])."""
     g = Graph()
     g.output(gelu(g.accumulator() + g.row_vector("bias"), approximate="tanh"))
+    return g
+
+
+def bias_gelu_stores() -> Graph:
+    """An MLP up projection's GELU with its input kept: D = pre = acc + bias[n]; act = gelu_tanh(pre) (bf16)
+    and act_erf = gelu(pre) (fp32), two TMA stores (the overlap schedule's GPU test)."""
+    g = Graph()
+    pre = g.accumulator() + g.row_vector("bias")
+    g.output(pre)
+    g.store("act", gelu(pre, approximate="tanh"))
+    g.store("act_erf", gelu(pre), dtype="float32")
+    return g
+
+
+def gelu_backward_dbias() -> Graph:
+    """GELU's backward at the dX GEMM (GPT-2's MLP): D = dz = acc · gelu_tanh'(pre) with pre a tile load;
+    dbias[n] = Σ_m dz (a column reduction)."""
+    g = Graph()
+    dz = g.accumulator() * gelu_grad(g.tile("pre"), approximate="tanh")
+    g.output(dz)
+    g.col_reduce("dbias", dz, "sum")
     return g
 
 
