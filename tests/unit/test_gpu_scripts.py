@@ -31,6 +31,22 @@ def test_sanitize_build_items_are_valid_kernels():
     assert len(sources) == len(items), "two families compile to the same kernel"
 
 
+def test_overlap_bench_build_items_are_the_gpu_tests_kernels():
+    """benchmarks/bench_overlap.py times ping-pong, overlap_ordered and overlap of each graph: valid kernels,
+    each a kernel tests/gpu/test_overlap_gpu.py builds too (one prebuild serves both)."""
+    from benchmarks import bench_overlap
+
+    items = bench_overlap.build_items()
+    assert len(items) == len(bench_overlap.GRAPHS) * len(bench_overlap.SCHEDULES)
+    assert {c.schedule for _, _, c in items} == set(bench_overlap.SCHEDULES)
+    sources = {ce.kernel_source(*item).source for item in items}
+    assert len(sources) == len(items)
+    sys.path.insert(0, str(ROOT))
+    from tests.gpu import test_overlap_gpu
+
+    assert sources <= {ce.kernel_source(*item).source for item in test_overlap_gpu.build_items()}
+
+
 def test_sanitize_families_cover_kinds_schedules_layouts_and_ragged_shapes():
     kinds, schedules, majors, modes, reduce_ops, acts, dtypes = set(), set(), set(), set(), set(), set(), set()
     for f in sanitize.FAMILIES:
