@@ -41,7 +41,6 @@ def test_overlap_bench_build_items_are_the_gpu_tests_kernels():
     assert {c.schedule for _, _, c in items} == set(bench_overlap.SCHEDULES)
     sources = {ce.kernel_source(*item).source for item in items}
     assert len(sources) == len(items)
-    sys.path.insert(0, str(ROOT))
     from tests.gpu import test_overlap_gpu
 
     assert sources <= {ce.kernel_source(*item).source for item in test_overlap_gpu.build_items()}
