@@ -74,6 +74,10 @@ class KernelConfig:
         if tm not in (64, 128, 256) or tm < min_m:
             raise UnsupportedError(f"KernelConfig: TILE_M={tm} is not supported by the {self.schedule} "
                                    f"schedule; use one of {[m for m in (64, 128, 256) if m >= min_m]}")
+        if self.schedule in OVERLAP_SCHEDULES and tuple(self.cluster) != (1, 1):
+            raise UnsupportedError(f"KernelConfig: the {self.schedule} schedule runs in 1x1 clusters (its kernel "
+                                   f"has been tested on a GPU there only), got cluster={self.cluster}; use "
+                                   f"cluster=(1, 1), or schedule='pingpong' for clusters")
         if tn not in (64, 128, 192, 256) or tk not in (64, 128):
             raise UnsupportedError(f"KernelConfig: tile {self.tile} unsupported; TILE_N in (64, 128, 192, 256), "
                                    "TILE_K in (64, 128)")

@@ -25,7 +25,7 @@ def test_overlap_accepts_and_refuses_like_pingpong(schedule):
     assert schedule in SCHEDULES and schedule in PINGPONG_SCHEDULES
     for tile in ((64, 128, 64), (128, 128, 64), (128, 256, 64)):
         ce.KernelConfig(tile, (1, 1), schedule)
-    ce.KernelConfig((128, 128, 64), (2, 1), schedule, epilogue_tile=(64, 64))
+    ce.KernelConfig((128, 128, 64), (1, 1), schedule, epilogue_tile=(64, 64))
     with pytest.raises(ce.UnsupportedError, match=f"TILE_M=32 is not supported by the {schedule} schedule"):
         ce.KernelConfig((32, 128, 64), schedule=schedule)
     with pytest.raises(ce.UnsupportedError, match=rf"{schedule} schedule's epilogue runs subtiles of 64 rows"):
@@ -97,3 +97,11 @@ def test_the_heuristic_never_picks_overlap():
 
     picked = {v.schedule for v in vars(tuning).values() if isinstance(v, ce.KernelConfig)}
     assert picked and not picked & set(OVERLAP_SCHEDULES)
+
+
+@pytest.mark.parametrize("schedule", ["overlap", "overlap_ordered"])
+def test_overlap_refuses_clusters_until_tested(schedule):
+    """The overlap kernel ran on a GPU in 1x1 clusters only: a cluster is refused before any build, with the fix."""
+    with pytest.raises(ce.UnsupportedError, match=r"1x1 clusters.*cluster=\(1, 1\)"):
+        ce.KernelConfig((128, 128, 64), (2, 1), schedule)
+    assert ce.KernelConfig((128, 128, 64), (2, 1), "pingpong").cluster == (2, 1)
