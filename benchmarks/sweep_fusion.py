@@ -23,7 +23,7 @@ from benchmarks import common
 DEFAULT_MODELS = ("bert-base",)
 #: The configs tried beside "auto"'s, in each kernel's operand layout: the two schedules' usual tiles,
 #: ping-pong 64 x 128 (half the accumulator a thread: room for a long epilogue's registers), and ping-pong
-#: 128 x 128 swizzle 4 with overlapping epilogues ("overlap": not yet chosen by "auto") beside the plain one.
+#: 128 x 128 swizzle 4 with overlapping epilogues ("overlap": "auto"'s over K <= 1024) beside the plain one.
 ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1), "overlap", 4),
                 ((128, 192, 64), (1, 1), "pingpong", 8),
                 ((64, 256, 64), (1, 1), "pingpong", 8), ((64, 128, 64), (1, 1), "pingpong", 4),

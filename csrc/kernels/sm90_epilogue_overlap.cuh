@@ -65,6 +65,9 @@ struct OverlapEpilogue<cutlass::epilogue::collective::CollectiveEpilogue<
   static_assert(cute::is_void_v<ElementC_>, "OverlapEpilogue: coda_ext kernels have no C operand");
   static_assert(cute::is_void_v<CopyOpR2R_>, "OverlapEpilogue: no register-to-register copy before the smem store");
   static_assert(cute::is_same_v<CopyOpS2G_, cute::SM90_TMA_STORE>, "OverlapEpilogue: plain TMA stores only");
+  // A tile's TMA stores may still read its staging buffers while the warp group's next tile runs (the
+  // kernel drains them once, after its last tile): that holds only while no C load reuses those buffers.
+  static_assert(!ReuseSmemC_, "OverlapEpilogue: no shared-memory reuse of C for D");
 
   // What the base keeps private, derived again from the same template arguments (C is void, so nothing of
   // C's shared memory or its reuse for D remains).

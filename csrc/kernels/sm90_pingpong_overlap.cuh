@@ -7,7 +7,9 @@
 // wait. Here only the MMA is ordered (warp group 0's MMA, then warp group 1's, ...); each warp group owns
 // its epilogue's shared memory (staging buffers, aux tiles, row-broadcast slices), its epilogue load
 // pipeline, its named barrier (OverlapEpilogue) and its TMA-store groups, so the epilogues need no order:
-// a tile costs about max(mainloop, (mainloop + epilogue) / 2).
+// a tile costs about max(mainloop, (mainloop + epilogue) / 2). A tile's TMA stores stay in flight under the
+// group's next MMA (each staging stage is acquired before it is written again); the group drains them once,
+// after its last tile.
 //
 // Roles (384 threads): warp group 0 is the producer — warp 0 loads A and B for every tile of the CTA,
 // warp 2 loads the epilogue inputs of math group 0's tiles (the CTA's even tiles: 0, 2, 4, ...), warp 3
@@ -231,16 +233,25 @@ class PingpongOverlapKernel
         auto [load_next, store_next] = collective_epilogue.store(
             epi_load_pipeline, epi_load_consume, epi_store_pipeline, epi_store_produce, problem_shape_MNKL, blk_shape,
             blk_coord, accumulators, tiled_mma, group_thread, shared.tensors.epilogue[group]);
-        // Drain this group's TMA stores before its staging buffers are written again (the next tile) or the
-        // CTA exits.
-        auto [load_after, store_after] =
-            collective_epilogue.store_tail(epi_load_pipeline, load_next, epi_store_pipeline, store_next);
-        epi_load_consume = load_after;
-        epi_store_produce = store_after;
-        if constexpr (OrderEpilogues) math_order.arrive();
+        epi_load_consume = load_next;
+        epi_store_produce = store_next;
+        if constexpr (OrderEpilogues) {
+          // CUTLASS's order: this tile's TMA stores drained before the other group's epilogue starts.
+          auto [load_after, store_after] =
+              collective_epilogue.store_tail(epi_load_pipeline, epi_load_consume, epi_store_pipeline, epi_store_produce);
+          epi_load_consume = load_after;
+          epi_store_produce = store_after;
+          math_order.arrive();
+        }
+        // Overlapping: this group's stores stay in flight under its next tile's MMA. Its staging buffers are
+        // its own, and store() acquires each stage (waits for the store that last read it) before writing it.
 
         scheduler.advance_to_next_work(kMathGroups);
         work = scheduler.get_current_work();
+      }
+      // Drain this group's TMA stores before the CTA's shared memory goes away.
+      if constexpr (!OrderEpilogues) {
+        collective_epilogue.store_tail(epi_load_pipeline, epi_load_consume, epi_store_pipeline, epi_store_produce);
       }
     }
 #else

@@ -42,8 +42,11 @@ TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=4)
 TALL_192_S8 = dataclasses.replace(TALL_192, swizzle=8)
 TALL_192_PAIRS = KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8)
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
+#: PINGPONG whose two warp groups' epilogues may run at the same time (csrc/kernels/sm90_pingpong_overlap.cuh):
+#: where PINGPONG is chosen over K <= SHORT_K with an epilogue to run (see heuristic)
+OVERLAP = dataclasses.replace(PINGPONG, schedule="overlap")
 HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, WIDE, MEDIUM,
-                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_PAIRS)
+                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_PAIRS, OVERLAP)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
@@ -51,6 +54,8 @@ CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
 DEFAULT_SMS = 132
 #: The most lowered nodes an epilogue may have for ping-pong 128x192 at N <= 1536 (see heuristic)
 LIGHT_NODES = 20
+#: The longest K loop at which a ping-pong epilogue runs in the overlap schedule (see heuristic)
+SHORT_K = 1024
 MEMORY_FILE = "tuning.json"
 
 
@@ -65,7 +70,8 @@ class Epilogue:
     pairs: it stores pairs of adjacent columns at half width (SwiGLU);
     pair_loads: it reads a pair tile (M x 2N 16-bit values: the dSwiGLU's saved pre-activation);
     tall_192: a 128x192 tile fits it (its segments divide 192 and it leaves three mainloop stages);
-    nodes: the lowered graph's node count (how much the epilogue computes and holds)."""
+    nodes: the lowered graph's node count (how much the epilogue computes and holds);
+    overlap_stages: the mainloop stages OVERLAP leaves it (its epilogue storage counts twice)."""
 
     plain: bool = False
     tile_load: bool = False
@@ -75,6 +81,7 @@ class Epilogue:
     pair_loads: bool = False
     tall_192: bool = True
     nodes: int = 0
+    overlap_stages: int = 8
 
     @classmethod
     def of(cls, lowered: Any) -> Epilogue:
@@ -86,7 +93,8 @@ class Epilogue:
         return cls(plain=kinds <= {"accumulator", "output", "cast"}, tile_load=bool(kinds & {"tile", "pair_tile"}),
                    col_reduce="col_reduce" in kinds, large_stages=mainloop_stages(lowered, "bfloat16", LARGE),
                    pairs=bool(kinds & {"pair_gate", "pair_gated_store"}), pair_loads="pair_tile" in kinds,
-                   tall_192=tall_192, nodes=len(lowered.nodes))
+                   tall_192=tall_192, nodes=len(lowered.nodes),
+                   overlap_stages=mainloop_stages(lowered, "bfloat16", OVERLAP))
 
 
 def _waves(tiles: int, sms: int) -> float:
@@ -153,6 +161,12 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       in ping-pong 128x128 (H200, one run each, benchmarks/results/sweep_fusion_gelu_h200.json; with the
       GELU derivative written out node by node cooperative 128x128 had been the fastest there, 246 us
       against 295: a lighter epilogue moves the balance to the larger tile);
+    - PINGPONG over K <= SHORT_K with an epilogue (not plain) that leaves OVERLAP three mainloop stages or
+      more: OVERLAP, the same tiles with the two warp groups' epilogues running at the same time. A short K
+      loop makes the epilogue most of a tile's time and CUTLASS's ping-pong orders the two epilogues; at
+      16384x3072x768 (128x128, swizzle 4) the GELU backward with column sums took 160 us against 177 in
+      ping-pong, GELU forward with three stores 208 against 224, the design graph's row reduction 139 against
+      143, the plain GEMM 110 against 112 (H200, one run, benchmarks/results/overlap_h200.txt);
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
@@ -170,6 +184,8 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
             return TALL_192
         return TALL_192_PAIRS if epilogue.pairs else TALL_192_S8
     choice = _by_shape(M, N, K, sms, epilogue, major)
+    if choice == PINGPONG and K <= SHORT_K and not epilogue.plain and epilogue.overlap_stages >= 3:
+        return OVERLAP
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG
     if choice == LARGE and -(-M // 128) >= 32:
@@ -219,7 +235,8 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     tall = ()
     if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
         tall = (TALL_192, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
-    skip = (TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
+    skip = ((TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
+            + ((OVERLAP,) if epilogue.plain or epilogue.overlap_stages < 3 else ()))
     return tuple(c for c in HEURISTIC_CONFIGS if c not in skip) + tall
 
 

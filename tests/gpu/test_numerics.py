@@ -140,7 +140,8 @@ def test_auto_dispatches_by_shape(compiled_ops):
     """config="auto" picks a config per shape and graph (every config it may use: the design graph,
     with a tile load, never takes WIDE; SwiGLU, compute only, does at large M and N with K > 4096; LARGE
     at 2048 rows, LARGE_TALL from 32 row tiles on; the 128x192 tiles at M >= 4096, N >= 6144, K <= 4096,
-    SwiGLU's pair store in 2x1 clusters at N <= 16384) and matches the interpreter at each: every kernel those
+    SwiGLU's pair store in 2x1 clusters at N <= 16384; the overlap schedule where ping-pong 128x128 runs a
+    K <= 1024 loop) and matches the interpreter at each: every kernel those
     configs build is launched (configs that differ in swizzle alone, LARGE and LARGE_TALL, TALL_192 and
     TALL_192_S8, are one kernel; which one a shape takes is tests/unit/test_tuning.py's). Regression: the configs
     were compared with their swizzles, which fit_swizzle now picks per shape (the suite failed)."""

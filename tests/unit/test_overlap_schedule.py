@@ -91,12 +91,14 @@ def test_sweep_fusion_times_overlap_beside_pingpong():
     assert ((128, 128, 64), (1, 1), "pingpong", 4) in alts and ((128, 128, 64), (1, 1), "overlap", 4) in alts
 
 
-def test_the_heuristic_never_picks_overlap():
-    """Untested on a GPU: tuning.py's configs stay ping-pong, cooperative and stream-K."""
+def test_the_heuristic_picks_overlap_only_in_1x1_clusters():
+    """tuning.py's one overlap config is ping-pong 128x128 in a 1x1 cluster (the tested kernel); the ordered
+    variant, a debugging switch, is never picked."""
     from coda_ext import tuning
 
-    picked = {v.schedule for v in vars(tuning).values() if isinstance(v, ce.KernelConfig)}
-    assert picked and not picked & set(OVERLAP_SCHEDULES)
+    picked = [v for v in vars(tuning).values() if isinstance(v, ce.KernelConfig) and v.schedule in OVERLAP_SCHEDULES]
+    assert picked == [tuning.OVERLAP] and tuning.OVERLAP.cluster == (1, 1)
+    assert tuning.OVERLAP == dataclasses.replace(tuning.PINGPONG, schedule="overlap")
 
 
 @pytest.mark.parametrize("schedule", ["overlap", "overlap_ordered"])

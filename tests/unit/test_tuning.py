@@ -138,7 +138,9 @@ def test_epilogue_kind_of_a_graph():
         e = tuning.Epilogue.of(kernel_source(g, "bfloat16").lowered)
         assert e.large_stages >= 3      # light epilogues leave the 128x256 mainloop its stages
         assert 2 <= e.nodes <= tuning.LIGHT_NODES
-        return dataclasses.replace(e, large_stages=tuning.Epilogue().large_stages, tall_192=True, nodes=0)
+        assert e.overlap_stages >= 3    # ... and the overlap schedule's, which holds two copies of the epilogue
+        return dataclasses.replace(e, large_stages=tuning.Epilogue().large_stages, tall_192=True, nodes=0,
+                                   overlap_stages=tuning.Epilogue().overlap_stages)
 
     assert kind(lambda g, acc: g.output(acc)) == PLAIN
     assert kind(lambda g, acc: g.output(ce.cast(acc, "float32"))) == PLAIN
@@ -164,11 +166,11 @@ def test_narrow_n_takes_128x192_for_a_light_epilogue():
 
 
 def test_a_column_reduction_over_a_short_k():
-    """A column reduction with K <= 1024: ping-pong 128x128 with both operands K-major (GPT-2's GELU
-    backward: 177 against 182 and 190 us), cooperative 128x256 2x1 N-major (BERT's: 190 against 200 and
-    202 us; sweep_fusion_gelu_h200.json); a longer K keeps cooperative 128x256, and an epilogue that
-    leaves 128x256 fewer than three stages ping-pong 128x128."""
-    assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED) == tuning.PINGPONG
+    """A column reduction with K <= 1024: ping-pong 128x128 tiles with both operands K-major (GPT-2's GELU
+    backward: 177 against 182 and 190 us), in the overlap schedule (160 us; overlap_h200.txt), cooperative
+    128x256 2x1 N-major (BERT's: 190 against 200 and 202 us; sweep_fusion_gelu_h200.json); a longer K keeps
+    cooperative 128x256, and an epilogue that leaves 128x256 fewer than three stages ping-pong 128x128."""
+    assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED) == tuning.OVERLAP
     assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED, major="kn") == tuning.LARGE   # swizzle 4: fitted
     assert tuning.heuristic(12608, 3072, 768, epilogue=COLRED, major="kn") == tuning.LARGE   # ViT-B/16's rows
     # LARGE_TALL with swizzle 4: 12 N tiles of 256, which swizzle 8 pads to 16
@@ -451,3 +453,21 @@ def test_the_llama_shapes_keep_their_swizzles():
             functions.training_kernels(LlamaConfig(hidden_size=d, intermediate_size=f, num_attention_heads=32,
                                                    num_key_value_heads=8, vocab_size=128256), 16384)
     assert len(seen) == 26 and all(got == unfitted for got, unfitted in seen)
+
+
+def test_short_k_epilogues_take_the_overlap_schedule():
+    """Where PINGPONG is chosen with K <= SHORT_K and an epilogue to run, OVERLAP (the same tiles, the two warp
+    groups' epilogues at the same time: 160 against 177 us, 208 against 224, 139 against 143 at 16384x3072x768;
+    overlap_h200.txt): not for a plain GEMM, a longer K, or an epilogue that leaves OVERLAP fewer than three
+    mainloop stages (it holds the epilogue's storage twice)."""
+    for epilogue in (POINTWISE, TILE, COLRED):
+        assert tuning.heuristic(16384, 3072, 768, epilogue=epilogue, major="kn") == \
+            (tuning.OVERLAP if epilogue != COLRED else tuning.LARGE)
+        assert tuning.heuristic(4096, 4096, 256, epilogue=epilogue) == tuning.OVERLAP
+        assert tuning.heuristic(4096, 4096, 2048, epilogue=epilogue).schedule != "overlap"
+        assert tuning.OVERLAP in tuning.heuristic_configs(epilogue)
+    tight = dataclasses.replace(TILE, overlap_stages=2)
+    assert tuning.heuristic(4096, 4096, 256, epilogue=tight) == tuning.PINGPONG
+    assert tuning.OVERLAP not in tuning.heuristic_configs(tight)
+    assert tuning.heuristic(4096, 4096, 256, epilogue=PLAIN, major="kn") == tuning.PINGPONG
+    assert tuning.OVERLAP not in tuning.heuristic_configs(PLAIN)
