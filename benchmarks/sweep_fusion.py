@@ -30,10 +30,13 @@ ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1)
                 ((128, 128, 64), (1, 1), "cooperative", 4),
                 ((128, 256, 64), (2, 1), "cooperative", 4), ((256, 128, 64), (1, 1), "cooperative", 4))
 #: --epilogue: around these bases, the epilogue's subtile width EPI_N (None: CUTLASS's 32; its rows are the
-#: schedule's, 64 in ping-pong and 128 in cooperative) and load stages, each beside the plain GEMM in the base
-#: config (its mainloop alone). At K = 768 a tile's mainloop is short and every subtile's loads are a round trip.
-EPILOGUE_BASES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1), "cooperative", 4))
-EPILOGUE_VARIANTS = ((None, None), (64, None), (128, None), (None, (8, 2)))
+#: schedule's, 64 in ping-pong and overlap, 128 in cooperative) and its (load, store) stages, each beside the plain
+#: GEMM in the base config (its mainloop alone). At K = 768 a tile's mainloop is short and every subtile's loads
+#: are a round trip; with two store stages each subtile's store waits for the store before the last to have read
+#: its shared memory, so (4, 4) lets more of them be in flight.
+EPILOGUE_BASES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1), "overlap", 4),
+                  ((128, 128, 64), (1, 1), "cooperative", 4))
+EPILOGUE_VARIANTS = ((None, None), (64, None), (128, None), (None, (8, 2)), (None, (4, 4)))
 
 
 #: --ablate: the unary kinds whose math a "no_math" variant skips (the transcendental ones and costlier).

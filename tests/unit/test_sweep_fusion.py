@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 
+from coda_ext.config import PINGPONG_SCHEDULES
+
 pytest.importorskip("scipy")
 
 from benchmarks import sweep_fusion as sf
@@ -33,14 +35,16 @@ def test_dry_run_prints_every_kernel(capsys):
 
 def test_epilogue_mode_varies_the_subtile_and_stages_with_each_schedules_rows():
     """--epilogue: auto's config, then EPILOGUE_BASES x EPILOGUE_VARIANTS that fit, with 64-row subtiles in
-    ping-pong and 128-row ones in cooperative (CUTLASS's epilogue builder refuses the others at nvcc time), and
-    the plain GEMM of each base in the site's layout among the build items."""
+    ping-pong and overlap and 128-row ones in cooperative (CUTLASS's epilogue builder refuses the others at nvcc
+    time), store stages beyond CUTLASS's two among them, and the plain GEMM of each base in the site's layout among
+    the build items."""
     e = sf.kernels("mlp")[0]
     cfgs = sf.configs(e["site"], e["mnk"], epilogue=True)
     assert len({c.tag for c in cfgs}) == len(cfgs) > 1
     for c in cfgs[1:]:
-        assert c.epilogue_tile is None or c.epilogue_tile[0] == (64 if c.schedule == "pingpong" else 128)
+        assert c.epilogue_tile is None or c.epilogue_tile[0] == (64 if c.schedule in PINGPONG_SCHEDULES else 128)
     assert any(c.epilogue_stages for c in cfgs) and any(c.epilogue_tile for c in cfgs)
+    assert {c.schedule for c in cfgs if c.epilogue_stages == (4, 4)} >= {"pingpong", "overlap"}
     plain = sf.plain_configs(e["site"], e["mnk"], epilogue=True)
     assert len(plain) == len(sf.EPILOGUE_BASES) and {c.major for c in plain} == {e["site"].major}
     assert sf.plain_configs(e["site"], e["mnk"]) == []
