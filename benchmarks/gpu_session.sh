@@ -8,6 +8,8 @@
 #                    the prebuild line says how many kernels it supplied
 #   LIBCODA=1    - also build libcoda and run its CTests and example
 #   SANITIZE=0   - skip compute-sanitizer over the kernel families and the numerics table
+#   XDIST=n      - test processes sharing the GPU where pytest-xdist is installed (default 3, one file each;
+#                  0: one process)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${LOGDIR:-gpu-logs}
@@ -42,7 +44,9 @@ if [ "${SANITIZE:-1}" != 0 ]; then
   python3 -m benchmarks.numerics_table 2>&1 | tee "$LOGDIR/numerics.log" | tail -n 100
   cp benchmarks/results/sanitizer_*.log "$LOGDIR/" 2>/dev/null || true
 fi
-python3 -m pytest tests -q -rs --durations=5 2>&1 | tee "$LOGDIR/tests.log" | tail -n 120
+xdist=()
+if [ "${XDIST:-3}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then xdist=(-n "${XDIST:-3}" --dist loadfile); fi
+python3 -m pytest tests -q -rs --durations=5 "${xdist[@]}" 2>&1 | tee "$LOGDIR/tests.log" | tail -n 120
 python3 -m benchmarks.bench_epilogue ${BENCH_ARGS:-} 2>&1 | tee "$LOGDIR/bench.log" | tail -n 40
 cp benchmarks/results/*.json benchmarks/results/*.png "$LOGDIR/" 2>/dev/null || true
 if [ -n "${LIBCODA:-}" ]; then
