@@ -26,7 +26,8 @@ CASES = {
 def config_cases():
     """(case, dtype, config) run at configs other than the default: every config the "auto"
     heuristic picks, with a tile load and a reduction, and stream-K with those, the pair node
-    and an aux store; the tile load with deeper epilogue stages (KernelConfig.epilogue_stages)."""
+    and an aux store; the tile load with deeper epilogue stages (KernelConfig.epilogue_stages); the overlap
+    schedule (heuristic's OVERLAP) with row and column reductions, the pair node and an aux store too."""
     from coda_ext import KernelConfig, tuning
 
     return ([("design", "bfloat16", c) for c in tuning.HEURISTIC_CONFIGS]
@@ -35,6 +36,8 @@ def config_cases():
                ("swiglu", "bfloat16", tuning.WIDE), ("swiglu", "bfloat16", tuning.TALL_192_PAIRS),
                ("swiglu", "float16", tuning.TALL_192), ("reductions", "bfloat16", tuning.TALL_192),
                ("example", "bfloat16", tuning.STREAMK),
+               ("reductions", "bfloat16", tuning.OVERLAP), ("swiglu", "bfloat16", tuning.OVERLAP),
+               ("example", "bfloat16", tuning.OVERLAP),
                ("design", "bfloat16", KernelConfig((128, 128, 64), (1, 1), "pingpong", epilogue_stages=(8, 2)))])
 
 
