@@ -6,6 +6,7 @@ max-autotune) and torch.compile(backend="coda") side by side (issue 25's benchma
     python -m benchmarks.bench_autofusion --prebuild-only       # build every fused kernel in parallel, then stop
     python -m benchmarks.bench_autofusion --plan                # trace only (CPU): GEMMs, kernels, solve time
     python -m benchmarks.bench_autofusion --device cpu --tiny --steps 2   # tiny configs; coda via the interpreter
+    python -m benchmarks.bench_autofusion --models gpt2 --loss-only     # each variant compiles model -> loss alone
 
 Models, from configs with random weights (no downloads), bf16 parameters, AdamW: transformers BERT-base and
 BERT-large (masked LM), GPT-2 124M and 774M (causal LM), ViT-B/16 (image classification), a Llama-3.2-1B-like
@@ -19,6 +20,10 @@ coda_ext.hf.apply_coda_to_llama path). Every compiled variant traces its Hugging
 coda_ext.fusion.hf_masks.plain_masks(): with the transformers and torch of the GPU machine, torch.compile
 otherwise builds an all-true attention mask and SDPA leaves its flash kernel (BERT-base's compiled step 66 ms
 against eager's 49 ms): the baseline is the best a user can get.
+
+--loss-only wraps the model so that its call returns the loss alone before any variant compiles it (a user's
+`torch.compile(lambda batch: model(**batch).loss)`): the logits stay inside the graph, so its backward receives no
+zero-filled gradient of them (which a recorded CUDA graph also copies in); results under MODEL+loss-only.
 
 Per model and variant: the loss of each of --steps training steps from the same weights on the same
 batches (eager's twice: its second curve's distance from its first, which attention's atomics make
@@ -189,6 +194,28 @@ def loss_of(out):
     return out if hasattr(out, "backward") else out.loss
 
 
+def loss_only(model):
+    """model wrapped so that its call returns the loss alone (--loss-only): compiled, the logits never leave the
+    graph, so autograd gives its backward no zero-filled gradient of them (a Hugging Face causal LM returns its
+    logits beside the loss; GPT-2's are 1.65 GB at 16 x 1024 tokens)."""
+    import torch
+
+    class LossOnly(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, **batch):
+            return loss_of(self.inner(**batch))
+
+    return LossOnly(model)
+
+
+def entry_name(name: str, args) -> str:
+    """A model's key in the results: its name, with "+loss-only" for a --loss-only run (kept beside the other)."""
+    return f"{name}+loss-only" if getattr(args, "loss_only", False) else name
+
+
 def _quiet() -> None:
     try:
         import transformers
@@ -222,6 +249,13 @@ def make_variant(variant: str, model, args) -> tuple[Any, Any]:
     import coda_ext.fusion as cf
     from coda_ext.fusion.hf_masks import with_plain_masks
 
+    if variant == "coda_hand":   # patches the model in place, then it is called as any other
+        from coda_ext.hf import apply_coda_to_llama
+
+        model = apply_coda_to_llama(model)
+        return (loss_only(model) if args.loss_only else model), None
+    if args.loss_only:
+        model = loss_only(model)
     if variant == "eager":
         return model, None
     if variant == "compile":
@@ -234,10 +268,6 @@ def make_variant(variant: str, model, args) -> tuple[Any, Any]:
         fused = cf.fuse(model, fallback=args.coda_fallback, method=args.method,
                         cudagraphs=variant == "coda_cudagraphs")
         return fused, fused.coda_backend
-    if variant == "coda_hand":
-        from coda_ext.hf import apply_coda_to_llama
-
-        return apply_coda_to_llama(model), None
     raise ValueError(f"unknown variant {variant!r} (one of {VARIANTS})")
 
 
@@ -306,7 +336,7 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
     base_taken = False
     entry = {"family": spec.family, "config": dict(spec.tiny if args.tiny else spec.config), "batch": list(batch),
              "params": sum(p.numel() for p in base.parameters()), "dtype": args.dtype, "dropout": args.dropout,
-             "steps": args.steps, "lr": args.lr, "env": args.env, "variants": {}}
+             "steps": args.steps, "lr": args.lr, "loss_only": args.loss_only, "env": args.env, "variants": {}}
     reports: dict[str, str] = {}
     steps: dict[str, Any] = {}
     for variant in args.variants:
@@ -379,7 +409,7 @@ def run_model(name: str, args, device: str) -> tuple[dict, dict[str, str]]:
                 entry["variants"][variant]["profile"] = profile(step, device)
             except Exception as e:  # noqa: BLE001  (a profile is a diagnosis, never a reason to lose results)
                 entry["variants"][variant]["profile"] = {"error": f"{type(e).__name__}: {e}"[:500]}
-    entry["goals"] = goals(name, entry)
+    entry["goals"] = goals(entry_name(name, args), entry)
     return entry, reports
 
 
@@ -591,7 +621,7 @@ def plan_backend(name: str, args) -> tuple[Any, Any, tuple[int, int], float]:
         model.tie_weights()
     inputs = make_batch(spec, model, batch, rand.generator("autofusion", name), dtype)
     start = time.perf_counter()
-    backend = cf.plan(model, kwargs=inputs, method=args.method)
+    backend = cf.plan(loss_only(model) if args.loss_only else model, kwargs=inputs, method=args.method)
     trace_s = time.perf_counter() - start
     if not backend.report.graphs:
         raise RuntimeError("nothing was traced: the backend never saw a graph")
@@ -752,6 +782,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--loss-only", action="store_true",
+                   help="every variant compiles the model wrapped to return its loss alone (the logits stay inside "
+                        "the graph); results under MODEL+loss-only")
     p.add_argument("--batch", nargs="*", default=[], help="MODEL=BxS overrides (ViT: batch x image size)")
     p.add_argument("--compile-backend", default="inductor",
                    help="backend of the compile variant (inductor; aot_eager for quick CPU checks)")
@@ -807,8 +840,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         entry, texts = run_model(name, args, device)
         entry["wall_s"] = time.perf_counter() - t0
-        doc["models"][name] = entry
-        reports[name] = texts
+        doc["models"][entry_name(name, args)] = entry
+        reports[entry_name(name, args)] = texts
         doc["goals"] = [g for m in doc["models"].values() for g in m.get("goals", [])]
         common.write_json(out, doc)
         reports_path.write_text(json.dumps(reports, indent=1) + "\n")

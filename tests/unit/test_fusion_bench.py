@@ -153,3 +153,43 @@ def test_profile_tables_count_kernels_once_and_find_each_fused_site():
     assert set(kernels) == {"gemm", "finalize", "mm"}
     assert sum(v[0] for v in kernels.values()) == pytest.approx(0.21)   # ms per step
     assert sites == {"abcd 64x64x64": [pytest.approx(0.165), pytest.approx(0.5)]}
+
+
+def test_loss_only_keeps_the_logits_inside_the_graph(tmp_path):
+    """--loss-only: every variant compiles the model wrapped to return its loss alone, so the compiled graph has one
+    output (no logits, hence no zero-filled logits gradient for its backward); the losses are the plain run's and the
+    results go under MODEL+loss-only beside MODEL's."""
+    import torch
+
+    from tests.helpers import rand
+
+    args = bench.parse(["--tiny", "--models", "gpt2", "--loss-only"])
+    assert args.loss_only and bench.entry_name("gpt2", args) == "gpt2+loss-only"
+    assert bench.entry_name("gpt2", bench.parse(["--tiny"])) == "gpt2"
+    spec = bench.MODELS["gpt2"]
+    model = bench.build_model(spec, True, 0.0).train()
+    batch = bench.make_batch(spec, model, spec.tiny_batch, rand.generator("loss-only"), torch.float32)
+
+    def outputs(module) -> int:   # the tensors the Dynamo graph returns
+        seen = []
+
+        def backend(gm, example_inputs):
+            seen.extend(len(n.args[0]) for n in gm.graph.nodes if n.op == "output")
+            return gm.forward
+
+        torch._dynamo.reset()
+        torch.compile(module, backend=backend)(**batch)
+        return seen[0]
+
+    assert outputs(model) >= 2 and outputs(bench.loss_only(model)) == 1   # the logits no longer leave the graph
+    wrapped = bench.loss_only(model)
+    assert list(wrapped.parameters()) == list(model.parameters())
+    out = tmp_path / "r.json"
+    argv = ["--device", "cpu", "--tiny", "--steps", "2", "--reps", "1", "--warmup", "0", "--models", "gpt2",
+            "--variants", "eager", "compile", "--compile-backend", "aot_eager", "--no-eager-repeat", "--out", str(out)]
+    assert bench.main(argv) == 0 and bench.main(argv + ["--loss-only"]) == 0
+    models = json.loads(out.read_text())["models"]
+    assert set(models) == {"gpt2", "gpt2+loss-only"} and models["gpt2+loss-only"]["loss_only"]
+    for variant in ("eager", "compile"):
+        plain, only = models["gpt2"]["variants"][variant]["loss"], models["gpt2+loss-only"]["variants"][variant]["loss"]
+        assert only == pytest.approx(plain, rel=1e-5), variant
