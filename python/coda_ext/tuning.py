@@ -225,7 +225,10 @@ def fit_swizzle(config: KernelConfig, M: int, N: int) -> KernelConfig:
 
 
 def fits(config: KernelConfig, epilogue: Epilogue) -> bool:
-    """False for a 128x192 config the epilogue does not fit (config="tune" skips it)."""
+    """False for a 128x192 config the epilogue does not fit, or an overlap config whose two copies of the
+    epilogue leave the mainloop fewer than three stages (config="tune" skips them, as the heuristic does)."""
+    if config.schedule == OVERLAP.schedule and epilogue.overlap_stages < 3:
+        return False
     return config.tile[:2] != (128, 192) or epilogue.tall_192
 
 

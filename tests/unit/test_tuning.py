@@ -469,5 +469,7 @@ def test_short_k_epilogues_take_the_overlap_schedule():
     tight = dataclasses.replace(TILE, overlap_stages=2)
     assert tuning.heuristic(4096, 4096, 256, epilogue=tight) == tuning.PINGPONG
     assert tuning.OVERLAP not in tuning.heuristic_configs(tight)
+    assert tuning.fits(tuning.OVERLAP, TILE) and not tuning.fits(tuning.OVERLAP, tight)   # config="tune" skips it
+    assert tuning.fits(tuning.PINGPONG, tight)
     assert tuning.heuristic(4096, 4096, 256, epilogue=PLAIN, major="kn") == tuning.PINGPONG
     assert tuning.OVERLAP not in tuning.heuristic_configs(PLAIN)
