@@ -10,6 +10,8 @@
 #   SANITIZE=0   - skip compute-sanitizer over the kernel families and the numerics table
 #   XDIST=n      - test processes sharing the GPU where pytest-xdist is installed (default 3, one file each;
 #                  0: one process)
+#   FUZZ=0       - leave out tests/gpu/test_fuzz_gpu.py (its 129 kernels and its tests)
+#   BENCH=0      - leave out the benchmark (bench_epilogue) and its kernels
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGDIR=${LOGDIR:-gpu-logs}
@@ -32,7 +34,14 @@ if [ -n "${CACHE_SEED:-}" ]; then
 fi
 start=$(date +%s)
 # every kernel of the GPU suite (each test file that builds kernels defines build_items()) and the benchmark
-prebuild_files=(tests/gpu/cases.py tests/gpu/ops_cases.py $(grep -l "^def build_items" tests/gpu/test_*.py) benchmarks/bench_epilogue.py)
+prebuild_files=(tests/gpu/cases.py tests/gpu/ops_cases.py $(grep -l "^def build_items" tests/gpu/test_*.py))
+ignore=()
+if [ "${FUZZ:-1}" = 0 ]; then
+  kept=(); for f in "${prebuild_files[@]}"; do [ "$f" != tests/gpu/test_fuzz_gpu.py ] && kept+=("$f"); done
+  prebuild_files=("${kept[@]}")
+  ignore=(--ignore=tests/gpu/test_fuzz_gpu.py)
+fi
+[ "${BENCH:-1}" != 0 ] && prebuild_files+=(benchmarks/bench_epilogue.py)
 [ "${SANITIZE:-1}" != 0 ] && prebuild_files+=(benchmarks/sanitize.py benchmarks/numerics_table.py)
 python3 -m coda_ext prebuild "${prebuild_files[@]}" -j "$(nproc)" 2>&1 | tail -3 | tee "$LOGDIR/prebuild.log"
 echo "prebuild took $(( $(date +%s) - start )) s"
@@ -46,8 +55,10 @@ if [ "${SANITIZE:-1}" != 0 ]; then
 fi
 xdist=()
 if [ "${XDIST:-3}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then xdist=(-n "${XDIST:-3}" --dist loadfile); fi
-python3 -m pytest tests -q -rs --durations=5 "${xdist[@]}" 2>&1 | tee "$LOGDIR/tests.log" | tail -n 120
-python3 -m benchmarks.bench_epilogue ${BENCH_ARGS:-} 2>&1 | tee "$LOGDIR/bench.log" | tail -n 40
+python3 -m pytest tests -q -rs --durations=5 "${xdist[@]}" "${ignore[@]}" 2>&1 | tee "$LOGDIR/tests.log" | tail -n 120
+if [ "${BENCH:-1}" != 0 ]; then
+  python3 -m benchmarks.bench_epilogue ${BENCH_ARGS:-} 2>&1 | tee "$LOGDIR/bench.log" | tail -n 40
+fi
 cp benchmarks/results/*.json benchmarks/results/*.png "$LOGDIR/" 2>/dev/null || true
 if [ -n "${LIBCODA:-}" ]; then
   wait "$libcoda_pid" || { echo "libcoda build failed:"; tail -30 "$LOGDIR/libcoda-build.log"; exit 1; }
