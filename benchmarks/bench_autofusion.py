@@ -249,14 +249,13 @@ def make_variant(variant: str, model, args) -> tuple[Any, Any]:
     import coda_ext.fusion as cf
     from coda_ext.fusion.hf_masks import with_plain_masks
 
-    if variant == "coda_hand":   # patches the model in place, then it is called as any other
+    if variant == "coda_hand":   # patches the model in place; it then runs eagerly
         from coda_ext.hf import apply_coda_to_llama
 
         model = apply_coda_to_llama(model)
-        return (loss_only(model) if args.loss_only else model), None
     if args.loss_only:
         model = loss_only(model)
-    if variant == "eager":
+    if variant in ("eager", "coda_hand"):
         return model, None
     if variant == "compile":
         return with_plain_masks(torch.compile(model, backend=args.compile_backend)), None

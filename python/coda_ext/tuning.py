@@ -184,7 +184,7 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
             return TALL_192
         return TALL_192_PAIRS if epilogue.pairs else TALL_192_S8
     choice = _by_shape(M, N, K, sms, epilogue, major)
-    if choice == PINGPONG and K <= SHORT_K and not epilogue.plain and epilogue.overlap_stages >= 3:
+    if choice == PINGPONG and K <= SHORT_K and not epilogue.plain and _overlap_fits(epilogue):
         return OVERLAP
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG
@@ -224,10 +224,16 @@ def fit_swizzle(config: KernelConfig, M: int, N: int) -> KernelConfig:
     return config if s == config.swizzle else dataclasses.replace(config, swizzle=s)
 
 
+def _overlap_fits(epilogue: Epilogue) -> bool:
+    """OVERLAP's two copies of the epilogue leave its mainloop three stages or more (the heuristic, the configs
+    "auto" may build and config="tune" all take it only then)."""
+    return epilogue.overlap_stages >= 3
+
+
 def fits(config: KernelConfig, epilogue: Epilogue) -> bool:
     """False for a 128x192 config the epilogue does not fit, or an overlap config whose two copies of the
     epilogue leave the mainloop fewer than three stages (config="tune" skips them, as the heuristic does)."""
-    if config.schedule == OVERLAP.schedule and epilogue.overlap_stages < 3:
+    if config.schedule == OVERLAP.schedule and not _overlap_fits(epilogue):
         return False
     return config.tile[:2] != (128, 192) or epilogue.tall_192
 
@@ -239,7 +245,7 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
         tall = (TALL_192, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
     skip = ((TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
-            + ((OVERLAP,) if epilogue.plain or epilogue.overlap_stages < 3 else ()))
+            + ((OVERLAP,) if epilogue.plain or not _overlap_fits(epilogue) else ()))
     return tuple(c for c in HEURISTIC_CONFIGS if c not in skip) + tall
 
 
