@@ -14,6 +14,8 @@ SCHEDULES = ("cooperative", "pingpong", "streamk", "overlap", "overlap_ordered")
 PINGPONG_SCHEDULES = ("pingpong", "overlap", "overlap_ordered")
 #: Schedules whose epilogue shared memory is allocated once per math warp group.
 OVERLAP_SCHEDULES = ("overlap", "overlap_ordered")
+#: The clusters the overlap schedules run in (tests/gpu/test_overlap_gpu.py: 1x1, 2x1 and 1x2).
+OVERLAP_CLUSTERS = ((1, 1), (2, 1), (1, 2))
 #: Operand layouts: which dimension of A (M, K) and of W (N, K) is contiguous. "kk": both K
 #: (x @ Wᵀ with W as torch.nn.Linear stores it); "kn": W is a transposed view (the dX GEMM
 #: dz @ W reads W (N_out, K_in) as it is stored); "mn": both transposed views (the weight
@@ -74,10 +76,10 @@ class KernelConfig:
         if tm not in (64, 128, 256) or tm < min_m:
             raise UnsupportedError(f"KernelConfig: TILE_M={tm} is not supported by the {self.schedule} "
                                    f"schedule; use one of {[m for m in (64, 128, 256) if m >= min_m]}")
-        if self.schedule in OVERLAP_SCHEDULES and tuple(self.cluster) != (1, 1):
-            raise UnsupportedError(f"KernelConfig: the {self.schedule} schedule runs in 1x1 clusters (its kernel "
-                                   f"has been tested on a GPU there only), got cluster={self.cluster}; use "
-                                   f"cluster=(1, 1), or schedule='pingpong' for clusters")
+        if self.schedule in OVERLAP_SCHEDULES and tuple(self.cluster) not in OVERLAP_CLUSTERS:
+            raise UnsupportedError(f"KernelConfig: the {self.schedule} schedule runs in clusters {OVERLAP_CLUSTERS} "
+                                   f"(its kernel has been tested on a GPU there only), got cluster={self.cluster}; "
+                                   f"use one of those, or schedule='pingpong' for a 2x2 cluster")
         if tn not in (64, 128, 192, 256) or tk not in (64, 128):
             raise UnsupportedError(f"KernelConfig: tile {self.tile} unsupported; TILE_N in (64, 128, 192, 256), "
                                    "TILE_K in (64, 128)")

@@ -46,6 +46,33 @@ def test_overlap_bench_build_items_are_the_gpu_tests_kernels():
     assert sources <= {ce.kernel_source(*item).source for item in test_overlap_gpu.build_items()}
 
 
+def test_overlap_bench_llama_rows_time_auto_pingpong_and_overlap_with_plain_twins():
+    """bench_overlap --llama: every row times "auto" (the heuristic's config, its operand layout) and
+    ping-pong and overlap in each of LLAMA_TILES, every one a valid kernel; llama_items lists each kernel once,
+    the plain GEMM of every config but overlap among them."""
+    import dataclasses
+
+    from benchmarks import bench_overlap
+    from coda_ext import graphs, tuning
+
+    items = bench_overlap.llama_items()
+    keys = {(g.build().digest(), c.kernel.tag) for g, _, c in items}
+    assert len(keys) == len(items)
+    plain = graphs.identity().build().digest()
+    for g, args, major, shapes in bench_overlap.LLAMA.values():
+        graph = getattr(graphs, g)(*args)
+        epilogue = ce.compile(graph, "bfloat16", "auto", major=major).epilogue
+        for M, N, K in shapes.values():
+            configs = bench_overlap.llama_configs(graph, major, M, N, K)
+            assert configs["auto"] == dataclasses.replace(tuning.heuristic(M, N, K, 132, epilogue, major), major=major)
+            assert {c.major for c in configs.values()} == {major}
+            overlap = [c for c in configs.values() if c.schedule == "overlap"]
+            assert {(c.tile, c.cluster) for c in overlap} == set(bench_overlap.LLAMA_TILES)
+            for c in configs.values():
+                assert (graph.build().digest(), c.kernel.tag) in keys
+                assert (c.schedule == "overlap") != ((plain, c.kernel.tag) in keys)
+
+
 def test_sanitize_families_cover_kinds_schedules_layouts_and_ragged_shapes():
     kinds, schedules, majors, modes, reduce_ops, acts, dtypes = set(), set(), set(), set(), set(), set(), set()
     for f in sanitize.FAMILIES:

@@ -102,8 +102,11 @@ def test_the_heuristic_picks_overlap_only_in_1x1_clusters():
 
 
 @pytest.mark.parametrize("schedule", ["overlap", "overlap_ordered"])
-def test_overlap_refuses_clusters_until_tested(schedule):
-    """The overlap kernel ran on a GPU in 1x1 clusters only: a cluster is refused before any build, with the fix."""
-    with pytest.raises(ce.UnsupportedError, match=r"1x1 clusters.*cluster=\(1, 1\)"):
-        ce.KernelConfig((128, 128, 64), (2, 1), schedule)
-    assert ce.KernelConfig((128, 128, 64), (2, 1), "pingpong").cluster == (2, 1)
+def test_overlap_refuses_untested_clusters(schedule):
+    """The overlap kernel ran on a GPU in 1x1, 2x1 and 1x2 clusters: a 2x2 cluster is refused before any build,
+    with the fix; the tested ones are taken."""
+    with pytest.raises(ce.UnsupportedError, match=r"clusters .*got cluster=\(2, 2\).*pingpong"):
+        ce.KernelConfig((128, 128, 64), (2, 2), schedule)
+    for cluster in ((1, 1), (2, 1), (1, 2)):
+        assert ce.KernelConfig((128, 128, 64), cluster, schedule).cluster == cluster
+    assert ce.KernelConfig((128, 128, 64), (2, 2), "pingpong").cluster == (2, 2)
