@@ -23,7 +23,8 @@ from benchmarks import ablate_epilogue as ab
 from benchmarks.common import gpu_info, results_path, summarize, time_interleaved, write_json
 from tests.helpers import rand
 
-SWIZZLES = (1, 2, 4, 8)
+#: 16 is past CUTLASS's own cap (csrc/kernels/wide_swizzle.cuh): strips of 16 tiles, 2048 rows of 128
+SWIZZLES = (1, 2, 4, 8, 16)
 RASTERS = ("along_m", "along_n")
 
 
@@ -31,10 +32,12 @@ def configs(base) -> list:
     return [dataclasses.replace(base, swizzle=s, raster=r) for s in SWIZZLES for r in RASTERS]
 
 
-def kernels(family: str, names: list[str] | None) -> dict:
+def kernels(family: str, names: list[str] | None, base_index: list[int] | None = None) -> dict:
     """{variant: [(config, op)]} of the family's variants (all, or `names` by prefix) in every base config
-    of the family, under every swizzle and raster."""
+    of the family (or those numbered in `base_index`), under every swizzle and raster."""
     make, bases, _ = ab.FAMILIES[family]
+    if base_index:
+        bases = [bases[i] for i in base_index]
     out = {}
     for name, graph in make().items():
         if names and not any(name.startswith(n) for n in names):
@@ -66,12 +69,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--family", default="dswiglu", choices=[f for f in ab.FAMILIES if ab.FAMILIES[f][2]])
     p.add_argument("--variants", nargs="*", default=None, help="variant names (prefixes) of the family; default all")
+    p.add_argument("--bases", type=int, nargs="*", default=None,
+                   help="the family's base configs to sweep, by index (default all; benchmarks.ablate_epilogue)")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--once", action="store_true", help="run each kernel once (for a profiler) and time nothing")
     p.add_argument("--out", default=None, help="results JSON (default: sweep_raster_<family>_<gpu>.json in "
                    "benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …)")
     args = p.parse_args(argv)
-    ops = kernels(args.family, args.variants)
+    ops = kernels(args.family, args.variants, args.bases)
     doc = {"family": args.family, "env": gpu_info(), "shapes": {}}
     for label, shape in ab.FAMILIES[args.family][2].items():
         res = run(args.family, shape, ops, args.reps, args.once)

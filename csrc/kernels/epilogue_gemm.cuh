@@ -24,6 +24,7 @@
 #include "config.cuh"
 #include "finalize.cuh"
 #include "sm90_pingpong_overlap.cuh"
+#include "wide_swizzle.cuh"
 #include "../epilogues/nodes.hpp"
 
 namespace coda::kernels {
@@ -266,7 +267,15 @@ struct EpilogueGemm {
     cutlass::Status status = Kernel::initialize_workspace(args, gemm_ws ? base : nullptr, stream, nullptr);
     if (status != cutlass::Status::kSuccess)
       return fail(CODA_ERROR_INITIALIZE, "CUTLASS initialize failed", cutlassGetStatusString(status));
-    cudaError_t cuda_status = launch(Kernel::to_underlying_arguments(args, gemm_ws ? base : nullptr), stream);
+    typename Kernel::Params params = Kernel::to_underlying_arguments(args, gemm_ws ? base : nullptr);
+    if (L.max_swizzle >= kWideSwizzle) {   // CUTLASS caps the swizzle at 8 (wide_swizzle.cuh)
+      constexpr int64_t kTileM = cute::size<0>(typename Cfg::TileShape{}), kTileN = cute::size<1>(typename Cfg::TileShape{});
+      constexpr int64_t kCm = cute::size<0>(typename Cfg::ClusterShape{}), kCn = cute::size<1>(typename Cfg::ClusterShape{});
+      int64_t const ctas_m = (L.M + kTileM * kCm - 1) / (kTileM * kCm) * kCm;
+      int64_t const ctas_n = (L.N + kTileN * kCn - 1) / (kTileN * kCn) * kCn;
+      widen_swizzle(params.scheduler, uint32_t(ctas_m), uint32_t(ctas_n), 1u);
+    }
+    cudaError_t cuda_status = launch(params, stream);
     cudaError_t last = cudaGetLastError();  // read (and clear) in every case
     if (cuda_status == cudaSuccess) cuda_status = last;
     if (cuda_status != cudaSuccess)

@@ -158,8 +158,8 @@ Status Validator::options(const Options& options) const {
   if (options.sm_count < 0)
     return fail(cat("options.sm_count = ", options.sm_count, " must be >= 0 (0: all SMs of the device)"));
   const int32_t sw = options.swizzle;
-  if (sw != 0 && sw != 1 && sw != 2 && sw != 4 && sw != 8)
-    return fail(cat("options.swizzle = ", sw, " must be 1, 2, 4 or 8"));
+  if (sw != 0 && sw != 1 && sw != 2 && sw != 4 && sw != 8 && sw != 16)
+    return fail(cat("options.swizzle = ", sw, " must be 1, 2, 4, 8 or 16"));
   const int32_t raster = static_cast<int32_t>(options.raster);
   if (raster < 0 || raster > 3)
     return fail(cat("options.raster = ", raster,

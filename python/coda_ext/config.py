@@ -32,9 +32,10 @@ MAX_EPILOGUE_STAGES = 8
 def applied_swizzle(swizzle: int, ctas_m: int, ctas_n: int) -> int:
     """The swizzle CUTLASS's SM90 persistent tile scheduler applies for a requested one over ctas_m x ctas_n
     CTAs (each count in whole clusters): lowered to 4, 2, 1 while the smaller count is under 6, 3, 2
-    (get_log_swizzle_size). It then rounds both counts up to multiples of it (tuning.scheduled_tiles)."""
+    (get_log_swizzle_size), and 16 (csrc/kernels/wide_swizzle.cuh, past CUTLASS's cap) to 8 under 12. It then
+    rounds both counts up to multiples of it (tuning.scheduled_tiles)."""
     short = min(ctas_m, ctas_n)
-    for applied, need in ((8, 6), (4, 3), (2, 2)):
+    for applied, need in ((16, 12), (8, 6), (4, 3), (2, 2)):
         if swizzle >= applied and short >= need:
             return applied
     return 1
@@ -55,7 +56,8 @@ class KernelConfig:
     producer warp fetch more of a tile's inputs while the mainloop runs, at the mainloop's expense.
     major = "kk" | "kn" | "mk" | "mn": the contiguous dimension of A (M, K) and of W (N, K) (MAJORS);
     the op reads each operand in that layout, so a transposed view needs no copy.
-    Launch arguments only (no recompile): swizzle (1, 2, 4, 8) and raster (heuristic, along_m, along_n)
+    Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
+    csrc/kernels/wide_swizzle.cuh, and not for stream-K) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
     """
 
@@ -97,8 +99,11 @@ class KernelConfig:
             if not (1 <= sc <= MAX_EPILOGUE_STAGES and 1 <= sd <= MAX_EPILOGUE_STAGES):
                 raise UnsupportedError(f"KernelConfig: epilogue_stages {self.epilogue_stages} must be (STAGES_C, "
                                        f"STAGES_D) with each in 1..{MAX_EPILOGUE_STAGES}, or None for CUTLASS's choice")
-        if self.swizzle not in (1, 2, 4, 8):
-            raise UnsupportedError(f"KernelConfig: swizzle must be 1, 2, 4 or 8, got {self.swizzle}")
+        if self.swizzle not in (1, 2, 4, 8, 16):
+            raise UnsupportedError(f"KernelConfig: swizzle must be 1, 2, 4, 8 or 16, got {self.swizzle}")
+        if self.swizzle == 16 and self.schedule == "streamk":
+            raise UnsupportedError("KernelConfig: swizzle 16 needs the persistent scheduler (cooperative, pingpong "
+                                   "or overlap); the stream-K scheduler swizzles 8 at most: use swizzle=8")
         if self.raster not in RASTER_ORDERS:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
         if self.major not in MAJORS:

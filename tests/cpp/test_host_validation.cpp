@@ -172,7 +172,7 @@ void test_operand_checks() {
     EXPECT_STATUS(coda::gemm(c.A, c.B, c.D, c.ws, nullptr, o), bad, "sm_count = -1");
     o = coda::Options();
     o.swizzle = 3;
-    EXPECT_STATUS(coda::gemm(c.A, c.B, c.D, c.ws, nullptr, o), bad, "swizzle = 3 must be 1, 2, 4 or 8");
+    EXPECT_STATUS(coda::gemm(c.A, c.B, c.D, c.ws, nullptr, o), bad, "swizzle = 3 must be 1, 2, 4, 8 or 16");
     o = coda::Options();
     o.raster = coda::Raster(5);
     EXPECT_STATUS(coda::gemm(c.A, c.B, c.D, c.ws, nullptr, o), bad, "raster = 5");
@@ -182,6 +182,9 @@ void test_operand_checks() {
     o.sm_count = 4;
     expect_passes_validation(Op::kGemm, bf16, [&] { return coda::gemm(c.A, c.B, c.D, c.ws, nullptr, o); },
                              "gemm with options");
+    o.swizzle = 16;   // past CUTLASS's cap (csrc/kernels/wide_swizzle.cuh)
+    expect_passes_validation(Op::kGemm, bf16, [&] { return coda::gemm(c.A, c.B, c.D, c.ws, nullptr, o); },
+                             "gemm with swizzle 16");
   }
   expect_passes_validation(Op::kGemm, bf16, [&] { return c.gemm(); }, "gemm bf16");
   Case h(fp16);

@@ -413,10 +413,37 @@ def test_wave_fill_counts_the_exact_rows_not_their_bucket():
     ((128, 192, 64), (2, 1), 8, 16384, 16384, 128 * 88),  # 86 N tiles: 88
     ((128, 256, 64), (2, 1), 8, 1024, 28672, 16 * 112),  # 8 M tiles in 2x1 clusters padded to 16
     ((64, 128, 64), (1, 1), 1, 100, 4096, 2 * 32),
+    # swizzle 16 (csrc/kernels/wide_swizzle.cuh): from 12 CTAs on the shorter side, 8 below
+    ((128, 128, 64), (1, 1), 16, 16384, 8192, 128 * 64),
+    ((128, 128, 64), (1, 1), 16, 16384, 14336, 128 * 112),   # 112 N tiles: a multiple of 16
+    ((128, 128, 64), (1, 1), 16, 2000, 3080, 16 * 32),        # 16 x 25 tiles: 16 x 32
+    ((128, 128, 64), (1, 1), 16, 1400, 3080, 16 * 32),        # 11 M tiles: CUTLASS's 8, 16 x 32
+    ((128, 128, 64), (2, 1), 16, 16384, 8192, 128 * 64),
+    ((128, 128, 64), (2, 1), 16, 1600, 2120, 32 * 32),        # 14 x 17 CTAs in 2x1 clusters: 32 x 32
 ])
 def test_scheduled_tiles_as_cutlass_pads_the_grid(tile, cluster, swizzle, M, N, want):
     assert tuning.scheduled_tiles(ce.KernelConfig(tile, cluster, "pingpong" if tile[1] == 192 or tile[0] == 64
                                                   else "cooperative", swizzle=swizzle), M, N) == want
+
+
+def test_swizzle_16_for_the_persistent_schedules_only():
+    """Swizzle 16 is a launch argument of the cooperative, ping-pong and overlap kernels (past CUTLASS's cap of
+    8: csrc/kernels/wide_swizzle.cuh); stream-K's scheduler stops at 8, so it is refused there with the fix, and
+    any other swizzle is refused as before."""
+    from coda_ext.config import applied_swizzle
+
+    for schedule in ("cooperative", "pingpong", "overlap"):
+        assert ce.KernelConfig((128, 128, 64), (1, 1), schedule, swizzle=16).tag.endswith("_s16")
+    with pytest.raises(ce.UnsupportedError, match=r"stream-K.*swizzle=8"):
+        ce.KernelConfig((128, 128, 64), (1, 1), "streamk", swizzle=16)
+    with pytest.raises(ce.UnsupportedError, match="1, 2, 4, 8 or 16"):
+        ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=32)
+    assert [applied_swizzle(16, m, 64) for m in (64, 12, 11, 6, 5, 3, 2, 1)] == [16, 16, 8, 8, 4, 4, 2, 1]
+    assert applied_swizzle(8, 64, 64) == 8
+    # fit_swizzle halves 16 like any other: 13 M tiles padded to 16 pad the grid by 23 %
+    wide = ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=16)
+    assert tuning.fit_swizzle(wide, 1664, 16384).swizzle < 16
+    assert tuning.fit_swizzle(wide, 16384, 8192).swizzle == 16
 
 
 def test_fit_swizzle():

@@ -37,7 +37,7 @@ typedef struct CodaLaunch {
   void* workspace;              /* at least coda_workspace_size(...) bytes, 256-byte aligned */
   size_t workspace_bytes;
   int32_t sm_count;             /* 0: query the device */
-  int32_t max_swizzle;          /* tile rasterization swizzle (1, 2, 4, 8); 0: 1 */
+  int32_t max_swizzle;          /* tile rasterization swizzle (1, 2, 4, 8, 16); 0: 1 */
   int32_t raster_order;         /* 0: heuristic, 1: along M, 2: along N */
 } CodaLaunch;
 

@@ -61,7 +61,7 @@ typedef struct coda_tensor {
 /* Launch options; all zeros (or a NULL pointer) means the defaults. */
 typedef struct coda_options {
   int32_t sm_count;            /* 0: all SMs of the current device */
-  int32_t swizzle;             /* tile-scheduler swizzle 1, 2, 4 or 8; 0: the op's tuned value */
+  int32_t swizzle;             /* tile-scheduler swizzle 1, 2, 4, 8 or 16; 0: the op's tuned value */
   int32_t raster;              /* CODA_RASTER_*; 0: the op's tuned order */
   int32_t skip_pointer_checks; /* nonzero: do not ask the CUDA runtime whether pointers are device memory */
 } coda_options;

@@ -166,7 +166,7 @@ enum class Raster : int32_t {
 // arguments each op's config was chosen with (kernel_config(op)).
 struct Options {
   int32_t sm_count = 0;               // SMs the persistent kernel may use; 0: all SMs of the current device
-  int32_t swizzle = 0;                // tile-scheduler swizzle: 1, 2, 4 or 8; 0: kernel_config(op).swizzle
+  int32_t swizzle = 0;                // tile-scheduler swizzle: 1, 2, 4, 8 or 16; 0: kernel_config(op).swizzle
   Raster raster = Raster::kDefault;   // tile order of the persistent scheduler
   bool check_pointers = true;         // ask the CUDA runtime (about 1 µs per pointer) that every pointer is
                                       // device or managed memory of the current device, so a host pointer

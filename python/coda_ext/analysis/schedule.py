@@ -51,10 +51,11 @@ def schedule(M: int, N: int, K: int, config: KernelConfig, dtype_bytes: int, l2_
     cm, cn = config.cluster
     tiles_m, tiles_n = -(-M // tm), -(-N // tn)
     sw = applied_swizzle(config.swizzle, -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn)
-    rounded_m, rounded_n = -(-tiles_m // (sw * cm)) * sw * cm, -(-tiles_n // (sw * cn)) * sw * cn
     raster = config.raster
-    if raster == "heuristic":
-        raster = "along_m" if rounded_n > rounded_m else "along_n"
+    if raster == "heuristic":   # decided at CUTLASS's own swizzle (at most 8; wide_swizzle.cuh keeps it for 16)
+        s8 = applied_swizzle(min(config.swizzle, 8), -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn)
+        r8_m, r8_n = -(-tiles_m // (s8 * cm)) * s8 * cm, -(-tiles_n // (s8 * cn)) * s8 * cn
+        raster = "along_m" if r8_n > r8_m else "along_n"
     def stays(nbytes):
         return nbytes <= l2_bytes / 2
     if raster == "along_n":

@@ -1,0 +1,71 @@
+"""Swizzle 16 (csrc/kernels/wide_swizzle.cuh: past CUTLASS's cap of 8) on an SM90 GPU.
+
+A swizzle only changes which persistent CTA takes which tile, so every output is bit-identical to the same
+kernel's at swizzle 8 and 1 (each tile's MMA order, epilogue math and per-tile reduction partials are the
+tile's own): the dSwiGLU epilogue (a pair tile load, two stores, row sums) and the plain GEMM read N-major as
+the backward runs them, in ping-pong 128 x 128 (1 x 1 and 2 x 1 clusters) and the overlap schedule, both
+rasters, at shapes with 12 CTAs or more on the shorter side (16 taken) and fewer (8 or less taken), none a
+tile multiple, with a few persistent CTAs and the whole GPU. Then the numerics rule at the widest shape.
+
+    python -m coda_ext prebuild tests/gpu/test_swizzle_gpu.py && python -m pytest -x -q tests/gpu/test_swizzle_gpu.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+import coda_ext as ce
+from coda_ext import graphs
+from coda_ext.config import applied_swizzle
+from tests.gpu.test_numerics import check_against_reference
+from tests.gpu.test_overlap_gpu import assert_same_bits
+from tests.helpers import checks, rand
+
+GRAPHS = {"dswiglu": graphs.swiglu_backward_linear, "plain": graphs.identity}
+CONFIGS = (ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", major="kn"),
+           ce.KernelConfig((128, 128, 64), (2, 1), "pingpong", major="kn"),
+           ce.KernelConfig((128, 128, 64), (1, 1), "overlap", major="kn"))
+#: (M, N, K, persistent CTAs, 0: one per SM): 13 x 17 CTAs of 128 x 128 and 1 x 2 of them (16 needs 12 a side)
+SHAPES = [(1600, 2120, 200, 3), (1600, 2120, 200, 0), (2000, 3080, 72, 5), (200, 264, 136, 2)]
+
+
+def build_items() -> list:
+    return [(build(), "bfloat16", cfg) for build in GRAPHS.values() for cfg in CONFIGS]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    ce.prebuild(build_items(), jobs=os.cpu_count())
+    return {(name, cfg.tag): ce.compile(build(), "bfloat16", cfg) for name, build in GRAPHS.items() for cfg in CONFIGS}
+
+
+def launch(op, cfg, A, W, inputs, M, N, ctas):
+    op.config = cfg   # the launch arguments (swizzle, raster) are read from the op's config at each launch
+    cm, cn = cfg.cluster
+    op.sm_count = ctas * cm * cn
+    got = op(A, W, out=checks.nan_outputs(op, M, N), **inputs)
+    torch.cuda.synchronize()
+    return got
+
+
+@pytest.mark.parametrize("M,N,K,ctas", SHAPES, ids=[f"{m}x{n}x{k}_cta{c}" for m, n, k, c in SHAPES])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.tag)
+@pytest.mark.parametrize("name", GRAPHS)
+def test_swizzle_16_is_bit_identical_to_8_and_1(ops, name, cfg, M, N, K, ctas):
+    op = ops[(name, cfg.tag)]
+    A, W, inputs = rand.op_inputs(op, M, N, K, rand.generator("swizzle16", name, M, N, device="cuda"))
+    cm, cn = cfg.cluster
+    tiles_m, tiles_n = -(-M // 128), -(-N // 128)
+    ctas_m, ctas_n = -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn   # CTAs in whole clusters
+    for raster in ("along_m", "along_n"):
+        want = launch(op, dataclasses.replace(cfg, swizzle=8, raster=raster), A, W, inputs, M, N, ctas)
+        base = launch(op, dataclasses.replace(cfg, swizzle=1, raster=raster), A, W, inputs, M, N, ctas)
+        assert_same_bits(base, want, f"{name}/{cfg.tag}/{raster}/swizzle 1 vs 8")
+        got = launch(op, dataclasses.replace(cfg, swizzle=16, raster=raster), A, W, inputs, M, N, ctas)
+        assert_same_bits(got, want, f"{name}/{cfg.tag}/{raster}/swizzle 16 (applies "
+                                    f"{applied_swizzle(16, ctas_m, ctas_n)}) vs 8")
+    if ctas == 0 and M >= 1600:
+        check_against_reference(op, GRAPHS[name](), A, W, inputs, got, f"{name}/{cfg.tag}/s16/{M}x{N}x{K}")
