@@ -71,7 +71,8 @@ class Epilogue:
     pair_loads: it reads a pair tile (M x 2N 16-bit values: the dSwiGLU's saved pre-activation);
     tall_192: a 128x192 tile fits it (its segments divide 192 and it leaves three mainloop stages);
     nodes: the lowered graph's node count (how much the epilogue computes and holds);
-    overlap_stages: the mainloop stages OVERLAP leaves it (its epilogue storage counts twice)."""
+    overlap_stages: the mainloop stages OVERLAP leaves it (its epilogue storage counts twice);
+    pingpong_stages: the mainloop stages PINGPONG leaves it."""
 
     plain: bool = False
     tile_load: bool = False
@@ -82,6 +83,7 @@ class Epilogue:
     tall_192: bool = True
     nodes: int = 0
     overlap_stages: int = 8
+    pingpong_stages: int = 8
 
     @classmethod
     def of(cls, lowered: Any) -> Epilogue:
@@ -94,7 +96,8 @@ class Epilogue:
                    col_reduce="col_reduce" in kinds, large_stages=mainloop_stages(lowered, "bfloat16", LARGE),
                    pairs=bool(kinds & {"pair_gate", "pair_gated_store"}), pair_loads="pair_tile" in kinds,
                    tall_192=tall_192, nodes=len(lowered.nodes),
-                   overlap_stages=mainloop_stages(lowered, "bfloat16", OVERLAP))
+                   overlap_stages=mainloop_stages(lowered, "bfloat16", OVERLAP),
+                   pingpong_stages=mainloop_stages(lowered, "bfloat16", PINGPONG))
 
 
 def _waves(tiles: int, sms: int) -> float:
@@ -162,8 +165,9 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       GELU derivative written out node by node cooperative 128x128 had been the fastest there, 246 us
       against 295: a lighter epilogue moves the balance to the larger tile);
     - PINGPONG over K <= SHORT_K with an epilogue (not plain) that leaves OVERLAP three mainloop stages or
-      more: OVERLAP, the same tiles with the two warp groups' epilogues running at the same time. A short K
-      loop makes the epilogue most of a tile's time and CUTLASS's ping-pong orders the two epilogues; at
+      more and at most one fewer than PINGPONG (_overlap_fits): OVERLAP, the same tiles with the two warp
+      groups' epilogues running at the same time. A short K loop makes the epilogue most of a tile's time and
+      CUTLASS's ping-pong orders the two epilogues; at
       16384x3072x768 (128x128, swizzle 4) the GELU backward with column sums took 160 us against 177 in
       ping-pong, GELU forward with three stores 208 against 224, the design graph's row reduction 139 against
       143, the plain GEMM 110 against 112 (H200, one run, benchmarks/results/overlap_h200.txt);
@@ -225,9 +229,13 @@ def fit_swizzle(config: KernelConfig, M: int, N: int) -> KernelConfig:
 
 
 def _overlap_fits(epilogue: Epilogue) -> bool:
-    """OVERLAP's two copies of the epilogue leave its mainloop three stages or more (the heuristic, the configs
-    "auto" may build and config="tune" all take it only then)."""
-    return epilogue.overlap_stages >= 3
+    """OVERLAP's two copies of the epilogue leave its mainloop three stages or more, and at most one fewer than
+    PINGPONG's (the heuristic, the configs "auto" may build and config="tune" all take it only then). Every
+    epilogue measured faster in it lost one stage (GPT-2's, BERT's, ViT's and the MLP's sites: 6 -> 5 or none);
+    those that lost two ran slower, the dSwiGLU's (5 -> 3) at 1.60x cuBLAS against 1.26x in ping-pong and the
+    RMSNorm backward's (5 -> 3) at 1.17x against 1.10x (H200, K = 2048 and 16384,
+    benchmarks/results/overlap_llama_h200.json)."""
+    return epilogue.overlap_stages >= max(3, epilogue.pingpong_stages - 1)
 
 
 def fits(config: KernelConfig, epilogue: Epilogue) -> bool:

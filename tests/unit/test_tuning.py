@@ -139,8 +139,10 @@ def test_epilogue_kind_of_a_graph():
         assert e.large_stages >= 3      # light epilogues leave the 128x256 mainloop its stages
         assert 2 <= e.nodes <= tuning.LIGHT_NODES
         assert e.overlap_stages >= 3    # ... and the overlap schedule's, which holds two copies of the epilogue
+        assert e.overlap_stages >= e.pingpong_stages - 1
         return dataclasses.replace(e, large_stages=tuning.Epilogue().large_stages, tall_192=True, nodes=0,
-                                   overlap_stages=tuning.Epilogue().overlap_stages)
+                                   overlap_stages=tuning.Epilogue().overlap_stages,
+                                   pingpong_stages=tuning.Epilogue().pingpong_stages)
 
     assert kind(lambda g, acc: g.output(acc)) == PLAIN
     assert kind(lambda g, acc: g.output(ce.cast(acc, "float32"))) == PLAIN
@@ -486,17 +488,21 @@ def test_short_k_epilogues_take_the_overlap_schedule():
     """Where PINGPONG is chosen with K <= SHORT_K and an epilogue to run, OVERLAP (the same tiles, the two warp
     groups' epilogues at the same time: 160 against 177 us, 208 against 224, 139 against 143 at 16384x3072x768;
     overlap_h200.txt): not for a plain GEMM, a longer K, or an epilogue that leaves OVERLAP fewer than three
-    mainloop stages (it holds the epilogue's storage twice)."""
+    mainloop stages or two fewer than PINGPONG (it holds the epilogue's storage twice)."""
     for epilogue in (POINTWISE, TILE, COLRED):
         assert tuning.heuristic(16384, 3072, 768, epilogue=epilogue, major="kn") == \
             (tuning.OVERLAP if epilogue != COLRED else tuning.LARGE)
         assert tuning.heuristic(4096, 4096, 256, epilogue=epilogue) == tuning.OVERLAP
         assert tuning.heuristic(4096, 4096, 2048, epilogue=epilogue).schedule != "overlap"
         assert tuning.OVERLAP in tuning.heuristic_configs(epilogue)
-    tight = dataclasses.replace(TILE, overlap_stages=2)
-    assert tuning.heuristic(4096, 4096, 256, epilogue=tight) == tuning.PINGPONG
-    assert tuning.OVERLAP not in tuning.heuristic_configs(tight)
-    assert tuning.fits(tuning.OVERLAP, TILE) and not tuning.fits(tuning.OVERLAP, tight)   # config="tune" skips it
-    assert tuning.fits(tuning.PINGPONG, tight)
+    tight = dataclasses.replace(TILE, overlap_stages=2, pingpong_stages=3)
+    halved = dataclasses.replace(TILE, overlap_stages=3, pingpong_stages=5)   # the dSwiGLU's: 1.60x against 1.26x
+    one_less = dataclasses.replace(TILE, overlap_stages=5, pingpong_stages=6)   # GPT-2's GELU sites: faster
+    assert tuning.heuristic(4096, 4096, 256, epilogue=one_less) == tuning.OVERLAP
+    for slow in (tight, halved):
+        assert tuning.heuristic(4096, 4096, 256, epilogue=slow) == tuning.PINGPONG
+        assert tuning.OVERLAP not in tuning.heuristic_configs(slow)
+        assert not tuning.fits(tuning.OVERLAP, slow) and tuning.fits(tuning.PINGPONG, slow)   # config="tune" skips it
+    assert tuning.fits(tuning.OVERLAP, TILE)
     assert tuning.heuristic(4096, 4096, 256, epilogue=PLAIN, major="kn") == tuning.PINGPONG
     assert tuning.OVERLAP not in tuning.heuristic_configs(PLAIN)
