@@ -85,8 +85,9 @@ void test_common() {
   EXPECT_STATUS(coda::rms_linear(A, B, rstd, Activation::kSilu, D, ws, nullptr, o), bad, "options.raster = 4",
                 "kHeuristic (3)");
   o = coda::Options();
-  o.swizzle = 16;
-  EXPECT_STATUS(coda::rms_linear(A, B, rstd, Activation::kSilu, D, ws, nullptr, o), bad, "swizzle = 16");
+  o.swizzle = 32;
+  EXPECT_STATUS(coda::rms_linear(A, B, rstd, Activation::kSilu, D, ws, nullptr, o), bad, "swizzle = 32",
+                "1, 2, 4, 8 or 16");
   o = coda::Options();
   o.raster = coda::Raster::kHeuristic;
   o.swizzle = 2;
