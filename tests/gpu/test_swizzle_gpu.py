@@ -3,9 +3,10 @@
 A swizzle only changes which persistent CTA takes which tile, so every output is bit-identical to the same
 kernel's at swizzle 8 and 1 (each tile's MMA order, epilogue math and per-tile reduction partials are the
 tile's own): the dSwiGLU epilogue (a pair tile load, two stores, row sums) and the plain GEMM read N-major as
-the backward runs them, in ping-pong 128 x 128 (1 x 1 and 2 x 1 clusters) and the overlap schedule, both
-rasters, at shapes with 12 CTAs or more on the shorter side (16 taken) and fewer (8 or less taken), none a
-tile multiple, with a few persistent CTAs and the whole GPU. Then the numerics rule at the widest shape.
+the backward runs them, in ping-pong 128 x 128 (1 x 1, 2 x 1 and 1 x 2 clusters), cooperative and the overlap
+schedule, both rasters, at shapes with 12 CTAs or more on the shorter side (16 taken) and fewer (8 or less
+taken), none a tile multiple, with a few persistent CTAs and the whole GPU. Then the numerics rule at the widest
+shape.
 
     python -m coda_ext prebuild tests/gpu/test_swizzle_gpu.py && python -m pytest -x -q tests/gpu/test_swizzle_gpu.py
 """
@@ -27,6 +28,8 @@ from tests.helpers import checks, rand
 GRAPHS = {"dswiglu": graphs.swiglu_backward_linear, "plain": graphs.identity}
 CONFIGS = (ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", major="kn"),
            ce.KernelConfig((128, 128, 64), (2, 1), "pingpong", major="kn"),
+           ce.KernelConfig((128, 128, 64), (1, 2), "pingpong", major="kn"),
+           ce.KernelConfig((128, 128, 64), (1, 1), "cooperative", major="kn"),
            ce.KernelConfig((128, 128, 64), (1, 1), "overlap", major="kn"))
 #: (M, N, K, persistent CTAs, 0: one per SM): 13 x 17 CTAs of 128 x 128 and 1 x 2 of them (16 needs 12 a side)
 SHAPES = [(1600, 2120, 200, 3), (1600, 2120, 200, 0), (2000, 3080, 72, 5), (200, 264, 136, 2)]
@@ -62,6 +65,8 @@ def test_swizzle_16_is_bit_identical_to_8_and_1(ops, name, cfg, M, N, K, ctas):
     ctas_m, ctas_n = -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn   # CTAs in whole clusters
     for raster in ("along_m", "along_n"):
         want = launch(op, dataclasses.replace(cfg, swizzle=8, raster=raster), A, W, inputs, M, N, ctas)
+        for out_name, t in want.items():   # every element written (outputs are NaN-poisoned before a launch)
+            assert not torch.isnan(t).any(), f"{name}/{cfg.tag}/{raster}/swizzle 8: {out_name} has unwritten elements"
         base = launch(op, dataclasses.replace(cfg, swizzle=1, raster=raster), A, W, inputs, M, N, ctas)
         assert_same_bits(base, want, f"{name}/{cfg.tag}/{raster}/swizzle 1 vs 8")
         got = launch(op, dataclasses.replace(cfg, swizzle=16, raster=raster), A, W, inputs, M, N, ctas)
