@@ -20,8 +20,10 @@ torch.compile without it); liger (liger_kernel's apply_liger_kernel_to_llama:
 RoPE, RMSNorm, SwiGLU, fused linear cross-entropy; skipped with the reason when liger_kernel does not
 import; its module-level patches are active only during its own calls, so the other variants run
 plain transformers); coda (coda_ext.hf.apply_coda_to_llama); coda_compile (torch.compile of the
-patched model). eager, compile and liger share one set of parameters and one optimizer, coda and
-coda_compile another (the patched model's fused layouts): all start every loss curve from the same
+patched model); coda_kernel_dw, run only when named (coda with the layers' weight gradients in coda_ext's own
+kernel instead of cuBLAS: coda_ext.models.weight_grad_backend). eager, compile and liger share one set of
+parameters and one optimizer, the coda variants another (the patched model's fused layouts): all start every
+loss curve from the same
 initial weights (reloaded), on the same batches (coda_ext's train_demo task: learnable, so the curves
 fall).
 
@@ -63,7 +65,10 @@ from typing import Any
 
 from benchmarks import common
 
-VARIANTS = ("eager", "compile", "liger", "coda", "coda_compile")
+VARIANTS = ("eager", "compile", "liger", "coda", "coda_compile", "coda_kernel_dw")
+#: What --variants runs unless told: coda_kernel_dw (coda_ext with its own weight-gradient kernels in place of
+#: cuBLAS's, models.weight_grad_backend) is the A/B of that choice, run when named.
+DEFAULT_VARIANTS = VARIANTS[:-1]
 LAYERS_8B = 4
 MODELS = {
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
@@ -178,6 +183,7 @@ def build_variants(cfg, args, device: str, dtype) -> tuple[dict, dict, dict]:
 
     from coda_ext.fusion.hf_masks import with_plain_masks
     from coda_ext.hf import apply_coda_to_llama, prebuild_llama
+    from coda_ext.models import weight_grad_backend
 
     base = base_model(cfg, device, dtype)
     initial = {k: v.detach().to("cpu", copy=True) for k, v in base.state_dict().items()}
@@ -200,12 +206,13 @@ def build_variants(cfg, args, device: str, dtype) -> tuple[dict, dict, dict]:
     if "liger" in wanted and "liger" not in skipped:
         call, twin = liger_variant(base)
         variants["liger"] = dict(call=call, module=base, opt=opt, compiled=False, profile_model=twin, kwargs=NO_CACHE)
-    if {"coda", "coda_compile"} & set(wanted):
+    if {"coda", "coda_compile", "coda_kernel_dw"} & set(wanted):
         impl = "auto" if device == "cuda" else "reference"
         coda = apply_coda_to_llama(copy.deepcopy(base), impl=impl)
         if args.prebuild and impl != "reference":
             start = time.monotonic()
-            prebuild_llama(coda, args.batch * args.seq)
+            with weight_grad_backend("coda" if "coda_kernel_dw" in wanted else "cublas"):
+                prebuild_llama(coda, args.batch * args.seq)
             info["prebuild_s"] = time.monotonic() - start
         copt = make_optimizer(coda, device, args.lr)
         if "coda" in wanted:
@@ -213,6 +220,9 @@ def build_variants(cfg, args, device: str, dtype) -> tuple[dict, dict, dict]:
         if "coda_compile" in wanted:
             variants["coda_compile"] = dict(call=torch.compile(coda, backend=backend), module=coda, opt=copt,
                                             compiled=True)
+        if "coda_kernel_dw" in wanted:   # the same model and optimizer, its steps run with the other backend
+            variants["coda_kernel_dw"] = dict(call=coda, module=coda, opt=copt, compiled=False, profile_model=coda,
+                                              context=lambda: weight_grad_backend("coda"))
     return variants, skipped, info
 
 
@@ -233,16 +243,17 @@ def train_step(variant: dict, batch: dict, scopes: bool = False, after=None):
 
     scope = record_function if scopes else (lambda name: contextlib.nullcontext())
     mark = after or (lambda i: None)
-    with scope("bench:forward"):
-        loss = variant["call"](**batch, **variant.get("kwargs", {})).loss
-    mark(0)
-    with scope("bench:backward"):
-        loss.backward()
-    mark(1)
-    with scope("bench:optimizer"):
-        variant["opt"].step()
-        variant["opt"].zero_grad(set_to_none=True)
-    mark(2)
+    with variant.get("context", contextlib.nullcontext)():
+        with scope("bench:forward"):
+            loss = variant["call"](**batch, **variant.get("kwargs", {})).loss
+        mark(0)
+        with scope("bench:backward"):
+            loss.backward()
+        mark(1)
+        with scope("bench:optimizer"):
+            variant["opt"].step()
+            variant["opt"].zero_grad(set_to_none=True)
+        mark(2)
     return loss.detach()
 
 
@@ -844,7 +855,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--layers", nargs="*", default=[], metavar="[MODEL=]N",
                    help=f"decoder layers (default: llama-1b 16, llama-8b {LAYERS_8B}; a bare N sets both)")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--steps", type=int, default=50, help="steps of each loss curve")

@@ -217,3 +217,20 @@ def test_rope_backward_kernel_counts_as_element_wise():
     for name in ("coda_ext::rope_backward_rows", "coda_ext::rope_cos_sin", "coda_ext::qkv_rope_backward"):
         assert b.kind_of("rope_backward_kernel", [types.SimpleNamespace(name=name)]) == "elementwise"
     assert b.kind_of("device_kernel", [types.SimpleNamespace(name="coda_ext::weight_grad")]) == "gemm"
+
+
+def test_kernel_dw_variant_is_coda_with_its_own_weight_gradient_kernels():
+    """coda_kernel_dw (named, not a default variant) shares coda's model and optimizer and runs its steps with
+    models.weight_grad_backend("coda"): the A/B of the layers' cuBLAS weight gradients."""
+    from coda_ext.models import functions
+
+    assert "coda_kernel_dw" not in bench.parse([]).variants
+    args = bench.parse(["--device", "cpu", "--tiny", "--layers", "1", "--variants", "coda", "coda_kernel_dw"])
+    cfg = bench.hf_config("llama-1b", 1, True)
+    variants, skipped, _ = bench.build_variants(cfg, args, "cpu", torch.float32)
+    assert set(variants) == {"coda", "coda_kernel_dw"} and not skipped
+    a, b = variants["coda"], variants["coda_kernel_dw"]
+    assert a["module"] is b["module"] and a["opt"] is b["opt"] and "context" not in a
+    with b["context"]():
+        assert functions._weight_grad["backend"] == "coda"
+    assert functions._weight_grad["backend"] == "cublas"

@@ -556,3 +556,38 @@ def test_demo_builds_the_fused_kernels_first(monkeypatch):
     with pytest.raises(Built):
         train_demo.main(["--device", "cpu", "--impl", "reference", "--dtype", "bfloat16", "--steps", "1",
                          "--hidden", "128", "--layers", "1", "--seq", "32", "--batch", "2", "--vocab", "64"])
+
+
+def test_weight_grad_backend():
+    """The fused layers' weight gradients run in cuBLAS (torch.mm over the stored tensors) unless
+    weight_grad_backend("coda") asks for the project's kernel: the choice is read at each call, restored after
+    the block (also on an error), a bad name is refused, and training_kernels lists the weight-gradient kernels
+    ("mn" GEMMs) only where they will run."""
+    from unittest import mock
+
+    from coda_ext.models import WEIGHT_GRAD_BACKENDS, functions, training_kernels, weight_grad_backend
+    from coda_ext.ops import linear_grad
+    from coda_ext.runtime import tuned
+
+    g = torch.Generator().manual_seed(7)
+    dz, x = torch.randn(3, 5, 6, generator=g), torch.randn(3, 5, 4, generator=g)
+    got = functions.BACKENDS["fused"].weight_grad(dz, x)
+    torch.testing.assert_close(got, linear_grad.reference_weight_grad(dz, x), rtol=1e-5, atol=1e-5)
+    assert got.shape == (6, 4) and WEIGHT_GRAD_BACKENDS == ("cublas", "coda")
+    with mock.patch.object(ops, "weight_grad", return_value="coda kernel"):
+        assert functions.BACKENDS["fused"].weight_grad(dz, x) is not None
+        with weight_grad_backend("coda"):
+            assert functions.BACKENDS["fused"].weight_grad(dz, x) == "coda kernel"
+        with pytest.raises(RuntimeError, match="inside"), weight_grad_backend("coda"):
+            raise RuntimeError("inside")
+        assert torch.is_tensor(functions.BACKENDS["fused"].weight_grad(dz, x))   # cuBLAS again
+    with pytest.raises(ValueError, match="must be one of"), weight_grad_backend("cutlass"):
+        pass
+
+    majors = []
+    with mock.patch.object(tuned, "auto_items", lambda gemms, dtype="bfloat16", sms=None: majors.append(
+            [m for _, m, _ in gemms]) or []):
+        training_kernels(CFG, 64, lm_head=False)
+        with weight_grad_backend("coda"):
+            training_kernels(CFG, 64, lm_head=False)
+    assert "mn" not in majors[0] and majors[1].count("mn") == 4 and len(majors[1]) == len(majors[0]) + 4

@@ -477,7 +477,7 @@ def test_the_llama_shapes_keep_their_swizzles():
             seen.append((op.config_for(*mnk, 132), op._laid_out(tuning._choice(*mnk, 132, op.epilogue, major))))
         return []
 
-    with mock.patch.object(tuned, "auto_items", spy):
+    with mock.patch.object(tuned, "auto_items", spy), functions.weight_grad_backend("coda"):
         for d, f in ((2048, 8192), (4096, 14336)):
             functions.training_kernels(LlamaConfig(hidden_size=d, intermediate_size=f, num_attention_heads=32,
                                                    num_key_value_heads=8, vocab_size=128256), 16384)

@@ -17,7 +17,7 @@ training step ahead of time, in parallel: coda_ext.prebuild(training_kernels(cfg
 """
 from .config import LlamaConfig
 from .eager import EagerLlamaDecoderLayer, EagerLlamaForCausalLM, EagerLlamaModel
-from .functions import MLPBlock, QKVRoPE, training_kernels
+from .functions import WEIGHT_GRAD_BACKENDS, MLPBlock, QKVRoPE, training_kernels, weight_grad_backend
 from .llama import (
     CausalLMOutput,
     CodaAttention,
@@ -30,7 +30,7 @@ from .llama import (
 )
 
 __all__ = [
-    "CausalLMOutput", "CodaAttention", "CodaLlamaDecoderLayer", "CodaLlamaForCausalLM", "CodaLlamaModel", "CodaMLP",
-    "EagerLlamaDecoderLayer", "EagerLlamaForCausalLM", "EagerLlamaModel", "LlamaConfig", "MLPBlock", "QKVRoPE",
-    "RMSNorm", "shift_labels", "training_kernels",
+    "WEIGHT_GRAD_BACKENDS", "CausalLMOutput", "CodaAttention", "CodaLlamaDecoderLayer", "CodaLlamaForCausalLM",
+    "CodaLlamaModel", "CodaMLP", "EagerLlamaDecoderLayer", "EagerLlamaForCausalLM", "EagerLlamaModel", "LlamaConfig",
+    "MLPBlock", "QKVRoPE", "RMSNorm", "shift_labels", "training_kernels", "weight_grad_backend",
 ]

@@ -25,6 +25,7 @@ the input dtype), so the autograd wiring is testable without a GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -34,6 +35,32 @@ from ..ops import linear_grad, lm_head_ce, norm_backward, residual_norm, rope_ba
 from ..ops import qkv as qkv_mod
 
 IMPLS = ("auto", "fused", "reference")
+
+#: Where the fused layers' weight gradients dzᵀ @ x run — GEMMs with nothing in their epilogue: "cublas"
+#: (torch.mm on the stored tensors, transposes folded into cuBLAS's operand modes) or "coda" (ops.weight_grad,
+#: the project's own kernel). Read at every backward; weight_grad_backend(name) switches it for a block.
+WEIGHT_GRAD_BACKENDS = ("cublas", "coda")
+_weight_grad = {"backend": "cublas"}
+
+
+@contextlib.contextmanager
+def weight_grad_backend(name: str):
+    """Within the block, the fused layers compute their weight gradients with `name` (WEIGHT_GRAD_BACKENDS)."""
+    if name not in WEIGHT_GRAD_BACKENDS:
+        raise ValueError(f"weight_grad_backend: name must be one of {WEIGHT_GRAD_BACKENDS}, got {name!r}")
+    before = _weight_grad["backend"]
+    _weight_grad["backend"] = name
+    try:
+        yield
+    finally:
+        _weight_grad["backend"] = before
+
+
+def _fused_weight_grad(dz: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """dzᵀ @ x over every leading row, in dz's dtype, by the backend weight_grad_backend chose."""
+    if _weight_grad["backend"] == "coda":
+        return ops.weight_grad(dz, x)
+    return torch.mm(ops.common.rows(dz).t(), ops.common.rows(x))
 
 
 class _Fused:
@@ -46,7 +73,7 @@ class _Fused:
     linear_residual = staticmethod(ops.linear_residual)
     swiglu_backward_linear = staticmethod(ops.swiglu_backward_linear)
     linear_dx = staticmethod(ops.linear_dx)
-    weight_grad = staticmethod(ops.weight_grad)
+    weight_grad = staticmethod(_fused_weight_grad)
     lm_head_cross_entropy = staticmethod(ops.lm_head_cross_entropy)
 
 
@@ -231,7 +258,8 @@ def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool
     coda_ext.prebuild (in parallel, before training; nvcc only, no GPU). lm_head=False: the layers
     only; lm_head_rstd=False: an LM head fed normalized rows (coda_ext.hf's loss). sms: the GPU's SM
     count (default: this machine's GPU, else an H100's); lm_head_chunk_bytes: the LM head's chunk budget
-    (ops.lm_head_cross_entropy_loss's chunk_bytes)."""
+    (ops.lm_head_cross_entropy_loss's chunk_bytes). The weight gradients' kernels are listed only where
+    weight_grad_backend is "coda" (cuBLAS runs them otherwise)."""
     from ..runtime.tuned import auto_items
 
     lm_head_ce.check_chunk_bytes("training_kernels", lm_head_chunk_bytes, "lm_head_chunk_bytes")
@@ -251,6 +279,8 @@ def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool
         (norm_backward.graph(True), "kn", (M, d, Nq)),                # QKVRoPE backward (+ MLPBlock's dx)
         (linear_grad.graph(False), "mn", (Nq, d, M)),
     ]
+    if _weight_grad["backend"] != "coda":
+        gemms = [g for g in gemms if g[1] != "mn"]
     if lm_head:
         gemms += lm_head_ce.gemms(M, config.vocab_size, d, lm_head_rstd,
                                   train=dtype == "bfloat16" and config.vocab_size % 8 == 0,
