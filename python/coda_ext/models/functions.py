@@ -38,7 +38,8 @@ IMPLS = ("auto", "fused", "reference")
 
 #: Where the fused layers' weight gradients dzᵀ @ x run — GEMMs with nothing in their epilogue: "cublas"
 #: (torch.mm on the stored tensors, transposes folded into cuBLAS's operand modes) or "coda" (ops.weight_grad,
-#: the project's own kernel). Read at every backward; weight_grad_backend(name) switches it for a block.
+#: the project's own kernel). Read when a backward runs (or, under torch.compile, when it is traced: a compiled
+#: backward keeps the choice it was traced with); weight_grad_backend(name) switches it for a block, process-wide.
 WEIGHT_GRAD_BACKENDS = ("cublas", "coda")
 _weight_grad = {"backend": "cublas"}
 
