@@ -25,8 +25,10 @@ OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_bac
 
 
 #: (STAGES_C, STAGES_D) tried beside CUTLASS's choice (4, 2) where the epilogue loads tiles: deeper load
-#: stages let the producer warp fetch more of the next tile's inputs during the mainloop.
-STAGED = ((6, 2), (8, 2))
+#: stages let the producer warp fetch more of the next tile's inputs during the mainloop; shallower ones leave the
+#: mainloop another stage (the dSwiGLU in 128 x 128: 6 instead of 5 at (2, 1) or (1, 1)), for MMA warps that wait
+#: on their operands (docs/measured.md, the dSwiGLU under Nsight Compute).
+STAGED = ((6, 2), (8, 2), (2, 1), (1, 1))
 
 
 def loads_tiles(graph) -> bool:
