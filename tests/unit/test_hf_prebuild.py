@@ -21,6 +21,7 @@ import coda_ext.jit as jit  # noqa: E402  (after the importorskip)
 from coda_ext.hf import apply_coda_to_llama, prebuild_llama  # noqa: E402
 from coda_ext.hf.llama import step_kernels  # noqa: E402
 from coda_ext.jit import binding, cache, kernel_source, nvcc, paths  # noqa: E402
+from coda_ext.models import weight_grad_backend  # noqa: E402
 from coda_ext.runtime import api  # noqa: E402
 from tests.helpers.fake_nvcc import timed_body, write_fake_nvcc  # noqa: E402
 
@@ -87,33 +88,36 @@ def in_cache(source: str) -> bool:
     return nvcc.check_entry(cache.entry_dir(cache.cache_key(source))) is None
 
 
-@pytest.mark.parametrize("batch,seq", [(2, 16), (4, 1024)])
-def test_prebuild_builds_what_the_step_launches(builds, kernel_standin, capsys, batch, seq):
+@pytest.mark.parametrize("batch,seq,dw", [(2, 16, "cublas"), (4, 1024, "cublas"), (4, 1024, "coda")])
+def test_prebuild_builds_what_the_step_launches(builds, kernel_standin, capsys, batch, seq, dw):
     """The kernels prebuilt for B x S tokens are exactly those a training step launches (at 32 tokens
-    every GEMM takes the small-M configs; at 4096 six configs in three operand layouts), all built in
+    every GEMM takes the small-M configs; at 4096 four configs in two operand layouts, and five or more in
+    three with the project's own weight-gradient kernels, models.weight_grad_backend("coda")), all built in
     one pool with the binding, JOBS at a time; the step then finds every kernel in the cache.
     Regression: the LM head's accumulating dX GEMM was listed for a vocabulary of one backward chunk,
     which never launches it (a kernel built for nothing)."""
     tokens = batch * seq
     model = hf_model()
-    apply_coda_to_llama(model, prebuild_tokens=tokens)
-    err = capsys.readouterr().err
-    items = step_kernels(model, tokens)
-    want = {kernel_source(*item).label for item in items}
-    built = spans(builds["nvcc"])
-    assert builds["pools"] == [(len(items), None, True)]          # one parallel call, binding included
-    assert len(built) == len({kernel_source(*i).source for i in items})   # one nvcc per distinct kernel
-    assert 2 <= most_at_once(built + [b[:2] for b in builds["binding"]]) <= JOBS
-    (b0, b1, on_main), = builds["binding"]
-    assert not on_main and any(s < b1 and b0 < e for s, e in built)   # the binding builds beside the kernels
+    with weight_grad_backend(dw):
+        apply_coda_to_llama(model, prebuild_tokens=tokens)
+        err = capsys.readouterr().err
+        items = step_kernels(model, tokens)
+        want = {kernel_source(*item).label for item in items}
+        built = spans(builds["nvcc"])
+        assert builds["pools"] == [(len(items), None, True)]          # one parallel call, binding included
+        assert len(built) == len({kernel_source(*i).source for i in items})   # one nvcc per distinct kernel
+        assert 2 <= most_at_once(built + [b[:2] for b in builds["binding"]]) <= JOBS
+        (b0, b1, on_main), = builds["binding"]
+        assert not on_main and any(s < b1 and b0 < e for s, e in built)   # the binding builds beside the kernels
 
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
-    model.train()
-    model(input_ids=ids, labels=ids).loss.backward()
+        ids = torch.randint(0, model.config.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(1))
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
     assert set(kernel_standin.labels) == want
     assert all(in_cache(s) for s in kernel_standin.sources)        # no kernel build after the prebuild
-    if tokens >= 4096:
-        assert len({label.split(", ")[1] for label in want}) >= 5, want   # the check covers several configs
+    if tokens >= 4096:   # the check covers several configs and layouts
+        assert len({label.split(", ")[1] for label in want}) >= (5 if dw == "coda" else 4), want
+        assert any("_mn" in label for label in want) == (dw == "coda"), want
 
     lines = err.strip().splitlines()
     assert re.fullmatch(rf"coda_ext: a training step of this Llama at {tokens} tokens launches {len(built)} "
