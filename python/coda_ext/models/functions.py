@@ -272,16 +272,13 @@ def training_kernels(config, tokens: int, dtype: str = "bfloat16", lm_head: bool
         (swiglu.graph(True, True), "kk", (M, 2 * F_, d)),
         (linear_grad.graph(True), "kk", (M, d, F_)),
         (swiglu_backward.graph(), "kn", (M, F_, d)),                  # MLPBlock backward
-        (linear_grad.graph(False), "mn", (d, F_, M)),
         (norm_backward.graph(True), "kn", (M, d, 2 * F_)),
-        (linear_grad.graph(False), "mn", (2 * F_, d, M)),
         (linear_grad.graph(False), "kn", (M, Do, d)),
-        (linear_grad.graph(False), "mn", (d, Do, M)),
         (norm_backward.graph(True), "kn", (M, d, Nq)),                # QKVRoPE backward (+ MLPBlock's dx)
-        (linear_grad.graph(False), "mn", (Nq, d, M)),
     ]
-    if _weight_grad["backend"] != "coda":
-        gemms = [g for g in gemms if g[1] != "mn"]
+    if _weight_grad["backend"] == "coda":   # the weight gradients of down, gate/up, o and QKV
+        gemms += [(linear_grad.graph(False), "mn", mnk) for mnk in ((d, F_, M), (2 * F_, d, M), (d, Do, M),
+                                                                    (Nq, d, M))]
     if lm_head:
         gemms += lm_head_ce.gemms(M, config.vocab_size, d, lm_head_rstd,
                                   train=dtype == "bfloat16" and config.vocab_size % 8 == 0,
