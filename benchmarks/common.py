@@ -138,6 +138,63 @@ def time_interleaved(variants: dict, reps: int, warmup: int = 5, flush_l2: bool 
     return times
 
 
+#: Milliseconds of back-to-back calls per timed block of time_sustained, and of the warm-up that brings the
+#: GPU to its power limit first: a training step runs its GEMMs back to back at the limit (an H200 at 690-700 W
+#: ran a Llama step at 1400-1550 MHz; docs/measured.md), where a call timed alone after a pause runs at boost
+#: clocks, so the two rank configs differently when their energy per FLOP differs.
+SUSTAINED_BLOCK_MS = 100.0
+SUSTAINED_HEAT_MS = 400.0
+
+
+def block_calls(call_ms: float, block_ms: float = SUSTAINED_BLOCK_MS) -> int:
+    """Calls of `call_ms` each that fill a block of about block_ms (at least 3)."""
+    return max(3, round(block_ms / max(call_ms, 1e-3)))
+
+
+def time_sustained(variants: dict, reps: int, warmup: int = 1, block_ms: float = SUSTAINED_BLOCK_MS,
+                   heat_ms: float = SUSTAINED_HEAT_MS) -> dict[str, list[float]]:
+    """{name: [ms per call]} at the GPU's sustained clocks: the GPU is first kept busy for heat_ms (the variants
+    in turn), then every round times each variant (rotated) as a block of back-to-back calls filling about
+    block_ms, on alternating input sets, warm L2 and no pause between blocks (as a training step runs its
+    kernels); a round's entry is the block's time over its calls."""
+    import torch
+
+    names = list(variants)
+    calls = {}
+    for name in names:   # one call each (compiles, allocations), then the block size from a timed call
+        variants[name](0)
+        calls[name] = block_calls(statistics.median(_event_ms(lambda n=name: variants[n](1)) for _ in range(3)),
+                                  block_ms)
+    start = time.perf_counter()
+    while (time.perf_counter() - start) * 1e3 < heat_ms:
+        for name in names:
+            _block(variants[name], calls[name])
+    times = {k: [] for k in names}
+    for r in range(warmup + reps):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            ms = _block(variants[name], calls[name])
+            if r >= warmup:
+                times[name].append(ms / calls[name])
+    torch.cuda.synchronize()
+    return times
+
+
+def _event_ms(fn) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _block(fn, calls: int) -> float:
+    """ms of `calls` back-to-back calls of fn(i) (i alternating 0, 1), the host queueing ahead."""
+    return _event_ms(lambda: [fn(i % 2) for i in range(calls)])
+
+
 def time_interleaved_cpu(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:
     """time_interleaved's rounds on the CPU: the same rotation, wall-clock ms per call."""
     names = list(variants)

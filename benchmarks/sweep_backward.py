@@ -6,7 +6,7 @@ calls it: its other kernels and allocations included), kernel_ (its fused GEMM k
 and plain_ (the identity graph: the mainloop alone).
 
     python -m coda_ext prebuild benchmarks/sweep_backward.py -j 16
-    python -m benchmarks.sweep_backward [--models 1B 8B] [--tokens 16384] [--reps 10]
+    python -m benchmarks.sweep_backward [--models 1B 8B] [--ops ...] [--configs TAG ...] [--sustained] [--reps 10]
 
 Each op runs as the ready op runs it, with its graph compiled in the swept config instead of "auto".
 Results: a JSON file in the results folder, named after the sweep and the GPU it runs on (sweep_backward_<gpu>.json,
@@ -22,6 +22,8 @@ from benchmarks import backward_gemms, common
 
 MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
 OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_backward_linear", "linear_dx")
+#: also sweepable by name (--ops): the down projection's forward GEMM (residual in its epilogue)
+MORE_OPS = ("linear_residual",)
 
 
 #: (STAGES_C, STAGES_D) tried beside CUTLASS's choice (4, 2) where the epilogue loads tiles: deeper load
@@ -37,18 +39,34 @@ def loads_tiles(graph) -> bool:
     return bool(ir.find("tile") or ir.find("pair_tile"))
 
 
-def configs(major: str = "kn", loads: bool = False) -> list:
-    """The swept configs; with loads, the ping-pong 128x128 and 128x192 ones again with deeper load stages."""
+def configs(major: str = "kn", loads: bool = False, auto=None, only=()) -> list:
+    """The swept configs: the fixed list and the heuristic's own choice `auto` (when given and not in the list);
+    with loads, `auto` (else ping-pong 128x128) and ping-pong 128x192 2x1 again with the STAGED load stages.
+    `only`: keep only the configs with these tags."""
     import dataclasses
 
     import coda_ext as ce
 
     K = ce.KernelConfig
     base = _configs(K, major)
-    if not loads:
-        return base
-    return base + [dataclasses.replace(base[0], epilogue_stages=s) for s in STAGED] + \
+    if auto is not None and auto not in base:
+        base.append(auto)
+    staged = auto or base[0]
+    out = base if not loads else base + [dataclasses.replace(staged, epilogue_stages=s) for s in STAGED] + \
         [dataclasses.replace(base[3], epilogue_stages=STAGED[0])]
+    return [c for c in out if not only or c.tag in only]
+
+
+def heuristic_config(g):
+    """The config "auto" picks for row g (its shape, epilogue and operand layout), as the ready op would."""
+    import dataclasses
+
+    from coda_ext import tuning
+    from coda_ext.passes import lower
+
+    epilogue = tuning.Epilogue.of(lower(g.graph().build(), "bfloat16"))
+    cfg = tuning.fit_swizzle(tuning.heuristic(g.M, g.N, g.K, tuning.DEFAULT_SMS, epilogue, g.major), g.M, g.N)
+    return dataclasses.replace(cfg, major=g.major)
 
 
 def _configs(K, major: str) -> list:
@@ -77,13 +95,17 @@ def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
     return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops)
 
 
-def build_items(models=tuple(MODELS), tokens: int = 16384) -> list:
+def row_configs(g, only=()) -> list:
+    return configs(g.major, loads_tiles(g.graph()), heuristic_config(g), only)
+
+
+def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, only=()) -> list:
     """(graph, dtype, config) of every op graph and its plain twin (identity) in every swept config."""
     from coda_ext import graphs
 
     items, seen = [], set()
-    for g in rows(models, tokens):
-        for cfg in configs(g.major, loads_tiles(g.graph())):
+    for g in rows(models, tokens, ops):
+        for cfg in row_configs(g, only):
             if not fits(g.graph(), cfg):
                 continue
             # the plain twin measures the mainloop in cfg's tiles: the staged configs share their base's
@@ -117,7 +139,7 @@ def fixed_config(cfg):
         ops_common.graph_op = original
 
 
-def sweep(g, reps: int) -> dict:
+def sweep(g, reps: int, only=(), sustained: bool = False) -> dict:
     import torch
 
     import coda_ext as ce
@@ -126,14 +148,15 @@ def sweep(g, reps: int) -> dict:
 
     sets = [backward_gemms.inputs(g, i) for i in range(2)]
     variants = {"cublas": lambda i: torch.mm(*(lambda a, w: (a, w.t()))(*backward_gemms.operands(g, sets[i])))}
-    for cfg in configs(g.major, loads_tiles(g.graph())):
+    for cfg in row_configs(g, only):
         if not fits(g.graph(), cfg):
             continue
 
         def fused(i, cfg=cfg):
             with fixed_config(cfg):
                 return backward_gemms.call(g, sets[i])
-        variants[f"op_{cfg.tag}"] = fused
+        if not sustained:   # the op's own extra kernels and allocations: timed one call at a time only
+            variants[f"op_{cfg.tag}"] = fused
         # the fused GEMM kernel alone (the op's other kernels and allocations out): the epilogue's own cost
         kernel = ce.compile(g.graph(), "bfloat16", cfg)
         gen = torch.Generator(device="cuda").manual_seed(len(variants))
@@ -142,7 +165,7 @@ def sweep(g, reps: int) -> dict:
         if not cfg.epilogue_stages:
             plain = ce.compile(graphs.identity(), "bfloat16", cfg)
             variants[f"plain_{cfg.tag}"] = lambda i, p=plain: p(*backward_gemms.operands(g, sets[i]))
-    times = common.time_interleaved(variants, reps)
+    times = common.time_sustained(variants, reps) if sustained else common.time_interleaved(variants, reps)
     out = {}
     for name, ts in times.items():
         out[name] = {"median_ms": statistics.median(ts),
@@ -154,23 +177,29 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS + MORE_OPS))
+    p.add_argument("--configs", nargs="+", default=(), metavar="TAG",
+                   help="only the configs with these tags (KernelConfig.tag, as printed)")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--sustained", action="store_true",
+                   help="time each variant as blocks of back-to-back calls at the GPU's sustained (power-limited) "
+                        "clocks (common.time_sustained) instead of one call after an L2 flush and a pause")
     p.add_argument("--out", default=None, help="results JSON (default: sweep_backward_<gpu>.json in "
                    "benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …)")
     args = p.parse_args(argv)
 
     env = common.gpu_info()
-    doc = {"env": env, "rows": []}
+    doc = {"env": env, "timing": "sustained" if args.sustained else "interleaved", "rows": []}
     for g in rows(args.models, args.tokens, args.ops):
-        res = sweep(g, args.reps)
+        res = sweep(g, args.reps, tuple(args.configs), args.sustained)
         doc["rows"].append({"op": g.op, "model": g.model, "M": g.M, "N": g.N, "K": g.K, "major": g.major,
                             "variants": res})
-        best = min((v for v in res if v.startswith("op_")), key=lambda v: res[v]["ratio_to_cublas"])
+        best = min((v for v in res if v.startswith("op_" if not args.sustained else "kernel_")),
+                   key=lambda v: res[v]["ratio_to_cublas"])
         print(f"{g.model} {g.op} {g.M}x{g.N}x{g.K}: best {best} {res[best]['ratio_to_cublas']:.3f}", flush=True)
         for v, r in res.items():
             print(f"    {v:45s} {r['median_ms']:8.3f} ms  x{r['ratio_to_cublas']:.3f}", flush=True)
-    out = args.out or common.results_path("sweep_backward", gpu=env["gpu"])
+    out = args.out or common.results_path("sweep_backward" + ("_sustained" if args.sustained else ""), gpu=env["gpu"])
     print(f"wrote {common.write_json(out, doc)}")
 
 

@@ -1,0 +1,83 @@
+"""The sustained (power-limited) timing of the benchmarks, the clock summary of hf_step_anatomy and the config
+selection of sweep_backward, on the CPU (the GPU's events replaced by the host's clock)."""
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from benchmarks import common, hf_step_anatomy, sweep_backward
+
+
+def test_block_calls_fill_the_block():
+    assert common.block_calls(1.0, 100.0) == 100
+    assert common.block_calls(40.0, 100.0) == 3      # at least three calls a block
+    assert common.block_calls(0.0, 100.0) == 100_000  # a call too short to time does not divide by zero
+
+
+def test_time_sustained_times_blocks_per_call(monkeypatch):
+    import torch
+
+    def event_ms(fn):
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
+
+    monkeypatch.setattr(common, "_event_ms", event_ms)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls, seen = {"a": 0, "b": 0}, set()
+
+    def variant(name, ms):
+        def run(i):
+            calls[name] += 1
+            seen.add(i)
+            time.sleep(ms / 1e3)
+        return run
+
+    times = common.time_sustained({"a": variant("a", 2.0), "b": variant("b", 4.0)}, reps=3, warmup=1,
+                                  block_ms=20.0, heat_ms=30.0)
+    assert set(times) == {"a", "b"} and all(len(t) == 3 for t in times.values())
+    assert all(1.9 < t < 3.5 for t in times["a"]) and all(3.9 < t < 6.0 for t in times["b"])
+    assert seen == {0, 1}                       # both input sets
+    assert calls["a"] >= 4 * 9 and calls["b"] >= 4 * 4   # blocks of ~20 ms: warm-up, heat and timed rounds
+
+
+def test_clock_summary_reads_the_loaded_samples(tmp_path):
+    csv = tmp_path / "c.csv"
+    csv.write_text("2026/11/29 23:36:42.823, 1485 MHz, 689.50 W, 56\n"
+                   "2026/11/29 23:36:42.928, 1395 MHz, 692.50 W, 57\n"
+                   "2026/11/29 23:36:43.028, 1980 MHz, 210.00 W, 41\n"
+                   "garbage\n")
+    s = hf_step_anatomy.clock_summary(csv)
+    assert s["samples"] == 3 and s["busy_samples"] == 2
+    assert s["mean_sm_mhz"] == pytest.approx(1440.0) and s["mean_watts"] == pytest.approx(691.0)
+    assert hf_step_anatomy.clock_summary(csv, min_watts=1000.0)["busy_samples"] == 0
+
+
+def test_sweep_backward_takes_the_heuristics_config_and_filters_by_tag():
+    (g,) = sweep_backward.rows(("1B",), 16384, ("swiglu_backward_linear",))
+    auto = sweep_backward.heuristic_config(g)
+    assert auto.major == "kn" == g.major       # the layout the op launches, not the default "kk"
+    tags = [c.tag for c in sweep_backward.row_configs(g)]
+    assert auto.tag in tags and f"{auto.tag}_ec2d1" in tags and f"{auto.tag}_ec1d1" in tags
+    only = (auto.tag, f"{auto.tag}_ec2d1")
+    assert [c.tag for c in sweep_backward.row_configs(g, only)] == list(only)
+    items = sweep_backward.build_items(("1B",), 16384, ("swiglu_backward_linear",), only)
+    assert {cfg.tag for _, _, cfg in items} == set(only)   # the op's graph in both, its plain twin in the base
+
+
+def test_sweep_backward_parses_sustained_and_more_ops(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(common, "gpu_info", lambda: (_ for _ in ()).throw(SystemExit(0)))
+    import argparse
+
+    real = argparse.ArgumentParser.parse_args
+
+    def spy(self, argv=None, namespace=None):
+        ns = real(self, argv, namespace)
+        seen.update(vars(ns))
+        return ns
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", spy)
+    with pytest.raises(SystemExit):
+        sweep_backward.main(["--ops", "linear_residual", "--sustained", "--configs", "a", "b"])
+    assert seen["sustained"] and seen["ops"] == ["linear_residual"] and seen["configs"] == ["a", "b"]
