@@ -10,13 +10,15 @@ The speed goals of the rows are benchmarks/goals.py's.
 
     python -m coda_ext prebuild benchmarks/bench_fused_ops.py -j 16   # every kernel of both families
     python -m benchmarks.bench_fused_ops [--backward] [--models 8B 1B] [--ms 16384 1024 128] [--ops ...]
-        [--no-lm-head | --only-lm-head] [--compile-all-shapes] [--out NAME] [--dry-run]
+        [--no-lm-head | --only-lm-head] [--compile-all-shapes] [--sustained] [--out NAME] [--dry-run]
     python -m benchmarks.bench_fused_ops --merge results/f.json results/b.json --out ops_h200  # b: --backward
 
 torch.compile is timed at the training shapes (M = 16384 tokens, the LM head's 8192; compiling per shape
 costs ~10-30 s each), at every shape with --compile-all-shapes. --dry-run lists the rows and the kernels
 they need (no GPU). Writes results/<out>.json (rows of both families, each marked "pass": forward or
 backward; default: ops_<gpu>.json, <gpu> the GPU it runs on: h100, h200, …) and the .png beside it.
+--sustained times every variant at the GPU's power limit, where a training step runs (common.time_sustained:
+blocks of back-to-back calls; docs/measured.md "The step at the GPU's power limit"), into ops_sustained_<gpu>.json.
 """
 from __future__ import annotations
 
@@ -243,7 +245,9 @@ def _fused(graph) -> bool:
     return graph.build().digest() != graphs.identity().build().digest()
 
 
-def run(selected, reps, compile_all=False):
+def run(selected, reps, compile_all=False, sustained=False):
+    """Rows of the selected cases; sustained: each variant timed as blocks of back-to-back calls at the GPU's
+    power limit (common.time_sustained, a quarter of the rounds) instead of alone after an L2 flush."""
     results = []
     for case in selected:
         fields = row_fields(case)
@@ -256,7 +260,8 @@ def run(selected, reps, compile_all=False):
             fn(0)
             fn(1)
         n = reps if fields["op"] != "lm_head_ce" else max(5, reps // 3)
-        row = summarize_row(fields, common.time_interleaved(variants, n), cfg.tag, _fused(kernel_of(case)[0]))
+        times = common.time_sustained(variants, max(3, n // 4)) if sustained else common.time_interleaved(variants, n)
+        row = summarize_row(fields, times, cfg.tag, _fused(kernel_of(case)[0]))
         row["peak_gb"] = {k: _peak_memory(fn) for k, fn in variants.items()}
         results.append(row)
         r = {k: v["median_ratio_to_cublas"] for k, v in row["results"].items()}
@@ -374,6 +379,9 @@ def main(argv=None):
     p.add_argument("--ops", nargs="+", default=None, choices=list(OPS) + list(BACKWARD_OPS),
                    help="default: every op of the family")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--sustained", action="store_true", help="time at the GPU's power limit, as a training step runs: "
+                   "blocks of back-to-back calls (common.time_sustained) instead of one call after an L2 flush and a "
+                   "pause; results default to ops_sustained_<gpu>.json")
     p.add_argument("--compile-all-shapes", action="store_true", help="torch.compile at every shape, not only the "
                    "training shapes")
     p.add_argument("--out", default=None, help="a name under benchmarks/results/, or a path ending in .json "
@@ -388,9 +396,10 @@ def main(argv=None):
         if a.dry_run:
             print("\n".join(dry_run(selected, a.compile_all_shapes)))
             return 0
-        doc = {"gpu": common.gpu_info(), "results": run(selected, a.reps, a.compile_all_shapes)}
+        doc = {"gpu": common.gpu_info(), "timing": "sustained" if a.sustained else "interleaved",
+               "results": run(selected, a.reps, a.compile_all_shapes, a.sustained)}
     if a.out is None:   # named by the GPU the rows were measured on (the first merged file's)
-        out = common.results_path("ops", gpu=gpu_name(doc) or "cpu")
+        out = common.results_path("ops_sustained" if a.sustained else "ops", gpu=gpu_name(doc) or "cpu")
     else:
         out = pathlib.Path(a.out) if a.out.endswith(".json") else common.RESULTS / f"{a.out}.json"
     doc["goals"] = goals.lines(goals.check(op_rows=doc["results"]))

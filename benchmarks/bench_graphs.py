@@ -2,7 +2,7 @@
 torch.compile of the same math, and checks each against its speed goal.
 
     python -m benchmarks.bench_graphs [--cases identity,swiglu,...] [--shapes llama | M,N,K ...]
-        [--configs auto|default|candidates] [--max-autotune] [--reps 30] [--out FILE.json] [--dry-run]
+        [--configs auto|default|candidates] [--max-autotune] [--sustained] [--reps 30] [--out FILE.json] [--dry-run]
     python -m benchmarks.bench_graphs --merge PART1.json PART2.json ... --out FILE.json
     python -m benchmarks.bench_graphs --annotate FILE.json     # (re)compute the speed-of-light fields; no GPU
 
@@ -10,7 +10,8 @@ Cases and goals: benchmarks/graphs.py (the speed goals are time / bare cuBLAS GE
 `--configs auto` (the default) runs config="auto": the shape heuristic of coda_ext.tuning picks
 the kernel config per shape; the JSON records which. Eager and torch.compile run the graph's own
 PyTorch reference (coda_ext.interpret in the op's dtype): the same unfused math for every graph,
-with no hand-written baseline to drift. Timing is interleaved with L2 flushes (common.py);
+with no hand-written baseline to drift. Timing is interleaved with L2 flushes (common.py; --sustained:
+blocks of back-to-back calls at the GPU's power limit, as a training step runs, into graphs_sustained_<gpu>.json);
 figures are medians of per-round ratios to cuBLAS. Writes JSON (GPU, clocks, versions, commit,
 cold compile seconds per config, the wall time to compile a graph's configs in parallel, warm
 load seconds; default: graphs_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on: h100,
@@ -112,7 +113,8 @@ def compile_costs(graph, dtype: str, cfgs, cold_set: bool) -> dict:
     return out
 
 
-def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set: bool = False) -> dict:
+def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set: bool = False,
+               sustained: bool = False) -> dict:
     import functools
 
     import torch
@@ -141,7 +143,9 @@ def bench_case(name: str, shapes, cfgs, reps: int, max_autotune: bool, cold_set:
         for i in (0, 1):
             compiled(sets[i][0], sets[i][1], **sets[i][2])
         torch.cuda.synchronize()
-        summary = common.summarize(common.time_interleaved(variants, reps), "cublas_gemm")
+        times = (common.time_sustained(variants, max(3, reps // 6)) if sustained
+                 else common.time_interleaved(variants, reps))
+        summary = common.summarize(times, "cublas_gemm")
         for s in summary.values():
             s["tflops"] = 2.0 * M * N * K / (s["median_ms"] * 1e-3) / 1e12
         entry = {"variants": summary}
@@ -310,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-set", action="store_true",
                    help="also time building each graph's configs in parallel into an empty cache")
     p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--sustained", action="store_true", help="time at the GPU's power limit, as a training step runs: "
+                   "blocks of back-to-back calls (common.time_sustained, a sixth of the rounds) instead of one call "
+                   "after an L2 flush and a pause; results default to graphs_sustained_<gpu>.json")
     p.add_argument("--out", default=None, help="results JSON (default: graphs_<gpu>.json in benchmarks/results/, "
                    "<gpu> the GPU it ran on, with --merge the merged runs': h100, h200, …); the PNG goes beside it")
     p.add_argument("--dry-run", action="store_true", help="list what would run; needs no GPU")
@@ -344,11 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         env, results, reps, max_autotune = merge(args.merge)
     else:
         env = common.gpu_info()
-        results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune, args.cold_set) for name in names}
+        results = {name: bench_case(name, shapes, cfgs, args.reps, args.max_autotune, args.cold_set, args.sustained)
+                   for name in names}
+        env["timing"] = "sustained" if args.sustained else "interleaved"
         env["nvidia_smi_after"] = common.gpu_info()["nvidia_smi"]
         reps, max_autotune = args.reps, args.max_autotune
     annotate(results, env.get("gpu"))
-    out = args.out or common.results_path("graphs", gpu=env.get("gpu") or "cpu")   # named by the GPU it ran on
+    out = args.out or common.results_path("graphs_sustained" if args.sustained and not args.merge
+                                          else "graphs", gpu=env.get("gpu") or "cpu")   # named by the GPU it ran on
     out = common.write_json(out, {"env": env, "reps": reps, "max_autotune": max_autotune, "results": results})
     plot(results, out.with_suffix(".png"), env["gpu"])
     print_table(results)

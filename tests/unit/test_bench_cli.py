@@ -274,3 +274,20 @@ def test_sweep_configs_takes_the_lm_head_logits_graph(capsys):
                                "ping_128x192x64_c2x1", "--swizzles", "8", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "['lm_head_train'] ping_128x192x64_c2x1_s8" in out and "(2048, 128256, 2048)" in out
+
+
+def test_sustained_reaches_every_case_and_names_its_own_results(monkeypatch, tmp_path):
+    """--sustained times each case at the GPU's power limit (bench_case(sustained=True)) and writes
+    graphs_sustained_<gpu>.json, not the one-call-at-a-time results."""
+    seen = []
+    monkeypatch.setattr(common, "gpu_info", lambda: {"gpu": "NVIDIA H200", "nvidia_smi": None})
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(bench_graphs, "bench_case",
+                        lambda name, shapes, cfgs, reps, mat, cold, sustained: seen.append((name, sustained)) or {})
+    monkeypatch.setattr(bench_graphs, "annotate", lambda results, gpu: None)
+    monkeypatch.setattr(bench_graphs, "plot", lambda results, path, gpu: None)
+    monkeypatch.setattr(bench_graphs, "print_table", lambda results: None)
+    assert bench_graphs.main(["--sustained", "--cases", "identity,swiglu", "--shapes", "256,512,128"]) == 0
+    assert seen == [("identity", True), ("swiglu", True)]
+    (out,) = tmp_path.glob("graphs_sustained_*.json")
+    assert '"timing": "sustained"' in out.read_text()

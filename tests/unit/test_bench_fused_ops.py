@@ -193,3 +193,31 @@ def test_every_row_runs_and_its_op_agrees_with_its_unfused_math(kernel_standin, 
             for a, b in zip(coda, eager):   # the LM head's forward returns (loss, lse); its eager math the loss
                 assert a.shape == b.shape, row["op"]
                 torch.testing.assert_close(a.float(), b.float(), atol=0.06, rtol=0.03, msg=row["op"])
+
+
+def test_sustained_rows_time_blocks_at_the_power_limit(kernel_standin, monkeypatch):
+    """run(sustained=True) times every variant with common.time_sustained (a quarter of the rounds, at least
+    three), never one call at a time."""
+    import coda_ext
+
+    seen = {}
+
+    def sustained(variants, reps):
+        seen["reps"], seen["variants"] = reps, set(variants)
+        return {name: [1.0, 1.0, 1.0] for name in variants}
+
+    def interleaved(variants, reps):
+        raise AssertionError("timed one call at a time")
+
+    monkeypatch.setattr(bfo, "MODELS", SMOKE)
+    monkeypatch.setattr(bfo, "DEVICE", "cpu")
+    monkeypatch.setattr(bfo, "_peak_memory", lambda fn: 0.0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stand-in")
+    monkeypatch.setattr(coda_ext, "compile", lambda graph, dtype, config: (lambda A, W: interpret(graph, A, W).out))
+    monkeypatch.setattr(bfo.common, "compile_for_one_shape", lambda fn, *a, **k: fn)
+    monkeypatch.setattr(bfo.common, "time_sustained", sustained)
+    monkeypatch.setattr(bfo.common, "time_interleaved", interleaved)
+    case = bfo.backward_cases(("tiny",), (32,))[0]
+    row = bfo.run([case], reps=20, sustained=True)[0]
+    assert seen["reps"] == 5 and {"cublas", "coda", bfo.PLAIN} <= seen["variants"]
+    assert row["epilogue_ratio"] == 1.0 and row["results"]["coda"]["median_ratio_to_cublas"] == 1.0
