@@ -54,7 +54,9 @@ class Options:
     cudagraphs: record the Inductor fallback's graphs, fused kernels included, into CUDA graphs and replay
         them (Inductor's cudagraph trees, as torch.compile's mode="reduce-overhead"; cudagraphs.py): the
         host launches one graph instead of each kernel. Needs the Inductor fallback ("auto" on CUDA);
-        Inductor records only what it can (CUDA, static shapes) and runs the rest as without it."""
+        Inductor records only what it can (CUDA, static shapes) and runs the rest as without it.
+    merge: GEMMs of one input left without an epilogue (a layer's q, k and v projections) become one GEMM of
+        their concatenated weights, and their dX and weight-gradient GEMMs one each (passes.hmerge)."""
 
     fallback: str = "auto"
     target: str = "auto"
@@ -64,6 +66,7 @@ class Options:
     report: bool = False
     prebuild: bool = True
     cudagraphs: bool = False
+    merge: bool = True
     cost: CostModel = dataclasses.field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
@@ -100,6 +103,13 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit,
                          limits=Limits.of(target))
         solve_s += part.solve_s
+        plain = plain_gemms(an, part) if options.merge else set()
+        if plain and passes.hmerge.groups(g, plain):   # merged, the partition runs again on the merged graph
+            g = passes.merge_gemms(g, plain)
+            an = analyze(g, target, forward_outputs)
+            part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit,
+                             limits=Limits.of(target))
+            solve_s += part.solve_s
         fused, lowered = lower(g, an, part, options.execute, target)
         missed = missed_folds(g, an, lowered)
         if not missed:
@@ -109,10 +119,17 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
     rep = graph_report(name, an, part, lowered, options.cost)
     rep.solve_s = solve_s
     rep.folded = tuple(f"{f.norm} into {', '.join(gemm for gemm, _ in f.gemms)}" for f in g.meta[NORM_FOLDS])
+    rep.merged = g.meta.get(passes.hmerge.META, ())
     if unfolded:
         rep.note = (rep.note + "; " if rep.note else "") + ("layer norms not folded, as their GEMM's kernel did "
                                                             f"not take the fold's math: {', '.join(sorted(unfolded))}")
     return fused, rep, lowered
+
+
+def plain_gemms(an: Any, part: Any) -> set[str]:
+    """The names of the GEMMs the partition left without an epilogue."""
+    fused = {g.anchor for g in part.groups}
+    return {an.pgraph[i].name for i in an.pgraph.anchors() if i not in fused}
 
 
 def kernel_items(source: Any, sms: int | None = None, every_config: bool = False) -> list[tuple[Any, str, Any]]:

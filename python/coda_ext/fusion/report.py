@@ -55,6 +55,7 @@ class GraphReport:
     gemm_shapes: tuple[tuple[int, int, int], ...] = ()   # distinct (M, N, K) of every GEMM of the graph
     pairs: tuple[str, ...] = ()       # GEMMs on one input whose outputs meet in an epilogue (SwiGLU)
     folded: tuple[str, ...] = ()      # layer norms folded into the GEMMs that read them (passes/norm_fold.py)
+    merged: tuple[str, ...] = ()      # GEMMs of one input merged into one (passes/hmerge.py)
     bytes_moved: int = 0              # HBM bytes the graph moves under this partition (bytes_moved())
 
     @property
@@ -97,6 +98,10 @@ class GraphReport:
             lines.append("  layer norms folded into the GEMMs that read them (x @ (W⊙γ)ᵀ, then rstd ⊙ (· − μ s) + W β "
                          "in the epilogue):")
             lines += [f"    {x}" for x in self.folded]
+        if self.merged:
+            lines.append("  GEMMs of one input merged into one GEMM of their concatenated weights (with their dX and "
+                         "weight-gradient GEMMs):")
+            lines += [f"    {x}" for x in self.merged]
         if self.pairs:
             lines.append("  not fused across GEMMs:")
             lines += [f"    {x}" for x in self.pairs]

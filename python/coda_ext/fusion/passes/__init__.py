@@ -1,6 +1,6 @@
 """Graph passes of the fusion compiler, each a pure function GraphModule -> GraphModule, and the
 pipeline that runs them in order (run) on AOTAutograd's joint graph. gelu_tanh_form runs before, on Dynamo's
-graph (frontend.CodaBackend)."""
+graph (frontend.CodaBackend); merge_gemms after a first partition, on the GEMMs it left plain (frontend.fuse_graph)."""
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -12,6 +12,7 @@ from .cse import cse
 from .decompose import decompose
 from .fold import fold
 from .gelu_form import gelu_tanh_form
+from .hmerge import merge_gemms
 from .layout import GEMM, layout
 from .norm_fold import norm_fold
 from .norm_stats import norm_stats
@@ -32,5 +33,5 @@ def run(gm: fx.GraphModule, target: str = "interpret", unfolded: Collection[str]
     return gm
 
 
-__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "gelu_tanh_form", "layout", "norm_fold", "norm_stats",
-           "remat", "run"]
+__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "gelu_tanh_form", "layout", "merge_gemms", "norm_fold",
+           "norm_stats", "remat", "run"]
