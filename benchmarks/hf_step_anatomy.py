@@ -14,7 +14,7 @@ Measured, after 4 warm-up steps (batch 8 x 2048 tokens, AdamW):
   them, the kernels by time per step;
 - clocks: nvidia-smi sampled every 100 ms through all of it (a CSV beside the JSON); summary: the mean SM clock
   and power over the samples drawing more than 600 W (the steps).
-Results: benchmarks/results/hf_step_anatomy_<variant>_<model>_<gpu>.json (--out to choose).
+Results: the hf_step_anatomy_<variant>_<model>_<gpu> JSON in benchmarks/results/ (--out to choose).
 """
 from __future__ import annotations
 
