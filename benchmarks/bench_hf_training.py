@@ -32,9 +32,10 @@ run-to-run spread, against which the loss goal is read); the step time
 (forward, backward, optimizer step; the median of --rounds interleaved rounds, common.time_interleaved
 on the GPU); each phase of a step (forward, backward, optimizer) on the device and on the host, medians of
 PHASE_REPS steps each started on an idle device (phase_times: where a step's time goes with no profiler
-in it); tokens/s; MFU (model FLOPs: 6 x tokens x linear parameters, LM head included, plus causal
-attention, over the GPU's dense bf16 peak); peak memory of one step beyond what was allocated before
-it; a per-component breakdown from torch.profiler of one step (breakdown()). The floor: the bare
+in it); on a GPU the clocks and power its steps hold back to back (nvidia-smi sampled for CLOCK_SECONDS, the
+samples above 600 W: common.clocks_while); tokens/s; MFU (model FLOPs: 6 x tokens x linear parameters, LM
+head included, plus causal attention, over the GPU's dense bf16 peak); peak memory of one step beyond what
+was allocated before it; a per-component breakdown from torch.profiler of one step (breakdown()). The floor: the bare
 cuBLAS GEMMs of the step (forward, dX, dW of every linear and the LM head) + SDPA forward and backward
 + the optimizer step (the fastest variant's, from its profile), printed beside the variants: each part timed
 alone after a pause (boost clocks), and again back to back at the GPU's power limit ("floor held", where a
@@ -236,6 +237,8 @@ def batches(cfg, args, n: int, seed: int, device: str) -> list[dict]:
 
 
 PHASES = ("forward", "backward", "optimizer")
+#: Seconds of back-to-back steps per variant while nvidia-smi samples the clocks (common.clocks_while)
+CLOCK_SECONDS = 3.0
 
 
 def train_step(variant: dict, batch: dict, scopes: bool = False, after=None):
@@ -686,6 +689,8 @@ def run_model(name: str, args, device: str, gpu: str | None) -> dict:
                    mfu=flops / (ms / 1e3) / peak if peak else None)
         row["peak_gb"] = common.peak_memory_gb(fns[v])[0] if device == "cuda" else None
         row["phases"] = phase_times(variants[v], timing[0], PHASE_REPS, device)
+        if device == "cuda":   # the clocks its steps hold back to back (the GPU at its power limit)
+            row["clocks"] = common.clocks_while(lambda v=v: fns[v](0), CLOCK_SECONDS)
     order = sorted(variants, key=lambda v: not variants[v]["compiled"])   # compiled first: no hooks seen yet
     for v in order:
         prof = profile_step(variants[v], timing[0], device)
@@ -756,6 +761,11 @@ def report(name: str, entry: dict) -> list[str]:
             g, h = r["phases"]["gpu"], r["phases"]["host"]
             parts = ", ".join(f"{p} {g[p]:.2f} / {h[p]:.2f}" for p in PHASES)
             lines.append(f"  {v} phases (ms, device / host): {parts}; sum {sum(g.values()):.2f}")
+    for v, r in rows.items():
+        c = r.get("clocks") or {}
+        if c.get("busy_samples"):
+            lines.append(f"  {v} clocks, steps back to back: {c['mean_sm_mhz']:.0f} MHz at {c['mean_watts']:.0f} W "
+                         f"(mean of {c['busy_samples']} samples above {c['min_watts']:.0f} W)")
     for v, r in rows.items():
         b = r["breakdown"]
         layer = ", ".join(f"{k} {ms:.2f}" for k, ms in b["per_layer"].items())

@@ -70,6 +70,53 @@ def gpu_info() -> dict:
     return info
 
 
+#: nvidia-smi's query of clocks_while: one CSV line per sample
+CLOCK_QUERY = "timestamp,clocks.sm,power.draw,temperature.gpu"
+
+
+def clock_summary(lines: list[str], min_watts: float = 600.0) -> dict:
+    """Mean SM clock (MHz) and power (W) of nvidia-smi samples (CLOCK_QUERY lines) drawing more than min_watts
+    (the GPU at work, not between calls)."""
+    rows = []
+    for line in lines:
+        f = [x.strip() for x in line.split(",")]
+        try:
+            rows.append((float(f[1].split()[0]), float(f[2].split()[0])))
+        except (IndexError, ValueError):
+            continue
+    busy = [r for r in rows if r[1] > min_watts]
+    if not busy:
+        return {"samples": len(rows), "busy_samples": 0}
+    return {"samples": len(rows), "busy_samples": len(busy), "min_watts": min_watts,
+            "mean_sm_mhz": statistics.mean(r[0] for r in busy), "mean_watts": statistics.mean(r[1] for r in busy)}
+
+
+def clocks_while(fn, seconds: float = 2.0, period_ms: int = 100) -> dict | None:
+    """clock_summary of nvidia-smi sampled every period_ms while fn() runs again and again for about `seconds`
+    (synchronized at the end); None where nvidia-smi cannot run."""
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryFile("w+") as f:
+        try:
+            smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={CLOCK_QUERY}", "--format=csv,noheader",
+                                    "-lms", str(period_ms)], stdout=f, stderr=subprocess.DEVNULL)
+        except OSError:
+            return None
+        try:
+            start = time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        finally:
+            smi.terminate()
+            smi.wait()
+        f.seek(0)
+        return clock_summary(f.read().splitlines())
+
+
 def commit() -> str:
     """The commit results are recorded against: $CODA_COMMIT (or $CODA_BENCH_COMMIT) where the tree was
     copied to the machine without its git metadata (or with stale metadata), else `git rev-parse HEAD`."""

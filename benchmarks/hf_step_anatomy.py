@@ -132,19 +132,8 @@ def profile(variant, data, steps: int = 3) -> dict:
 
 
 def clock_summary(csv: pathlib.Path, min_watts: float = 600.0) -> dict:
-    """Mean SM clock (MHz) and power (W) of the nvidia-smi samples drawing more than min_watts."""
-    rows = []
-    for line in csv.read_text().splitlines():
-        f = [x.strip() for x in line.split(",")]
-        try:
-            rows.append((float(f[1].split()[0]), float(f[2].split()[0])))
-        except (IndexError, ValueError):
-            continue
-    busy = [r for r in rows if r[1] > min_watts]
-    if not busy:
-        return {"samples": len(rows), "busy_samples": 0}
-    return {"samples": len(rows), "busy_samples": len(busy), "min_watts": min_watts,
-            "mean_sm_mhz": statistics.mean(r[0] for r in busy), "mean_watts": statistics.mean(r[1] for r in busy)}
+    """common.clock_summary of a CSV file of nvidia-smi samples."""
+    return common.clock_summary(csv.read_text().splitlines(), min_watts)
 
 
 def main(argv=None) -> None:
@@ -159,8 +148,8 @@ def main(argv=None) -> None:
     torch.cuda.synchronize()
     csv = out.with_suffix(".clocks.csv")
     with csv.open("w") as f:
-        smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                                "--format=csv,noheader", "-lms", "100"], stdout=f)
+        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={common.CLOCK_QUERY}", "--format=csv,noheader",
+                                "-lms", "100"], stdout=f)
         try:
             doc = {"env": env, "model": args.model, "layers": args.layers, "variant": args.variant,
                    "tokens": args.batch * args.seq,

@@ -81,3 +81,31 @@ def test_sweep_backward_parses_sustained_and_more_ops(monkeypatch):
     with pytest.raises(SystemExit):
         sweep_backward.main(["--ops", "linear_residual", "--sustained", "--configs", "a", "b"])
     assert seen["sustained"] and seen["ops"] == ["linear_residual"] and seen["configs"] == ["a", "b"]
+
+
+def test_clocks_while_samples_during_the_calls(monkeypatch):
+    """clocks_while runs fn again and again for its seconds while nvidia-smi writes samples (here a stand-in that
+    writes two loaded samples and one idle one), and summarises the loaded ones; None without nvidia-smi."""
+    class FakeSmi:
+        def __init__(self, argv, stdout, stderr):
+            assert argv[0] == "nvidia-smi" and f"--query-gpu={common.CLOCK_QUERY}" in argv
+            stdout.write("t, 1400 MHz, 690.00 W, 60\nt, 1500 MHz, 688.00 W, 61\nt, 1980 MHz, 90.00 W, 40\n")
+            stdout.flush()
+
+        def terminate(self):
+            pass
+
+        def wait(self):
+            pass
+
+    calls = []
+    monkeypatch.setattr(common.subprocess, "Popen", FakeSmi)
+    s = common.clocks_while(lambda: calls.append(time.sleep(0.01)), seconds=0.05)
+    assert len(calls) >= 3
+    assert s["busy_samples"] == 2 and s["mean_sm_mhz"] == pytest.approx(1450.0) and s["mean_watts"] == 689.0
+
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(common.subprocess, "Popen", missing)
+    assert common.clocks_while(lambda: None, seconds=0.01) is None
