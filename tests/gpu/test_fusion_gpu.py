@@ -1,6 +1,7 @@
-"""The coda fusion backend on an SM90 GPU: a small MLP and a 2-layer BERT through coda_ext.fuse (Inductor the
-fallback), one bf16 training step: the loss and every gradient within the numerics rule against fp64 (eager bf16
-the baseline), no graph break, and the fused epilogues launched as compiled kernels (not the interpreter)."""
+"""The coda fusion backend on an SM90 GPU: a small MLP, a 2-layer BERT and a 2-layer Llama-like model (its q, k
+and v projections merged: passes.hmerge) through coda_ext.fuse (Inductor the fallback), one bf16 training step:
+the loss and every gradient within the numerics rule against fp64 (eager bf16 the baseline), no graph break, and
+the fused epilogues launched as compiled kernels (not the interpreter)."""
 from __future__ import annotations
 
 import copy
@@ -39,11 +40,20 @@ def _bert():
     return BertForMaskedLM(cfg)
 
 
+def _llama():
+    """A 2-layer Llama-like model whose q, k and v projections the compiler merges (passes.hmerge)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128, use_cache=False)
+    return LlamaForCausalLM(cfg)
+
+
 def _model(name: str) -> nn.Module:
     torch.manual_seed(0)
-    if name == "bert":
+    if name in ("bert", "llama"):
         pytest.importorskip("transformers")
-        return _bert()
+        return _bert() if name == "bert" else _llama()
     return MLP()
 
 
@@ -53,19 +63,22 @@ def _inputs(name: str, device) -> dict:
         ids = torch.randint(0, 128, (4, 64), generator=g)
         labels = torch.where(torch.rand(4, 64, generator=g) < 0.3, ids, -100)
         return {"input_ids": ids.to(device), "labels": labels.to(device)}
+    if name == "llama":
+        ids = torch.randint(0, 128, (4, 64), generator=g)
+        return {"input_ids": ids.to(device), "labels": ids.to(device)}
     # x in the model's dtype (regression: a float32 x met bfloat16 weights in the first GEMM)
     return {"x": torch.randn(4, 64, 64, generator=g).to(device, BF), "target": torch.randint(0, 128, (4, 64),
                                                                                          generator=g).to(device)}
 
 
-MODELS = ("mlp", "bert")
+MODELS = ("mlp", "bert", "llama")
 
 
 def build_items() -> list:
     """(graph, dtype, config) of the kernels the two models' fused steps launch (planned on the CPU)."""
     items = []
     for name in MODELS:
-        if name == "bert":
+        if name in ("bert", "llama"):
             try:
                 import transformers  # noqa: F401
             except ImportError:
@@ -107,6 +120,8 @@ def test_fused_training_step_within_the_rule(built, name, monkeypatch, report):
     want = _step(ref, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
     assert launches, "no fused kernel was launched"
     assert sum(counters["graph_break"].values()) == 0
+    if name == "llama":   # q, k and v merged in each layer (forward, dX and weight-gradient GEMMs)
+        assert all(len(g.merged) == 2 for g in cf.report_of(fused).graphs)
     worst = 0.0
     for i, (g, b, w) in enumerate(zip(got, base, want, strict=True)):
         err, err_eager, top = max_err(g, w), max_err(b, w), w.abs().max().item()
