@@ -7,6 +7,7 @@ figures are medians of per-round ratios to the bare cuBLAS GEMM of the same shap
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -91,6 +92,18 @@ def clock_summary(lines: list[str], min_watts: float = 600.0) -> dict:
             "mean_sm_mhz": statistics.mean(r[0] for r in busy), "mean_watts": statistics.mean(r[1] for r in busy)}
 
 
+@contextlib.contextmanager
+def nvidia_smi_samples(stream, period_ms: int = 100):
+    """nvidia-smi writes a CLOCK_QUERY line to `stream` every period_ms while inside (OSError where it cannot run)."""
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={CLOCK_QUERY}", "--format=csv,noheader",
+                            "-lms", str(period_ms)], stdout=stream, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        smi.terminate()
+        smi.wait()
+
+
 def clocks_while(fn, seconds: float = 2.0, period_ms: int = 100) -> dict | None:
     """clock_summary of nvidia-smi sampled every period_ms while fn() runs again and again for about `seconds`
     (synchronized at the end); None where nvidia-smi cannot run."""
@@ -99,20 +112,16 @@ def clocks_while(fn, seconds: float = 2.0, period_ms: int = 100) -> dict | None:
     import torch
 
     with tempfile.TemporaryFile("w+") as f:
-        try:
-            smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={CLOCK_QUERY}", "--format=csv,noheader",
-                                    "-lms", str(period_ms)], stdout=f, stderr=subprocess.DEVNULL)
-        except OSError:
-            return None
-        try:
+        with contextlib.ExitStack() as sampling:
+            try:
+                sampling.enter_context(nvidia_smi_samples(f, period_ms))
+            except OSError:
+                return None
             start = time.perf_counter()
             while time.perf_counter() - start < seconds:
                 fn()
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-        finally:
-            smi.terminate()
-            smi.wait()
         f.seek(0)
         return clock_summary(f.read().splitlines())
 
@@ -210,7 +219,7 @@ def time_sustained(variants: dict, reps: int, warmup: int = 1, block_ms: float =
     calls = {}
     for name in names:   # one call each (compiles, allocations), then the block size from a timed call
         variants[name](0)
-        calls[name] = block_calls(statistics.median(_event_ms(lambda n=name: variants[n](1)) for _ in range(3)),
+        calls[name] = block_calls(statistics.median(event_ms(lambda n=name: variants[n](1)) for _ in range(3)),
                                   block_ms)
     start = time.perf_counter()
     while (time.perf_counter() - start) * 1e3 < heat_ms:
@@ -226,7 +235,7 @@ def time_sustained(variants: dict, reps: int, warmup: int = 1, block_ms: float =
     return times
 
 
-def _event_ms(fn) -> float:
+def event_ms(fn) -> float:
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -239,7 +248,7 @@ def _event_ms(fn) -> float:
 
 def _block(fn, calls: int) -> float:
     """ms of `calls` back-to-back calls of fn(i) (i alternating 0, 1), the host queueing ahead."""
-    return _event_ms(lambda: [fn(i % 2) for i in range(calls)])
+    return event_ms(lambda: [fn(i % 2) for i in range(calls)])
 
 
 def time_interleaved_cpu(variants: dict, reps: int, warmup: int = 5) -> dict[str, list[float]]:

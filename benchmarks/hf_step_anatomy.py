@@ -23,7 +23,6 @@ import itertools
 import json
 import pathlib
 import statistics
-import subprocess
 import time
 
 from benchmarks import bench_hf_training as hf
@@ -70,7 +69,7 @@ def timed_steps(variant, data, n: int, lead: bool) -> list[float]:
         torch.cuda.synchronize()
         if lead:
             torch.cuda._sleep(common.LEAD_CYCLES)
-        out.append(common._event_ms(lambda i=i: hf.train_step(variant, data[i % 2])))
+        out.append(common.event_ms(lambda i=i: hf.train_step(variant, data[i % 2])))
     return out
 
 
@@ -147,21 +146,15 @@ def main(argv=None) -> None:
         hf.train_step(variant, data[i % 2])
     torch.cuda.synchronize()
     csv = out.with_suffix(".clocks.csv")
-    with csv.open("w") as f:
-        smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={common.CLOCK_QUERY}", "--format=csv,noheader",
-                                "-lms", "100"], stdout=f)
-        try:
-            doc = {"env": env, "model": args.model, "layers": args.layers, "variant": args.variant,
-                   "tokens": args.batch * args.seq,
-                   "step_lead_ms": timed_steps(variant, data, 10, True),
-                   "step_nolead_ms": timed_steps(variant, data, 10, False),
-                   "back_to_back_ms": [common._event_ms(lambda: [hf.train_step(variant, data[i % 2])
-                                                                 for i in range(10)]) / 10 for _ in range(2)]}
-            doc["host_only"] = host_only(variant, data)
-            doc["profile"] = profile(variant, data)
-        finally:
-            smi.terminate()
-            smi.wait()
+    with csv.open("w") as f, common.nvidia_smi_samples(f):
+        doc = {"env": env, "model": args.model, "layers": args.layers, "variant": args.variant,
+               "tokens": args.batch * args.seq,
+               "step_lead_ms": timed_steps(variant, data, 10, True),
+               "step_nolead_ms": timed_steps(variant, data, 10, False),
+               "back_to_back_ms": [common.event_ms(lambda: [hf.train_step(variant, data[i % 2])
+                                                            for i in range(10)]) / 10 for _ in range(2)]}
+        doc["host_only"] = host_only(variant, data)
+        doc["profile"] = profile(variant, data)
     doc["clocks"] = clock_summary(csv)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     h = doc["host_only"]

@@ -23,7 +23,7 @@ def test_time_sustained_times_blocks_per_call(monkeypatch):
         fn()
         return (time.perf_counter() - t0) * 1e3
 
-    monkeypatch.setattr(common, "_event_ms", event_ms)
+    monkeypatch.setattr(common, "event_ms", event_ms)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     calls, seen = {"a": 0, "b": 0}, set()
 

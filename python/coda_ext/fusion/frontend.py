@@ -97,19 +97,22 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         return gm, rep, ()
     unfolded: set[str] = set()
     solve_s, rounds = 0.0, 0
-    while True:   # layer norms whose folded math no kernel took are folded again without it (norm_fold)
-        g = passes.run(gm, target, unfolded, options.cost)
+
+    def partitioned(g: fx.GraphModule) -> tuple[Any, Any]:
+        nonlocal solve_s
         an = analyze(g, target, forward_outputs)
         part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit,
                          limits=Limits.of(target))
         solve_s += part.solve_s
+        return an, part
+
+    while True:   # layer norms whose folded math no kernel took are folded again without it (norm_fold)
+        g = passes.run(gm, target, unfolded, options.cost)
+        an, part = partitioned(g)
         plain = plain_gemms(an, part) if options.merge else set()
         if plain and passes.hmerge.groups(g, plain):   # merged, the partition runs again on the merged graph
             g = passes.merge_gemms(g, plain)
-            an = analyze(g, target, forward_outputs)
-            part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit,
-                             limits=Limits.of(target))
-            solve_s += part.solve_s
+            an, part = partitioned(g)
         fused, lowered = lower(g, an, part, options.execute, target)
         missed = missed_folds(g, an, lowered)
         if not missed:
