@@ -343,13 +343,13 @@ def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str =
     device-specific ops differ, and they are left to the fallback anyway); the parameters' values are
     never read (torch.nn.Module.to_empty gives uninitialised ones). A model with a graph break is planned
     up to its first graph."""
-    from .hf_masks import plain_masks
+    from .hf_masks import plain_masks, unpacked_call
 
     options.pop("cudagraphs", None)   # nothing compiles or runs: no graph to record
     backend = CodaBackend(target=target, fallback="eager", execute="interpret", prebuild=False, **options)
     backend.plan_only = True
     try:
-        with plain_masks():
+        with plain_masks(unpacked_call(args, kwargs or {})):
             torch.compile(model, backend=backend, dynamic=False)(*args, **(kwargs or {}))
     except Exception as e:   # Dynamo wraps what the backend raises
         if not isinstance(getattr(e, "inner_exception", e), Planned):
