@@ -105,6 +105,22 @@ def test_a_failing_variant_records_its_error_and_the_others_run(tmp_path, monkey
     assert "compiler exploded" in v["compile"]["error"] and v["eager"]["step_ms"] > 0
 
 
+@pytest.mark.parametrize("optimizer", ["foreach", "fused"])
+def test_every_variant_gets_the_optimizer_asked_for(monkeypatch, tmp_path, optimizer):
+    import torch
+
+    made = []
+    real = bench.make_optimizer
+    monkeypatch.setattr(bench, "make_optimizer", lambda model, args: made.append(real(model, args)) or made[-1])
+    out = tmp_path / "r.json"
+    bench.main(["--device", "cpu", "--tiny", "--steps", "1", "--reps", "1", "--warmup", "0", "--models", "mlp",
+                "--variants", "eager", "--no-eager-repeat", "--optimizer", optimizer, "--out", str(out)])
+    entry = json.loads(out.read_text())["models"]["mlp"]
+    assert entry["optimizer"] == optimizer and entry["variants"]["eager"]["step_ms"] > 0
+    assert made and all(isinstance(o, torch.optim.AdamW) and bool(o.defaults["fused"]) == (optimizer == "fused")
+                        for o in made)
+
+
 @pytest.mark.slow
 def test_plan_and_prebuild_list_every_kernel_without_running(monkeypatch):
     """--plan traces each model with the GPU kernel's rules (coda_ext.fusion.plan: nothing runs);
