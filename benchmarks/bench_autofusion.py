@@ -448,7 +448,7 @@ def profile_tables(events, steps: int, prefix: str) -> tuple[dict, dict]:
     sites: dict[str, list[float]] = {}
     for e in events:
         if common.is_kernel(e):
-            k = kernels.setdefault(e.name[:120], [0.0, 0])
+            k = kernels.setdefault(common.kernel_label(e.name), [0.0, 0])
         elif getattr(e, "is_user_annotation", False) and e.device_type != DeviceType.CPU and e.name.startswith(prefix):
             k = sites.setdefault(e.name[len(prefix):], [0.0, 0])
         else:

@@ -287,6 +287,16 @@ def is_kernel(event) -> bool:
     return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
 
 
+def kernel_label(name: str, width: int = 120) -> str:
+    """A kernel's name for a table: whole up to `width` characters, else its first width - 12 and a hash of the
+    whole (CUTLASS kernels differ only far into their mangled names: cut short they would all be one row)."""
+    import hashlib
+
+    if len(name) <= width:
+        return name
+    return f"{name[:width - 12]} #{hashlib.sha1(name.encode()).hexdigest()[:10]}"
+
+
 def busy_and_idle(kernels) -> tuple[float, float]:
     """(ms some kernel ran, ms none did) between the first kernel's start and the last one's end: the idle
     part is the GPU waiting for the host (launches, synchronisations) within the profiled step."""

@@ -171,6 +171,23 @@ def test_profile_tables_count_kernels_once_and_find_each_fused_site():
     assert sites == {"abcd 64x64x64": [pytest.approx(0.165), pytest.approx(0.5)]}
 
 
+def test_profile_tables_keep_long_kernel_names_apart():
+    """Two CUTLASS kernels whose mangled names differ past their first 120 characters are two rows (regression:
+    names were cut at 120 characters, and every fused kernel of a step summed into one row)."""
+    import types
+
+    from torch.autograd import DeviceType
+
+    from benchmarks import bench_autofusion as bench
+
+    stem = "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversal" + "x" * 100
+    events = [types.SimpleNamespace(name=stem + tail, device_type=DeviceType.CUDA, device_time=us,
+                                    is_user_annotation=False) for tail, us in (("A", 100.0), ("B", 40.0), ("A", 60.0))]
+    kernels, _ = bench.profile_tables(events, 1, "coda_fusion:")
+    assert sorted(v for v in kernels.values()) == [[pytest.approx(0.04), 1], [pytest.approx(0.16), 2]]
+    assert all(len(k) <= 120 for k in kernels)
+
+
 def test_loss_only_keeps_the_logits_inside_the_graph(tmp_path):
     """--loss-only: every variant compiles the model wrapped to return its loss alone, so the compiled graph has one
     output (no logits, hence no zero-filled logits gradient for its backward); the losses are the plain run's and the
