@@ -30,7 +30,11 @@ MORE_OPS = ("linear_residual",)
 #: stages let the producer warp fetch more of the next tile's inputs during the mainloop; shallower ones leave the
 #: mainloop another stage (the dSwiGLU in 128 x 128: 6 instead of 5 at (2, 1) or (1, 1)), for MMA warps that wait
 #: on their operands (docs/measured.md, the dSwiGLU under Nsight Compute).
-STAGED = ((6, 2), (8, 2), (2, 1), (1, 1))
+STAGED = ((6, 2), (8, 2), (2, 1), (1, 1), (4, 4))
+#: Epilogue subtiles tried beside CUTLASS's 64 x 32 where the epilogue loads tiles: fewer, larger subtiles are fewer
+#: rounds of the per-subtile load wait, shared-memory fence, barrier and TMA store issue, for an epilogue whose time
+#: per tile (not its bytes) exceeds the other warp group's mainloop (the 1B dSwiGLU at K = 2048).
+EPILOGUE_TILES = ((64, 64), (64, 128))
 
 
 def loads_tiles(graph) -> bool:
@@ -53,7 +57,8 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=()) -> list:
         base.append(auto)
     staged = auto or base[0]
     out = base if not loads else base + [dataclasses.replace(staged, epilogue_stages=s) for s in STAGED] + \
-        [dataclasses.replace(base[3], epilogue_stages=STAGED[0])]
+        [dataclasses.replace(base[3], epilogue_stages=STAGED[0])] + \
+        [dataclasses.replace(staged, epilogue_tile=t) for t in EPILOGUE_TILES if staged.schedule != "cooperative"]
     return [c for c in out if not only or c.tag in only]
 
 
