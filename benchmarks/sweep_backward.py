@@ -35,6 +35,10 @@ STAGED = ((6, 2), (8, 2), (2, 1), (1, 1), (4, 4))
 #: rounds of the per-subtile load wait, shared-memory fence, barrier and TMA store issue, for an epilogue whose time
 #: per tile (not its bytes) exceeds the other warp group's mainloop (the 1B dSwiGLU at K = 2048).
 EPILOGUE_TILES = ((64, 64), (64, 128))
+#: The overlap schedule (two warp groups' epilogues may run at once: twice the epilogue's throughput per tile)
+#: with shallower epilogue stages, so that its two copies of the epilogue's shared memory leave the mainloop as many
+#: stages as ping-pong's one copy does (the dSwiGLU in 128 x 128: 5; at CUTLASS's (4, 2) the overlap kernel had 3).
+OVERLAP_STAGED = ((2, 1), (1, 1))
 
 
 def loads_tiles(graph) -> bool:
@@ -58,7 +62,9 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=()) -> list:
     staged = auto or base[0]
     out = base if not loads else base + [dataclasses.replace(staged, epilogue_stages=s) for s in STAGED] + \
         [dataclasses.replace(base[3], epilogue_stages=STAGED[0])] + \
-        [dataclasses.replace(staged, epilogue_tile=t) for t in EPILOGUE_TILES if staged.schedule != "cooperative"]
+        [dataclasses.replace(staged, epilogue_tile=t) for t in EPILOGUE_TILES if staged.schedule != "cooperative"] + \
+        [dataclasses.replace(staged, schedule="overlap", epilogue_stages=s) for s in OVERLAP_STAGED
+         if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))]
     return [c for c in out if not only or c.tag in only]
 
 

@@ -61,6 +61,7 @@ def test_sweep_backward_takes_the_heuristics_config_and_filters_by_tag():
     tags = [c.tag for c in sweep_backward.row_configs(g)]
     assert auto.tag in tags and f"{auto.tag}_ec2d1" in tags and f"{auto.tag}_ec1d1" in tags
     assert f"{auto.tag}_ec4d4" in tags and auto.tag.replace("_c1x1_", "_c1x1_e64x64_") in tags   # larger subtiles
+    assert auto.tag.replace("ping_", "ppo_") + "_ec2d1" in tags   # the overlap schedule, shallower epilogue stages
     only = (auto.tag, f"{auto.tag}_ec2d1")
     assert [c.tag for c in sweep_backward.row_configs(g, only)] == list(only)
     items = sweep_backward.build_items(("1B",), 16384, ("swiglu_backward_linear",), only)
