@@ -161,15 +161,17 @@ def test_bert_layer_norms_fold_and_their_residual_add_recomputes_them():
 
 def test_plan_reports_what_the_first_step_fuses_without_running_anything(monkeypatch):
     """coda_ext.fusion.plan traces the training graph under the GPU kernel's rules and stops before
-    anything compiles or runs: its report is the first step's (GPT-2: its tied LM head too)."""
+    anything compiles or runs: its report is the first step's of fuse() (GPT-2: its tied LM head too; traced as
+    fuse() traces it, inside hf_masks' plain masks)."""
     import coda_ext.fusion.op as fop
+    from coda_ext.fusion.hf_masks import with_plain_masks
 
     spec = MODELS["gpt2"]
     torch.manual_seed(0)
     model = build_model(spec, tiny=True).to(torch.bfloat16)
     batch = make_batch(spec, model, spec.tiny_batch, torch.Generator().manual_seed(3), torch.bfloat16)
     backend = cf.CodaBackend(target="cuda", execute="interpret", fallback="eager", prebuild=False)
-    step(torch.compile(copy.deepcopy(model), backend=backend, dynamic=False), batch)
+    step(with_plain_masks(torch.compile(copy.deepcopy(model), backend=backend, dynamic=False)), batch)
     torch._dynamo.reset()
 
     def never(site, tensors):
