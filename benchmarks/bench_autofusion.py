@@ -435,7 +435,7 @@ def loss_curve(step, steps: int, out: dict) -> list[float]:
     return losses
 
 
-def profile_tables(events, steps: int, prefix: str) -> tuple[dict, dict]:
+def profile_tables(events, steps: int, prefix: str, known: dict[str, str] | None = None) -> tuple[dict, dict]:
     """({kernel name: [ms, launches] per step}, {fused site: [ms, calls] per step}) from a CUDA profile's
     events. Kernels only: a record_function range also shows on the GPU's timeline (a user annotation from
     its first kernel's start to its last one's end) and would count its kernels twice. A site's time is
@@ -448,7 +448,7 @@ def profile_tables(events, steps: int, prefix: str) -> tuple[dict, dict]:
     sites: dict[str, list[float]] = {}
     for e in events:
         if common.is_kernel(e):
-            k = kernels.setdefault(common.kernel_label(e.name), [0.0, 0])
+            k = kernels.setdefault(common.kernel_label(e.name, known=known), [0.0, 0])
         elif getattr(e, "is_user_annotation", False) and e.device_type != DeviceType.CPU and e.name.startswith(prefix):
             k = sites.setdefault(e.name[len(prefix):], [0.0, 0])
         else:
@@ -479,8 +479,9 @@ def profile(step, device: str, steps: int = 2, top: int = 40) -> dict:
             torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3 / steps
     from coda_ext.fusion.op import PROFILE_PREFIX
+    from coda_ext.runtime import kernel_symbols
 
-    kernels, sites = profile_tables(prof.events(), steps, PROFILE_PREFIX) if cuda else ({}, {})
+    kernels, sites = profile_tables(prof.events(), steps, PROFILE_PREFIX, kernel_symbols()) if cuda else ({}, {})
     ranked = sorted(kernels.items(), key=lambda kv: -kv[1][0])
     host = sorted(prof.key_averages(), key=lambda a: -a.self_cpu_time_total)[:top]
     return {"wall_ms": wall, "kernel_ms": sum(v[0] for v in kernels.values()),

@@ -287,11 +287,15 @@ def is_kernel(event) -> bool:
     return event.device_type != DeviceType.CPU and not getattr(event, "is_user_annotation", False)
 
 
-def kernel_label(name: str, width: int = 120) -> str:
-    """A kernel's name for a table: whole up to `width` characters, else its first width - 12 and a hash of the
-    whole (CUTLASS kernels differ only far into their mangled names: cut short they would all be one row)."""
+def kernel_label(name: str, width: int = 120, known: dict[str, str] | None = None) -> str:
+    """A kernel's name for a table: `known`'s label for it (coda_ext.runtime.kernel_symbols(): this package's
+    kernels by graph and config), else the name whole up to `width` characters, else its first width - 12 and a
+    hash of the whole (CUTLASS kernels differ only far into their mangled names: cut short they would all be one
+    row)."""
     import hashlib
 
+    if known and name in known:
+        return known[name]
     if len(name) <= width:
         return name
     return f"{name[:width - 12]} #{hashlib.sha1(name.encode()).hexdigest()[:10]}"

@@ -120,9 +120,12 @@ def profile(variant, data, steps: int = 3) -> dict:
         if e.time_range.end > end:
             end, before = e.time_range.end, e.name
     busy, idle = common.busy_and_idle(kernels)
+    from coda_ext.runtime import kernel_symbols
+
+    known = kernel_symbols()
     by_name: dict[str, list] = {}
     for e in kernels:
-        row = by_name.setdefault(common.kernel_label(e.name, 100), [0, 0.0])
+        row = by_name.setdefault(common.kernel_label(e.name, 100, known), [0, 0.0])
         row[0] += 1
         row[1] += (e.time_range.end - e.time_range.start) / 1e3
     top = sorted(([k, c / steps, ms / steps] for k, (c, ms) in by_name.items()), key=lambda r: -r[2])[:40]

@@ -186,6 +186,9 @@ def test_profile_tables_keep_long_kernel_names_apart():
     kernels, _ = bench.profile_tables(events, 1, "coda_fusion:")
     assert sorted(v for v in kernels.values()) == [[pytest.approx(0.04), 1], [pytest.approx(0.16), 2]]
     assert all(len(k) <= 120 for k in kernels)
+    # this package's kernels by graph and config where the process knows their symbols (runtime.kernel_symbols)
+    kernels, _ = bench.profile_tables(events, 1, "coda_fusion:", {stem + "A": "coda 1234abcd ping_128x128x64_c1x1"})
+    assert kernels["coda 1234abcd ping_128x128x64_c1x1"] == [pytest.approx(0.16), 2]
 
 
 def test_loss_only_keeps_the_logits_inside_the_graph(tmp_path):

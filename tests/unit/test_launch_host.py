@@ -75,3 +75,25 @@ def test_ready_ops_skip_the_dispatcher_only_where_it_has_nothing_to_do(monkeypat
     assert set(common._DIRECT) >= {"linear_residual", "linear_dx", "weight_grad", "qkv_rope", "linear_residual_norm",
                                    "linear_swiglu_train", "swiglu_backward_linear", "rms_norm_backward_linear"}
     assert "swiglu_backward_linear_" not in common._DIRECT   # it writes z: the dispatcher bumps z's version
+
+
+def test_kernel_symbols_name_each_loaded_kernel_by_graph_and_config(tmp_path):
+    """A profiler lists a kernel by its mangled device symbol; the op reads it from its library, and
+    kernel_symbols() maps it to the graph and config (the symbol of a real library: a CUTLASS device_kernel
+    mangled name, also present with section prefixes that must not be taken)."""
+    from coda_ext.jit import kernel_source
+    from coda_ext.runtime import kernel_symbols
+
+    symbol = "_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupleIJiiiiEEEvEEvNT_6ParamsE"
+    library = tmp_path / "kernel.so"
+    library.write_bytes(b"\x7fELF\0.text." + symbol.encode() + b"\0junk\0" + symbol.encode() + b"\0.nv.info."
+                        + symbol.encode() + b"\0")
+    ks = kernel_source(_graph(), "bfloat16", None)
+    op = object.__new__(rop.CompiledOp)   # CompiledOp's own __init__ would load the library
+    op.graph, op.config, op.library_path = ks.graph, ks.config, str(library)
+    rop._LOADED.add(op)
+    assert op.device_symbol == symbol
+    assert kernel_symbols()[symbol] == f"coda {ks.graph.digest()[:8]} {ks.config.tag}"
+    missing = object.__new__(rop.CompiledOp)
+    missing.library_path = str(tmp_path / "absent.so")
+    assert missing.device_symbol is None

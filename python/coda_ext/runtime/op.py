@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import re
+import weakref
 from typing import Any
 
 import torch
@@ -14,7 +16,7 @@ from ..graph.interpret import Outputs
 from . import checks
 from .interface import GraphOp, Slot
 
-__all__ = ["CompiledOp", "Slot", "compile_config"]
+__all__ = ["CompiledOp", "Slot", "compile_config", "kernel_symbols"]
 
 _SAME_DEVICE = contextlib.nullcontext()
 #: the current stream's handle without building a torch.cuda.Stream (what Inductor's launchers call)
@@ -29,6 +31,24 @@ def _raw_stream(device: torch.device) -> int:
     if _RAW_STREAM is not None:
         return _RAW_STREAM(device.index)
     return torch.cuda.current_stream(device).cuda_stream
+
+
+#: The GEMM kernel's device function in a kernel library, as a profiler names it (the mangled symbol)
+_DEVICE_SYMBOL = re.compile(rb"(?<![.\w])(_ZN7cutlass13device_kernel\w+)")
+#: Every CompiledOp of this process (kernel_symbols)
+_LOADED: weakref.WeakSet = weakref.WeakSet()
+
+
+def kernel_symbols() -> dict[str, str]:
+    """{device symbol: "coda <graph digest> <config tag>"} of every compiled op loaded in this process: the names a
+    profiler gives this package's GEMM kernels (CUTLASS's mangled device_kernel<...>, thousands of characters that
+    differ only deep inside) told apart by graph and config."""
+    out: dict[str, str] = {}
+    for op in list(_LOADED):
+        symbol = op.device_symbol
+        if symbol:
+            out.setdefault(symbol, f"coda {op.graph.digest()[:8]} {op.config.tag}")
+    return out
 
 
 def compile_config(graph: Any, dtype: Any, config: KernelConfig | None) -> CompiledOp:
@@ -57,11 +77,25 @@ class CompiledOp(GraphOp):
         self.library_path = library
         self.source = source
         self.major = config.major
+        _LOADED.add(self)
         self._lib = ctypes.CDLL(library)
         self._run = ctypes.cast(self._lib.coda_run, ctypes.c_void_p).value
         self._workspace = ctypes.cast(self._lib.coda_workspace_size, ctypes.c_void_p).value
         self._specs: dict[tuple[int, int], dict] = {}
         self._init_interface(lowered, dtype, f"{graph.digest()}|{dtype}|{config.tag}")
+
+    @property
+    def device_symbol(self) -> str | None:
+        """The mangled name of the kernel's GEMM device function (what torch.profiler and Nsight list), read from
+        its library once; None where the library has none (or none to read)."""
+        if not hasattr(self, "_device_symbol"):
+            try:
+                with open(self.library_path, "rb") as f:
+                    found = _DEVICE_SYMBOL.search(f.read())
+            except OSError:
+                found = None
+            self._device_symbol = found.group(1).decode() if found else None
+        return self._device_symbol
 
     def __repr__(self) -> str:
         return (f"<coda_ext.CompiledOp graph={self.graph.digest()} dtype={self.dtype} config={self.config.tag} "
