@@ -111,3 +111,27 @@ def test_clocks_while_samples_during_the_calls(monkeypatch):
 
     monkeypatch.setattr(common.subprocess, "Popen", missing)
     assert common.clocks_while(lambda: None, seconds=0.01) is None
+
+
+def test_fixed_config_compiles_each_graph_once_across_calls(monkeypatch):
+    """Every timed call of an op_ variant enters fixed_config anew: the op it compiled is kept (regression: it was
+    compiled again inside each timed call, host time in the timed span)."""
+    import dataclasses
+
+    import coda_ext.runtime.api as api
+    from coda_ext.ops import common as ops_common
+
+    made = []
+    monkeypatch.setattr(api, "compile", lambda graph, dtype, cfg, major="kk": made.append(cfg) or object())
+    monkeypatch.setattr(sweep_backward, "_FIXED_OPS", {})
+    (g,) = sweep_backward.rows(("1B",), 16384, ("swiglu_backward_linear",))
+    cfg = sweep_backward.heuristic_config(g)
+    ops = []
+    for _ in range(3):
+        with sweep_backward.fixed_config(cfg):
+            ops.append(ops_common.graph_op(g.build, "bfloat16", "auto", *g.args, major=g.major))
+    assert len(made) == 1 and ops[0] is ops[1] is ops[2]
+    other = dataclasses.replace(cfg, swizzle=1 if cfg.swizzle != 1 else 2)
+    with sweep_backward.fixed_config(other):
+        ops_common.graph_op(g.build, "bfloat16", "auto", *g.args, major=g.major)
+    assert made == [cfg, other]   # another config: its own op
