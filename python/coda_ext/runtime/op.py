@@ -77,12 +77,12 @@ class CompiledOp(GraphOp):
         self.library_path = library
         self.source = source
         self.major = config.major
-        _LOADED.add(self)
         self._lib = ctypes.CDLL(library)
         self._run = ctypes.cast(self._lib.coda_run, ctypes.c_void_p).value
         self._workspace = ctypes.cast(self._lib.coda_workspace_size, ctypes.c_void_p).value
         self._specs: dict[tuple[int, int], dict] = {}
         self._init_interface(lowered, dtype, f"{graph.digest()}|{dtype}|{config.tag}")
+        _LOADED.add(self)   # once whole: a library that fails to load leaves no op behind
 
     @property
     def device_symbol(self) -> str | None:
