@@ -111,6 +111,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("overlap_ordered", "README example (row vector, SiLU, tile load, store, row reduction), the overlap "
            "kernel with its epilogues ordered (debugging switch); W transposed (kn)", graphs.example, "bfloat16",
            dataclasses.replace(DEFAULT, schedule="overlap_ordered", major="kn"), (RAGGED,)),
+    Family("handoff", "swiglu_backward_linear (pair tile, pair store, y, row reduction) in cooperative 128x128 whose "
+           "epilogue runs on warp groups of its own (accumulators through shared memory, named barriers 1, 8 and 9), "
+           "2x1 clusters, W transposed (kn); 323 tiles: two or three a cluster", graphs.swiglu_backward_linear,
+           "bfloat16",
+           ce.KernelConfig((128, 128, 64), (2, 1), "handoff", swizzle=8, major="kn", epilogue_stages=(2, 1)),
+           ((2333, 2056, 136),)),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 

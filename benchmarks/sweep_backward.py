@@ -39,6 +39,11 @@ EPILOGUE_TILES = ((64, 64), (64, 128))
 #: with shallower epilogue stages, so that its two copies of the epilogue's shared memory leave the mainloop as many
 #: stages as ping-pong's one copy does (the dSwiGLU in 128 x 128: 5; at CUTLASS's (4, 2) the overlap kernel had 3).
 OVERLAP_STAGED = ((2, 1), (1, 1))
+#: The handoff schedule (cooperative 128 x 128 MMAs, the epilogue on two warp groups of its own, under the next
+#: tile's MMAs) in the three clusters, with CUTLASS's epilogue stages and with (2, 1): its 64 KB accumulator
+#: buffer leaves the dSwiGLU's epilogue no room for (4, 2).
+HANDOFF_CLUSTERS = (((2, 1), 8), ((1, 1), 4), ((1, 2), 8))
+HANDOFF_STAGES = (None, (2, 1))
 
 
 def loads_tiles(graph) -> bool:
@@ -88,7 +93,9 @@ def _configs(K, major: str) -> list:
             K((64, 256, 64), (1, 1), "pingpong", swizzle=8, major=major),
             K((128, 256, 64), (2, 1), "cooperative", swizzle=4, major=major),
             K((128, 128, 64), (1, 1), "cooperative", swizzle=4, major=major),
-            K((256, 128, 64), (1, 1), "cooperative", swizzle=4, major=major)]
+            K((256, 128, 64), (1, 1), "cooperative", swizzle=4, major=major)] + \
+        [K((128, 128, 64), cluster, "handoff", swizzle=swizzle, major=major, epilogue_stages=stages)
+         for cluster, swizzle in HANDOFF_CLUSTERS for stages in HANDOFF_STAGES]
 
 
 def fits(graph, cfg) -> bool:

@@ -17,6 +17,7 @@ struct Cooperative {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
   static constexpr int kEpilogueThreads = 256;
   static constexpr bool kOverlapEpilogues = false;
+  static constexpr bool kHandoff = false;
 };
 struct Pingpong {
   using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
@@ -24,6 +25,7 @@ struct Pingpong {
   using TileScheduler = cutlass::gemm::PersistentScheduler;
   static constexpr int kEpilogueThreads = 128;
   static constexpr bool kOverlapEpilogues = false;
+  static constexpr bool kHandoff = false;
 };
 // Ping-pong whose two math warp groups' epilogues may overlap (only their MMAs stay ordered): the
 // project's own kernel (sm90_pingpong_overlap.cuh), each warp group with its own epilogue shared memory,
@@ -36,6 +38,12 @@ struct PingpongOverlapT : Pingpong {
 };
 using PingpongOverlap = PingpongOverlapT<false>;
 using PingpongOverlapOrdered = PingpongOverlapT<true>;
+// Cooperative MMAs whose epilogue runs on two warp groups of its own (the project's kernel,
+// sm90_cooperative_handoff.cuh): each tile's accumulators pass through shared memory, and the epilogue
+// of a tile runs under the next tile's MMAs. TILE_M x TILE_N <= 128 x 128 (the math threads' registers).
+struct CooperativeHandoff : Cooperative {
+  static constexpr bool kHandoff = true;
+};
 // Cooperative with the stream-K scheduler, for problems with too few output tiles to fill the
 // GPU (small M, long K): the K loop of a tile is split across CTAs, their fp32 partial
 // accumulators meet in the GEMM workspace in a fixed order (deterministic), and the epilogue
@@ -49,7 +57,7 @@ template <
   class ElementD_,      // element of the main output D; void: the graph writes no D
   int TileM, int TileN, int TileK,
   int ClusterM, int ClusterN,
-  class Schedule_,      // Cooperative, Pingpong, CooperativeStreamK or PingpongOverlap(Ordered)
+  class Schedule_,      // Cooperative, Pingpong, CooperativeStreamK, PingpongOverlap(Ordered), CooperativeHandoff
   int EpiTileM = 0,     // epilogue subtile (0, 0): CUTLASS's choice (128x32 cooperative, 64x32 ping-pong)
   int EpiTileN = 0,
   bool AMajorM = false, // A (M, K) with M contiguous

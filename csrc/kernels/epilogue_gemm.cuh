@@ -23,6 +23,7 @@
 #include "sm90_cutlass.cuh"
 #include "config.cuh"
 #include "finalize.cuh"
+#include "sm90_cooperative_handoff.cuh"
 #include "sm90_pingpong_overlap.cuh"
 #include "wide_swizzle.cuh"
 #include "../epilogues/nodes.hpp"
@@ -82,28 +83,40 @@ struct EpilogueCollective<Cfg, Fusion, true> {
       Fusion, typename Desc::DispatchPolicy>::CollectiveOp;
 };
 
-// The kernel class: CUTLASS's GemmUniversal for the schedule, or (PingpongOverlap) the project's ping-pong
-// kernel with overlapping epilogues.
-template <class Cfg, class Mainloop, class Epilogue, bool = Cfg::Schedule::kOverlapEpilogues>
+// The kernel class: CUTLASS's GemmUniversal for the schedule, or one of the project's: the ping-pong kernel
+// with overlapping epilogues (PingpongOverlap), the cooperative kernel with epilogue warp groups of its own
+// (CooperativeHandoff).
+template <class Cfg, class Mainloop, class Epilogue, bool = Cfg::Schedule::kOverlapEpilogues,
+          bool = Cfg::Schedule::kHandoff>
 struct GemmKernel {
   using type = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
                                                     typename Cfg::Schedule::TileScheduler>;
 };
 template <class Cfg, class Mainloop, class Epilogue>
-struct GemmKernel<Cfg, Mainloop, Epilogue, true> {
+struct GemmKernel<Cfg, Mainloop, Epilogue, true, false> {
   using type = PingpongOverlapKernel<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
                                      typename Cfg::Schedule::TileScheduler, Cfg::Schedule::kOrderEpilogues>;
+};
+template <class Cfg, class Mainloop, class Epilogue>
+struct GemmKernel<Cfg, Mainloop, Epilogue, false, true> {
+  using type = CooperativeHandoffKernel<cute::Shape<int, int, int, int>, Mainloop, Epilogue,
+                                        typename Cfg::Schedule::TileScheduler>;
 };
 
 template <class Cfg, class Fusion>
 struct EpilogueGemm {
   static constexpr bool kOverlapEpilogues = Cfg::Schedule::kOverlapEpilogues;
+  static constexpr bool kHandoff = Cfg::Schedule::kHandoff;
   using BuiltEpilogue = typename EpilogueCollective<Cfg, Fusion>::type;
-  using CollectiveEpilogue = cute::conditional_t<kOverlapEpilogues, OverlapEpilogue<BuiltEpilogue>, BuiltEpilogue>;
+  using CollectiveEpilogue =
+      cute::conditional_t<kOverlapEpilogues || kHandoff, OverlapEpilogue<BuiltEpilogue>, BuiltEpilogue>;
   // The mainloop's stages get what the epilogue leaves: one epilogue's storage, or one per math warp group
-  // when their epilogues overlap.
+  // when their epilogues overlap, and (handoff) the tile's fp32 accumulators.
+  static constexpr int kHandoffSmem =
+      kHandoff ? cute::size<0>(typename Cfg::TileShape{}) * cute::size<1>(typename Cfg::TileShape{}) * 4 : 0;
   static constexpr int kEpilogueSmem =
-      (kOverlapEpilogues ? 2 : 1) * static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
+      (kOverlapEpilogues ? 2 : 1) * static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)) +
+      kHandoffSmem;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,

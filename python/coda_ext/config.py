@@ -5,7 +5,7 @@ import dataclasses
 
 from .errors import UnsupportedError
 
-SCHEDULES = ("cooperative", "pingpong", "streamk", "overlap", "overlap_ordered")
+SCHEDULES = ("cooperative", "pingpong", "streamk", "overlap", "overlap_ordered", "handoff")
 #: Schedules of the ping-pong kind (two math warp groups of 64-row MMAs, alternating tiles): "overlap" is
 #: ping-pong whose two warp groups' epilogues may run at the same time (csrc/kernels/sm90_pingpong_overlap.cuh:
 #: each warp group owns its epilogue's shared memory, so the epilogue takes twice its storage from the
@@ -16,6 +16,10 @@ PINGPONG_SCHEDULES = ("pingpong", "overlap", "overlap_ordered")
 OVERLAP_SCHEDULES = ("overlap", "overlap_ordered")
 #: The clusters the overlap schedules run in (tests/gpu/test_overlap_gpu.py: 1x1, 2x1 and 1x2).
 OVERLAP_CLUSTERS = ((1, 1), (2, 1), (1, 2))
+#: "handoff": cooperative MMAs on two warp groups that hand each tile's fp32 accumulators through shared
+#: memory to two epilogue warp groups of their own (csrc/kernels/sm90_cooperative_handoff.cuh), so a tile's
+#: epilogue runs under the next tile's MMAs. Its math threads keep 96 registers: tiles of 128 x 128 at most.
+HANDOFF_TILES = ((128, 128), (128, 64))
 #: Operand layouts: which dimension of A (M, K) and of W (N, K) is contiguous. "kk": both K
 #: (x @ Wᵀ with W as torch.nn.Linear stores it); "kn": W is a transposed view (the dX GEMM
 #: dz @ W reads W (N_out, K_in) as it is stored); "mn": both transposed views (the weight
@@ -23,7 +27,8 @@ OVERLAP_CLUSTERS = ((1, 1), (2, 1), (1, 2))
 MAJORS = ("kk", "kn", "mk", "mn")
 
 
-_TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk", "overlap": "ppo", "overlap_ordered": "ppoo"}
+_TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk", "overlap": "ppo", "overlap_ordered": "ppoo",
+               "handoff": "hoff"}
 RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
 #: The most shared-memory stages KernelConfig.epilogue_stages gives the epilogue's loads or stores.
 MAX_EPILOGUE_STAGES = 8
@@ -49,7 +54,9 @@ class KernelConfig:
     schedule = cooperative | pingpong | streamk (cooperative with the stream-K tile scheduler: the K
     loop of each output tile is split across CTAs when there are too few tiles to fill the GPU;
     deterministic) | overlap (ping-pong whose two warp groups' epilogues may overlap; its epilogue
-    buffers are allocated twice) | overlap_ordered (overlap with the epilogues ordered: debugging);
+    buffers are allocated twice) | overlap_ordered (overlap with the epilogues ordered: debugging) |
+    handoff (cooperative MMAs whose epilogue runs on two warp groups of its own, under the next tile's MMAs;
+    the tile's fp32 accumulators take TILE_M x TILE_N x 4 bytes of shared memory; tiles HANDOFF_TILES);
     epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice; epilogue_stages =
     (STAGES_C, STAGES_D), the shared-memory stages of the epilogue's TMA tile loads and of its TMA stores,
     or None for CUTLASS's choice (min(subtiles, 4) and min(subtiles, 2)): deeper load stages let the
@@ -82,6 +89,13 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: the {self.schedule} schedule runs in clusters {OVERLAP_CLUSTERS} "
                                    f"(its kernel has been tested on a GPU there only), got cluster={self.cluster}; "
                                    f"use one of those, or schedule='pingpong' for a 2x2 cluster")
+        if self.schedule == "handoff" and (tm, tn) not in HANDOFF_TILES:
+            raise UnsupportedError(f"KernelConfig: the handoff schedule runs tiles (TILE_M, TILE_N) in {HANDOFF_TILES} "
+                                   f"(its math threads hold the accumulators in 96 registers), got tile={self.tile}; "
+                                   "use tile=(128, 128, 64), or schedule='cooperative' for larger tiles")
+        if self.schedule == "handoff" and tuple(self.cluster) not in OVERLAP_CLUSTERS:
+            raise UnsupportedError(f"KernelConfig: the handoff schedule runs in clusters {OVERLAP_CLUSTERS}, got "
+                                   f"cluster={self.cluster}")
         if tn not in (64, 128, 192, 256) or tk not in (64, 128):
             raise UnsupportedError(f"KernelConfig: tile {self.tile} unsupported; TILE_N in (64, 128, 192, 256), "
                                    "TILE_K in (64, 128)")
@@ -103,7 +117,7 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: swizzle must be 1, 2, 4, 8 or 16, got {self.swizzle}")
         if self.swizzle == 16 and self.schedule == "streamk":
             raise UnsupportedError("KernelConfig: swizzle 16 needs the persistent scheduler (cooperative, pingpong "
-                                   "or overlap); the stream-K scheduler swizzles 8 at most: use swizzle=8")
+                                   "overlap or handoff); the stream-K scheduler swizzles 8 at most: use swizzle=8")
         if self.raster not in RASTER_ORDERS:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
         if self.major not in MAJORS:

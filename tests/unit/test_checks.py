@@ -207,7 +207,7 @@ def test_strided_view_extent_counts_its_last_element():
 
 @pytest.mark.parametrize("kwargs,pattern", [
     (dict(schedule="warpspecialized"),
-     (r"schedule must be one of \('cooperative', 'pingpong', 'streamk', 'overlap', 'overlap_ordered'\), "
+     (r"schedule must be one of \('cooperative', 'pingpong', 'streamk', 'overlap', 'overlap_ordered', 'handoff'\), "
       r"got 'warpspecialized'")),
     (dict(tile=(64, 128, 64)), r"TILE_M=64 is not supported by the cooperative schedule; use one of \[128, 256\]"),
     (dict(tile=(32, 128, 64), schedule="pingpong"), r"TILE_M=32 is not supported by the pingpong schedule"),

@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_sanitize_build_items_are_valid_kernels():
     items = sanitize.build_items()
-    assert len(items) == len(sanitize.FAMILIES) <= 12
+    assert len(items) == len(sanitize.FAMILIES) <= 13   # one kernel per schedule and kind family, built in one batch
     sources = {ce.kernel_source(*item).source for item in items}
     assert len(sources) == len(items), "two families compile to the same kernel"
 

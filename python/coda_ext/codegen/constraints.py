@@ -107,11 +107,17 @@ def epilogue_copies(config: KernelConfig) -> int:
     return 2 if config.schedule in OVERLAP_SCHEDULES else 1
 
 
+def handoff_bytes(config: KernelConfig) -> int:
+    """The shared memory the "handoff" schedule passes a tile's fp32 accumulators through (else 0)."""
+    return config.tile[0] * config.tile[1] * 4 if config.schedule == "handoff" else 0
+
+
 def mainloop_stages(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> int:
-    """An upper bound of the mainloop pipeline stages left beside the epilogue's buffers (all copies)."""
+    """An upper bound of the mainloop pipeline stages left beside the epilogue's buffers (all copies) and
+    the accumulator handoff."""
     tm, tn, tk = config.tile
     stage = (tm + tn) * tk * _BYTES[dtype] + STAGE_BARRIERS
-    epilogue = epilogue_copies(config) * sum(epilogue_buffers(graph, dtype, config).values())
+    epilogue = epilogue_copies(config) * sum(epilogue_buffers(graph, dtype, config).values()) + handoff_bytes(config)
     return (SMEM_BYTES - epilogue) // stage
 
 
@@ -123,9 +129,11 @@ def check_shared_memory(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> 
     em, en = epilogue_tile(config)
     parts = epilogue_buffers(graph, dtype, config)
     copies = epilogue_copies(config)
-    epilogue = copies * sum(parts.values())
+    epilogue = copies * sum(parts.values()) + handoff_bytes(config)
     stage = (tm + tn) * tk * _BYTES[dtype]
     listing = ", ".join(f"{k} {v // 1024} KB" for k, v in parts.items())
+    if handoff_bytes(config):
+        listing += f", the accumulator handoff {handoff_bytes(config) // 1024} KB"
     raise UnsupportedError(
         f"the epilogue needs at least {epilogue // 1024} KB of shared memory ({listing}"
         f"{', once per math warp group' if copies > 1 else ''}) with config {config.tag} "

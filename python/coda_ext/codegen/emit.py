@@ -31,7 +31,8 @@ REDUCE_RULES = {"sum": "ReduceSum", "max": "ReduceMax", "sumsq": "ReduceSumSq"}
 REDUCE_COMBINE = {"sum": "Sum", "max": "Max", "sumsq": "Sum", "logsumexp": "LogSumExp"}
 REDUCE_IDENTITY = {"sum": "0.0f", "max": "-INFINITY", "sumsq": "0.0f", "logsumexp": "-INFINITY"}
 SCHEDULES = {"cooperative": "Cooperative", "pingpong": "Pingpong", "streamk": "CooperativeStreamK",
-             "overlap": "PingpongOverlap", "overlap_ordered": "PingpongOverlapOrdered"}
+             "overlap": "PingpongOverlap", "overlap_ordered": "PingpongOverlapOrdered",
+             "handoff": "CooperativeHandoff"}
 #: Schedules whose kernels are built without CUTLASS's programmatic-dependent-launch hooks:
 #: CUTLASS 4.2's stream-K scheduler does not compile with them (is_last_tile binds a const member).
 NO_PDL_SCHEDULES = ("streamk",)
