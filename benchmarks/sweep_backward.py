@@ -40,8 +40,8 @@ EPILOGUE_TILES = ((64, 64), (64, 128))
 #: stages as ping-pong's one copy does (the dSwiGLU in 128 x 128: 5; at CUTLASS's (4, 2) the overlap kernel had 3).
 OVERLAP_STAGED = ((2, 1), (1, 1))
 #: The handoff schedule (cooperative 128 x 128 MMAs, the epilogue on two warp groups of its own, under the next
-#: tile's MMAs) in the three clusters, with CUTLASS's epilogue stages and with (2, 1): its 64 KB accumulator
-#: buffer leaves the dSwiGLU's epilogue no room for (4, 2).
+#: tile's MMAs) in the three clusters, with CUTLASS's epilogue stages and with (2, 1): beside its 32 KB of
+#: accumulator buffers the dSwiGLU's epilogue at (4, 2) leaves the mainloop 2 stages, at (2, 1) 4.
 HANDOFF_CLUSTERS = (((2, 1), 8), ((1, 1), 4), ((1, 2), 8))
 HANDOFF_STAGES = (None, (2, 1))
 

@@ -111,9 +111,9 @@ struct EpilogueGemm {
   using CollectiveEpilogue =
       cute::conditional_t<kOverlapEpilogues || kHandoff, OverlapEpilogue<BuiltEpilogue>, BuiltEpilogue>;
   // The mainloop's stages get what the epilogue leaves: one epilogue's storage, or one per math warp group
-  // when their epilogues overlap, and (handoff) the tile's fp32 accumulators.
+  // when their epilogues overlap, and (handoff) two chunk buffers of a quarter of the tile's fp32 accumulators.
   static constexpr int kHandoffSmem =
-      kHandoff ? cute::size<0>(typename Cfg::TileShape{}) * cute::size<1>(typename Cfg::TileShape{}) * 4 : 0;
+      kHandoff ? cute::size<0>(typename Cfg::TileShape{}) * cute::size<1>(typename Cfg::TileShape{}) * 2 : 0;
   static constexpr int kEpilogueSmem =
       (kOverlapEpilogues ? 2 : 1) * static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)) +
       kHandoffSmem;

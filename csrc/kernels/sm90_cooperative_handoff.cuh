@@ -13,11 +13,13 @@
 //
 // Roles (640 threads): warp group 0 is the producer — warp 0 loads A and B, warp 1 the epilogue's tile
 // inputs; warp groups 1 and 2 are the math warp groups (the cooperative TiledMma's 256 threads); warp
-// groups 3 and 4 the epilogue warp groups. One accumulator buffer (TILE_M x TILE_N fp32, each thread's
-// fragment in 16-byte vectors interleaved across threads: conflict-free) passes between them under two
-// named barriers: "full" (math arrives after writing, epilogue waits) and "empty" (epilogue arrives after
-// reading, math waits before writing the next tile's). Every role walks the same tiles of the static
-// persistent scheduler.
+// groups 3 and 4 the epilogue warp groups. Each thread's fragment passes in kChunks chunks of 16-byte
+// vectors (interleaved across threads: conflict-free) through two chunk buffers used in turn, each under two
+// named barriers: "full" (math arrives after writing it, the epilogue waits) and "empty" (the epilogue
+// arrives after reading it, math waits before writing it again). Two chunk buffers of a quarter tile each
+// (32 KB at 128 x 128) leave the mainloop one 32 KB stage more than a whole tile's buffer would; while the
+// epilogue reads one chunk the math warp groups write the next. Every role walks the same tiles of the
+// static persistent scheduler.
 //
 // Registers: 640 threads leave 96 a thread at launch (61440 in all); the producer gives back down to 40,
 // the epilogue warp groups take what that frees.
@@ -71,6 +73,10 @@ class CooperativeHandoffKernel
   static constexpr int kFragment = cute::size<0>(TileShape{}) * cute::size<1>(TileShape{}) / kMathThreads;
   static_assert(kFragment % 4 == 0, "fragments move in 16-byte vectors");
   static constexpr int kVectors = kFragment / 4;
+  static constexpr int kChunks = 4;                       // chunks a fragment passes in
+  static constexpr int kBuffers = 2;                      // chunk buffers, used in turn
+  static_assert(kVectors % kChunks == 0 && kChunks % kBuffers == 0);
+  static constexpr int kChunkVectors = kVectors / kChunks;
 
   // Register budgets (setmaxnreg): the launch gives every thread 96 (65536 / 640, in steps of 8); the
   // producer returns 56 of them, which the epilogue warp groups take (math stays at 96: a 128 x 128 tile's
@@ -83,10 +89,12 @@ class CooperativeHandoffKernel
                 "the warp groups' registers exceed what the launch allocates");
   static_assert(kFragment <= 64, "a math thread's fragment must fit its 96 registers: TILE_M x TILE_N <= 128 x 128");
 
-  // Named barriers: the epilogue's own (OverlapEpilogue syncs its 256 threads on it) and the handoff's two.
+  // Named barriers: the epilogue's own (OverlapEpilogue syncs its 256 threads on it) and each chunk buffer's
+  // full and empty (8, 9 and 10, 11).
   static constexpr uint32_t kEpilogueBarrier = uint32_t(cutlass::arch::ReservedNamedBarriers::EpilogueBarrier);
   static constexpr uint32_t kFullBarrier = uint32_t(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
-  static constexpr uint32_t kEmptyBarrier = kFullBarrier + 1;
+  static constexpr uint32_t kEmptyBarrier = kFullBarrier + kBuffers;
+  static_assert(kEmptyBarrier + kBuffers <= 16, "16 hardware named barriers");
   static constexpr uint32_t kHandoffThreads = kMathThreads + kEpilogueThreads;
 
   // The epilogue producer warp starts after the mainloop warp has issued its first tile's loads.
@@ -100,12 +108,12 @@ class CooperativeHandoffKernel
     } pipelines;
     struct Tensors : cute::aligned_struct<128, cute::_1> {
       typename CollectiveEpilogue::TensorStorage epilogue;
-      alignas(128) float4 accumulators[kVectors * kMathThreads];   // [vector][thread]
+      alignas(128) float4 accumulators[kBuffers][kChunkVectors * kMathThreads];   // [buffer][vector][thread]
       typename CollectiveMainloop::TensorStorage mainloop;
     } tensors;
   };
   static constexpr int SharedStorageSize = sizeof(SharedStorage);
-  static constexpr int kHandoffBytes = int(sizeof(float4)) * kVectors * kMathThreads;
+  static constexpr int kHandoffBytes = int(sizeof(float4)) * kBuffers * kChunkVectors * kMathThreads;
 
   static dim3 get_block_shape() { return dim3(MaxThreadsPerBlock, 1, 1); }
 
@@ -199,7 +207,10 @@ class CooperativeHandoffKernel
       scheduler.advance_to_next_work();
       return scheduler.get_current_work();
     };
-    float4* const handoff = shared.tensors.accumulators + team_thread;   // this thread's column of vectors
+    // Chunk c of every tile goes through buffer c % kBuffers (this thread's column of vectors in it); `chunk`
+    // counts the chunks a role has passed, over all tiles.
+    auto handoff = [&](int b) CUTLASS_LAMBDA_FUNC_INLINE { return shared.tensors.accumulators[b] + team_thread; };
+    int chunk = 0;
 
     if (is_producer) {
       cutlass::arch::warpgroup_reg_dealloc<kLoadRegisters>();
@@ -231,7 +242,6 @@ class CooperativeHandoffKernel
       }
     } else if (is_math) {
       if constexpr (kMathRegisters > kLaunchRegisters) cutlass::arch::warpgroup_reg_alloc<kMathRegisters>();
-      bool first_tile = true;
       while (work.is_valid()) {
         Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));
         static_assert(decltype(size(accumulators))::value == kFragment);
@@ -239,14 +249,19 @@ class CooperativeHandoffKernel
                                 shared.tensors.mainloop, params.mainloop);
         collective_mainloop.mma_tail(mainloop_pipeline, mainloop_consume, k_tiles);
         mainloop_consume.advance(k_tiles);
-        if (!first_tile) named_barrier_sync(kEmptyBarrier, kHandoffThreads);   // the epilogue read the last one
-        first_tile = false;
         CUTLASS_PRAGMA_UNROLL
-        for (int v = 0; v < kVectors; ++v) {
-          handoff[v * kMathThreads] = make_float4(accumulators(4 * v), accumulators(4 * v + 1),
-                                                  accumulators(4 * v + 2), accumulators(4 * v + 3));
+        for (int c = 0; c < kChunks; ++c, ++chunk) {
+          int const b = c % kBuffers;
+          if (chunk >= kBuffers) named_barrier_sync(kEmptyBarrier + b, kHandoffThreads);   // its last chunk read
+          float4* const out = handoff(b);
+          CUTLASS_PRAGMA_UNROLL
+          for (int v = 0; v < kChunkVectors; ++v) {
+            int const i = 4 * (c * kChunkVectors + v);
+            out[v * kMathThreads] = make_float4(accumulators(i), accumulators(i + 1), accumulators(i + 2),
+                                                accumulators(i + 3));
+          }
+          named_barrier_arrive(kFullBarrier + b, kHandoffThreads);
         }
-        named_barrier_arrive(kFullBarrier, kHandoffThreads);
         work = next_work();
       }
     } else {   // epilogue warp groups
@@ -254,19 +269,26 @@ class CooperativeHandoffKernel
       while (work.is_valid()) {
         auto blk_coord = tile_coord(work);
         Tensor accumulators = partition_fragment_C(tiled_mma, take<0, 2>(blk_shape));
-        named_barrier_sync(kFullBarrier, kHandoffThreads);   // the math warp groups wrote this tile's
-        CUTLASS_PRAGMA_UNROLL
-        for (int v = 0; v < kVectors; ++v) {
-          float4 const x = handoff[v * kMathThreads];
-          accumulators(4 * v) = x.x;
-          accumulators(4 * v + 1) = x.y;
-          accumulators(4 * v + 2) = x.z;
-          accumulators(4 * v + 3) = x.w;
-        }
         work = next_work();
-        // The buffer is free for the next tile's accumulators (the math warp groups wait for this only
-        // where there is a next tile, so every arrive has its wait).
-        if (work.is_valid()) named_barrier_arrive(kEmptyBarrier, kHandoffThreads);
+        bool const last_tile = !work.is_valid();
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kChunks; ++c, ++chunk) {
+          int const b = c % kBuffers;
+          named_barrier_sync(kFullBarrier + b, kHandoffThreads);   // the math warp groups wrote this chunk
+          float4 const* const in = handoff(b);
+          CUTLASS_PRAGMA_UNROLL
+          for (int v = 0; v < kChunkVectors; ++v) {
+            int const i = 4 * (c * kChunkVectors + v);
+            float4 const x = in[v * kMathThreads];
+            accumulators(i) = x.x;
+            accumulators(i + 1) = x.y;
+            accumulators(i + 2) = x.z;
+            accumulators(i + 3) = x.w;
+          }
+          // The buffer is free again: math waits for this only where it writes another chunk there (every
+          // arrive has its wait: none for the last tile's last kBuffers chunks).
+          if (!last_tile || c < kChunks - kBuffers) named_barrier_arrive(kEmptyBarrier + b, kHandoffThreads);
+        }
         auto [load_next, store_next] = collective_epilogue.store(
             epi_load_pipeline, epi_load_consume, epi_store_pipeline, epi_store_produce, problem_shape_MNKL, blk_shape,
             blk_coord, accumulators, tiled_mma, team_thread, shared.tensors.epilogue);

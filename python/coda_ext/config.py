@@ -17,8 +17,9 @@ OVERLAP_SCHEDULES = ("overlap", "overlap_ordered")
 #: The clusters the overlap schedules run in (tests/gpu/test_overlap_gpu.py: 1x1, 2x1 and 1x2).
 OVERLAP_CLUSTERS = ((1, 1), (2, 1), (1, 2))
 #: "handoff": cooperative MMAs on two warp groups that hand each tile's fp32 accumulators through shared
-#: memory to two epilogue warp groups of their own (csrc/kernels/sm90_cooperative_handoff.cuh), so a tile's
-#: epilogue runs under the next tile's MMAs. Its math threads keep 96 registers: tiles of 128 x 128 at most.
+#: memory (two quarter-tile chunk buffers) to two epilogue warp groups of their own
+#: (csrc/kernels/sm90_cooperative_handoff.cuh), so a tile's epilogue runs under the next tile's MMAs. Its math
+#: threads keep 96 registers: tiles of 128 x 128 at most.
 HANDOFF_TILES = ((128, 128), (128, 64))
 #: Operand layouts: which dimension of A (M, K) and of W (N, K) is contiguous. "kk": both K
 #: (x @ Wᵀ with W as torch.nn.Linear stores it); "kn": W is a transposed view (the dX GEMM
@@ -56,7 +57,8 @@ class KernelConfig:
     deterministic) | overlap (ping-pong whose two warp groups' epilogues may overlap; its epilogue
     buffers are allocated twice) | overlap_ordered (overlap with the epilogues ordered: debugging) |
     handoff (cooperative MMAs whose epilogue runs on two warp groups of its own, under the next tile's MMAs;
-    the tile's fp32 accumulators take TILE_M x TILE_N x 4 bytes of shared memory; tiles HANDOFF_TILES);
+    the accumulators pass through two chunk buffers of a quarter tile each, TILE_M x TILE_N x 2 bytes of
+    shared memory; tiles HANDOFF_TILES);
     epilogue_tile = (EPI_M, EPI_N) or None for CUTLASS's choice; epilogue_stages =
     (STAGES_C, STAGES_D), the shared-memory stages of the epilogue's TMA tile loads and of its TMA stores,
     or None for CUTLASS's choice (min(subtiles, 4) and min(subtiles, 2)): deeper load stages let the

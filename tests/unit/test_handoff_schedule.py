@@ -57,23 +57,22 @@ def test_handoff_runs_the_cooperative_epilogue():
 
 
 def test_handoff_counts_the_accumulator_buffer():
-    """A 128 x 128 tile's fp32 accumulators (64 KB) come out of the mainloop's stages (32 KB each): two fewer
-    than the cooperative kernel of the same tile; 128 x 64 (32 KB of accumulators, 24 KB stages) one fewer."""
+    """Two chunk buffers of a quarter of a 128 x 128 tile's fp32 accumulators (32 KB) come out of the mainloop's
+    stages (32 KB each): one fewer than the cooperative kernel of the same tile (the dSwiGLU at (2, 1): 4)."""
     low = lower(as_ir(graphs.identity()), "bfloat16")
-    assert constraints.handoff_bytes(HOFF) == 128 * 128 * 4 and constraints.handoff_bytes(COOP) == 0
-    assert constraints.mainloop_stages(low, "bfloat16", COOP) - constraints.mainloop_stages(low, "bfloat16", HOFF) == 2
-    narrow = ce.KernelConfig((128, 64, 64), (1, 1), "handoff")
-    assert constraints.mainloop_stages(low, "bfloat16", dataclasses.replace(narrow, schedule="cooperative")) - \
-        constraints.mainloop_stages(low, "bfloat16", narrow) == 1
+    assert constraints.handoff_bytes(HOFF) == 128 * 128 * 2 and constraints.handoff_bytes(COOP) == 0
+    assert constraints.mainloop_stages(low, "bfloat16", COOP) - constraints.mainloop_stages(low, "bfloat16", HOFF) == 1
+    dswiglu = lower(as_ir(graphs.swiglu_backward_linear()), "bfloat16")
+    assert constraints.mainloop_stages(dswiglu, "bfloat16", dataclasses.replace(HOFF, epilogue_stages=(2, 1))) == 4
 
 
 def test_handoff_refusal_names_the_accumulator_buffer():
-    """The dSwiGLU's epilogue at CUTLASS's stages (4, 2) fits the cooperative 128 x 128 kernel but not beside the
-    handoff buffer; with (2, 1) it fits."""
+    """The dSwiGLU's epilogue with 6 load stages fits the cooperative 128 x 128 kernel (2 mainloop stages) but not
+    beside the handoff buffers; with (2, 1) it fits."""
     dswiglu = graphs.swiglu_backward_linear()
-    ce.kernel_source(dswiglu, "bfloat16", COOP)
-    with pytest.raises(ce.UnsupportedError, match="the accumulator handoff 64 KB"):
-        ce.kernel_source(dswiglu, "bfloat16", HOFF)
+    ce.kernel_source(dswiglu, "bfloat16", dataclasses.replace(COOP, epilogue_stages=(6, 2)))
+    with pytest.raises(ce.UnsupportedError, match="the accumulator handoff 32 KB"):
+        ce.kernel_source(dswiglu, "bfloat16", dataclasses.replace(HOFF, epilogue_stages=(6, 2)))
     ce.kernel_source(dswiglu, "bfloat16", dataclasses.replace(HOFF, epilogue_stages=(2, 1)))
 
 

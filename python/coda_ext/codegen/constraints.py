@@ -108,8 +108,9 @@ def epilogue_copies(config: KernelConfig) -> int:
 
 
 def handoff_bytes(config: KernelConfig) -> int:
-    """The shared memory the "handoff" schedule passes a tile's fp32 accumulators through (else 0)."""
-    return config.tile[0] * config.tile[1] * 4 if config.schedule == "handoff" else 0
+    """The shared memory the "handoff" schedule passes a tile's fp32 accumulators through (else 0): two chunk
+    buffers of a quarter tile each (csrc/kernels/sm90_cooperative_handoff.cuh)."""
+    return config.tile[0] * config.tile[1] * 4 // 4 * 2 if config.schedule == "handoff" else 0
 
 
 def mainloop_stages(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> int:
