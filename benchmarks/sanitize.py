@@ -101,8 +101,10 @@ FAMILIES: tuple[Family, ...] = (
            "bfloat16", tuning.LARGE, (RAGGED,)),
     Family("streamk", "README example (row vector, SiLU, tile load, store, row reduction), fp16, stream-K (K split)",
            graphs.example, "float16", tuning.STREAMK, ((333, 264, 520),)),
-    Family("major_kn", "swiglu_backward_linear: pair_tile z, store_pairs dz, store y, row reduction; W transposed (kn)",
-           graphs.swiglu_backward_linear, "bfloat16", dataclasses.replace(DEFAULT, major="kn"), (RAGGED,)),
+    Family("major_kn", "swiglu_backward_linear: pair_tile z read straight into registers (tile_loads='direct': "
+           "predicated ld.global), store_pairs dz, store y, row reduction; W transposed (kn)",
+           graphs.swiglu_backward_linear, "bfloat16", dataclasses.replace(DEFAULT, major="kn", tile_loads="direct"),
+           (RAGGED,)),
     Family("major_mn", "weight_grad with accumulate (acc + tile); A and W transposed (mn); ping-pong 64x128",
            _weight_grad_accumulate, "bfloat16", dataclasses.replace(tuning.SKINNY, major="mn"), ((336, 264, 72),)),
     Family("overlap", "the reductions graph, ping-pong 128x128 with overlapping epilogues (per-warp-group smem, "

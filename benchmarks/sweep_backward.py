@@ -54,7 +54,9 @@ def loads_tiles(graph) -> bool:
 
 def configs(major: str = "kn", loads: bool = False, auto=None, only=()) -> list:
     """The swept configs: the fixed list and the heuristic's own choice `auto` (when given and not in the list);
-    with loads, `auto` (else ping-pong 128x128) and ping-pong 128x192 2x1 again with the STAGED load stages.
+    with loads, `auto` (else ping-pong 128x128) and ping-pong 128x192 2x1 again with the STAGED load stages, and
+    `auto` and handoff 128x128 2x1 with the tile inputs read straight into registers (tile_loads="direct": no shared
+    memory, so the mainloop gets its stages back).
     `only`: keep only the configs with these tags."""
     import dataclasses
 
@@ -69,7 +71,9 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=()) -> list:
         [dataclasses.replace(base[3], epilogue_stages=STAGED[0])] + \
         [dataclasses.replace(staged, epilogue_tile=t) for t in EPILOGUE_TILES if staged.schedule != "cooperative"] + \
         [dataclasses.replace(staged, schedule="overlap", epilogue_stages=s) for s in OVERLAP_STAGED
-         if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))]
+         if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))] + \
+        [dataclasses.replace(staged, tile_loads="direct"),
+         K((128, 128, 64), (2, 1), "handoff", swizzle=8, major=major, epilogue_stages=(2, 1), tile_loads="direct")]
     return [c for c in out if not only or c.tag in only]
 
 

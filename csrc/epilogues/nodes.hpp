@@ -18,6 +18,7 @@
 #include "functors.hpp"
 #include "column_partials.hpp"
 #include "coordinates.hpp"
+#include "direct_tile_load.hpp"
 #include "pair_gated_store.hpp"
 #include "row_lse_partials.hpp"
 #include "segment_reduce.hpp"
@@ -73,6 +74,16 @@ struct TileLoad {
   using Node = fusion::Sm90AuxLoad<Desc::Stages, typename Desc::EpilogueTile, T, typename Desc::Stride,
                                    typename Desc::SmemLayoutAtom, typename Desc::CopyOpS2R,
                                    128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
+  static typename Node::Arguments args(CodaSlot const& s) {
+    return {const_ptr<T>(s), T(0), {s.ld, cute::_1{}, int64_t(0)}};
+  }
+};
+
+// A full M x N tile read from global memory straight into registers, a subtile ahead (direct_tile_load.hpp):
+// KernelConfig(tile_loads="direct"). No shared memory, no producer-warp load.
+template <class Cfg, class T>
+struct TileLoadDirect {
+  using Node = DirectTileLoad<T, cutlass::detail::TagToStrideC_t<typename Cfg::LayoutD>, 128 / cutlass::sizeof_bits<T>::value>;
   static typename Node::Arguments args(CodaSlot const& s) {
     return {const_ptr<T>(s), T(0), {s.ld, cute::_1{}, int64_t(0)}};
   }

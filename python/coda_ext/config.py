@@ -31,6 +31,10 @@ MAJORS = ("kk", "kn", "mk", "mn")
 _TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk", "overlap": "ppo", "overlap_ordered": "ppoo",
                "handoff": "hoff"}
 RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
+#: How the epilogue reads its M x N tile inputs: "tma" (the producer warp's TMA loads into shared memory,
+#: read back per subtile) or "direct" (each thread's elements straight from global memory into registers,
+#: a subtile ahead; no shared memory: csrc/epilogues/direct_tile_load.hpp).
+TILE_LOADS = ("tma", "direct")
 #: The most shared-memory stages KernelConfig.epilogue_stages gives the epilogue's loads or stores.
 MAX_EPILOGUE_STAGES = 8
 
@@ -64,7 +68,8 @@ class KernelConfig:
     or None for CUTLASS's choice (min(subtiles, 4) and min(subtiles, 2)): deeper load stages let the
     producer warp fetch more of a tile's inputs while the mainloop runs, at the mainloop's expense.
     major = "kk" | "kn" | "mk" | "mn": the contiguous dimension of A (M, K) and of W (N, K) (MAJORS);
-    the op reads each operand in that layout, so a transposed view needs no copy.
+    the op reads each operand in that layout, so a transposed view needs no copy. tile_loads = "tma" | "direct":
+    how the epilogue reads its tile inputs (TILE_LOADS).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
     csrc/kernels/wide_swizzle.cuh, and not for stream-K) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
@@ -78,6 +83,7 @@ class KernelConfig:
     raster: str = "heuristic"
     major: str = "kk"
     epilogue_stages: tuple[int, int] | None = None
+    tile_loads: str = "tma"
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
@@ -122,6 +128,8 @@ class KernelConfig:
                                    "overlap or handoff); the stream-K scheduler swizzles 8 at most: use swizzle=8")
         if self.raster not in RASTER_ORDERS:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
+        if self.tile_loads not in TILE_LOADS:
+            raise UnsupportedError(f"KernelConfig: tile_loads must be one of {TILE_LOADS}, got {self.tile_loads!r}")
         if self.major not in MAJORS:
             raise UnsupportedError(f"KernelConfig: major must be one of {MAJORS} (the contiguous dimension of A "
                                    f"and of W), got {self.major!r}")
@@ -150,6 +158,8 @@ class KernelConfig:
             tag += f"_{self.major}"
         if self.epilogue_stages:
             tag += f"_ec{self.epilogue_stages[0]}d{self.epilogue_stages[1]}"
+        if self.tile_loads != "tma":
+            tag += "_dl"
         return tag
 
 

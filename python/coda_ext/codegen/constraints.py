@@ -79,14 +79,17 @@ def epilogue_buffers(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> dic
     """Bytes of the epilogue's shared memory at the stages CUTLASS gives its buffers (or the config's
     epilogue_stages): D's staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores:
     32-bit), each row vector's TILE_N slice (rounded up to SMEM_ALIGN), and SMEM_ALIGN for barriers and
-    padding."""
+    padding. Tiles read directly (KernelConfig.tile_loads="direct") take none."""
     tm, tn, _ = config.tile
     em, en = epilogue_tile(config)
     subtiles = (tm // em) * (tn // en)
     stages_c, stages_d = config.epilogue_stages or (min(subtiles, 4), min(subtiles, 2))
     sub = em * en
     parts = {"D staging": stages_d * sub * _BYTES[dtype]}
+    direct = config.tile_loads == "direct"
     for n in graph.nodes:
+        if n.kind in ("tile", "pair_tile") and direct:
+            continue
         if n.kind == "tile":
             parts[f"tile {n.name!r}"] = stages_c * sub * _BYTES[n.attr("dtype") or dtype]
         elif n.kind == "store":

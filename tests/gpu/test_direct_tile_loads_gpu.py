@@ -1,0 +1,86 @@
+"""KernelConfig(tile_loads="direct") on an SM90 GPU: the epilogue's tile inputs read from global memory straight
+into registers, a subtile ahead (csrc/epilogues/direct_tile_load.hpp), instead of TMA loads through shared memory.
+
+Every output equals the TMA-loading kernel's of the same config bit for bit (the same values reach the same
+epilogue math), at shapes that are no tile multiple (the loads are predicated on the problem's bounds) with a few
+persistent CTAs, so each runs many tiles; and is within the numerics rule against the fp64 interpreter. Graphs: a
+16-bit tile with a column reduction, a tile with a row vector and a row reduction, the dSwiGLU's pair tile, the
+RMSNorm backward's two tiles. Epilogue collectives: CUTLASS's ping-pong (64-row subtiles) and cooperative
+(128-row), and the project's overlap and handoff kernels.
+
+    python -m coda_ext prebuild tests/gpu/test_direct_tile_loads_gpu.py
+    python -m pytest -x -q tests/gpu/test_direct_tile_loads_gpu.py
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+import coda_ext as ce
+from coda_ext import graphs
+from coda_ext.graphs import backward
+from tests.gpu.test_numerics import check_against_reference
+from tests.gpu.test_overlap_gpu import assert_same_bits, run
+from tests.helpers import rand
+
+#: name -> (builder, operand layout)
+GRAPHS = {"gelu_bwd": (graphs.gelu_backward_dbias, "kk"), "row_reduce": (graphs.design, "kk"),
+          "dswiglu": (backward.swiglu_backward_linear, "kn"),
+          "rms_backward": (lambda: backward.rms_norm_backward_linear(True), "kn")}
+CONFIGS = {"ping": ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4),
+           "coop": ce.KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)}
+#: the project's collectives, with the dSwiGLU only
+MORE = {"overlap": ce.KernelConfig((128, 128, 64), (1, 1), "overlap", swizzle=4, epilogue_stages=(2, 1)),
+        "handoff": ce.KernelConfig((128, 128, 64), (2, 1), "handoff", swizzle=8, epilogue_stages=(2, 1))}
+#: (M, N, K, persistent CTAs): none a tile multiple (N even for the pair graph)
+SHAPES = [(333, 264, 72, 2), (1000, 1032, 264, 3), (2333, 2056, 136, 0)]
+
+
+def cases() -> list:
+    """(name, config name): every graph in CONFIGS, the dSwiGLU in MORE too."""
+    return [(g, c) for g in GRAPHS for c in CONFIGS] + [("dswiglu", c) for c in MORE]
+
+
+def config(name: str, cfg: str, loads: str) -> ce.KernelConfig:
+    return dataclasses.replace({**CONFIGS, **MORE}[cfg], major=GRAPHS[name][1], tile_loads=loads)
+
+
+def build_items() -> list:
+    """(graph, dtype, config) of every kernel these tests launch, for `python -m coda_ext prebuild`."""
+    return [(GRAPHS[g][0](), "bfloat16", config(g, c, loads)) for g, c in cases() for loads in ("tma", "direct")]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    from coda_ext.runtime import prebuild
+
+    prebuild(build_items(), jobs=os.cpu_count())
+    return {(g, c, loads): ce.compile(GRAPHS[g][0](), "bfloat16", config(g, c, loads))
+            for g, c in cases() for loads in ("tma", "direct")}
+
+
+@pytest.mark.parametrize("M,N,K,sms", SHAPES, ids=[f"{m}x{n}x{k}_sm{s}" for m, n, k, s in SHAPES])
+@pytest.mark.parametrize("name,cfg", cases(), ids=[f"{g}-{c}" for g, c in cases()])
+def test_direct_tile_loads_are_bit_identical_to_tma_and_within_the_rule(ops, name, cfg, M, N, K, sms):
+    base = ops[(name, cfg, "tma")]
+    A, W, inputs = rand.op_inputs(base, M, N, K, rand.generator("direct", name, M, N, K, device="cuda"))
+    want = run(base, A, W, inputs, M, N, sms)
+    direct = ops[(name, cfg, "direct")]
+    label = f"{name}/{cfg}/{M}x{N}x{K}/sm{sms}"
+    got = run(direct, A, W, inputs, M, N, sms)
+    assert_same_bits(got, want, label)
+    check_against_reference(direct, GRAPHS[name][0](), A, W, inputs, got, label)
+
+
+def test_direct_tile_loads_take_no_shared_memory():
+    """The dSwiGLU's pair tile leaves the mainloop its stages: ping-pong 128 x 128 at CUTLASS's epilogue stages."""
+    from coda_ext.codegen import constraints
+    from coda_ext.graph.canonical import as_ir
+    from coda_ext.passes import lower
+
+    low = lower(as_ir(backward.swiglu_backward_linear()), "bfloat16")
+    tma, direct = (constraints.mainloop_stages(low, "bfloat16", config("dswiglu", "ping", loads))
+                   for loads in ("tma", "direct"))
+    assert direct > tma
