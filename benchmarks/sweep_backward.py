@@ -52,12 +52,19 @@ def loads_tiles(graph) -> bool:
     return bool(ir.find("tile") or ir.find("pair_tile"))
 
 
-def configs(major: str = "kn", loads: bool = False, auto=None, only=()) -> list:
+def has_pairs(graph) -> bool:
+    """Whether the graph's epilogue moves 32-bit pair tiles or pair stores through shared memory (pair_smem applies)."""
+    ir = graph.build()
+    return bool(ir.find("pair_tile") or ir.find("pair_store"))
+
+
+def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: bool = False) -> list:
     """The swept configs: the fixed list and the heuristic's own choice `auto` (when given and not in the list);
     with loads, `auto` (else ping-pong 128x128) and ping-pong 128x192 2x1 again with the STAGED load stages, and
     `auto` and handoff 128x128 2x1 with the tile inputs read straight into registers (tile_loads="direct": no shared
-    memory, so the mainloop gets its stages back).
-    `only`: keep only the configs with these tags."""
+    memory, so the mainloop gets its stages back); with pairs, `auto` with the pair tiles and pair stores accessed
+    in staggered 4-byte halves (pair_smem="staggered": no bank conflicts). `only`: keep only the configs with these
+    tags."""
     import dataclasses
 
     import coda_ext as ce
@@ -74,6 +81,8 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=()) -> list:
          if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))] + \
         [dataclasses.replace(staged, tile_loads="direct"),
          K((128, 128, 64), (2, 1), "handoff", swizzle=8, major=major, epilogue_stages=(2, 1), tile_loads="direct")]
+    if pairs:
+        out = out + [dataclasses.replace(staged, pair_smem="staggered")]
     return [c for c in out if not only or c.tag in only]
 
 
@@ -118,7 +127,7 @@ def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
 
 
 def row_configs(g, only=()) -> list:
-    return configs(g.major, loads_tiles(g.graph()), heuristic_config(g), only)
+    return configs(g.major, loads_tiles(g.graph()), heuristic_config(g), only, has_pairs(g.graph()))
 
 
 def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, only=()) -> list:

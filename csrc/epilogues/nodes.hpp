@@ -22,6 +22,7 @@
 #include "pair_gated_store.hpp"
 #include "row_lse_partials.hpp"
 #include "segment_reduce.hpp"
+#include "staggered_pairs.hpp"
 
 namespace coda::epi {
 
@@ -89,6 +90,14 @@ struct TileLoadDirect {
   }
 };
 
+// TileLoad whose threads read shared memory in staggered 4-byte halves (staggered_pairs.hpp): the 32-bit
+// pair tiles with KernelConfig(pair_smem="staggered").
+template <class Cfg, class T>
+struct TileLoadStaggered {
+  using Node = StaggeredAuxLoad<typename TileLoad<Cfg, T>::Node, TileLoad<Cfg, T>::Desc::Stages>;
+  static typename Node::Arguments args(CodaSlot const& s) { return TileLoad<Cfg, T>::args(s); }
+};
+
 // Stores its input as an M x N tile (TMA through shared memory) and passes it through.
 template <class Cfg, class T>
 struct TileStore {
@@ -99,6 +108,14 @@ struct TileStore {
   static typename Node::Arguments args(CodaSlot const& s) {
     return {static_cast<T*>(s.ptr), {s.ld, cute::_1{}, int64_t(0)}};
   }
+};
+
+// TileStore whose threads write shared memory in staggered 4-byte halves: the 32-bit pair stores with
+// KernelConfig(pair_smem="staggered").
+template <class Cfg, class T>
+struct TileStoreStaggered {
+  using Node = StaggeredAuxStore<typename TileStore<Cfg, T>::Node, TileStore<Cfg, T>::Desc::Stages>;
+  static typename Node::Arguments args(CodaSlot const& s) { return TileStore<Cfg, T>::args(s); }
 };
 
 // An element-wise op (fp32 in and out).

@@ -35,6 +35,11 @@ RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
 #: read back per subtile) or "direct" (each thread's elements straight from global memory into registers,
 #: a subtile ahead; no shared memory: csrc/epilogues/direct_tile_load.hpp).
 TILE_LOADS = ("tma", "direct")
+#: How the epilogue's threads access the 32-bit pair tiles and pair stores in shared memory: "vector" (CUTLASS's
+#: copy, one 8-byte access per column pair: 2-way bank conflicts under the 128-byte swizzle) or "staggered" (two
+#: 4-byte accesses, the halves in opposite orders on rows of opposite parity: conflict-free;
+#: csrc/epilogues/staggered_pairs.hpp).
+PAIR_SMEM = ("vector", "staggered")
 #: The most shared-memory stages KernelConfig.epilogue_stages gives the epilogue's loads or stores.
 MAX_EPILOGUE_STAGES = 8
 
@@ -69,7 +74,8 @@ class KernelConfig:
     producer warp fetch more of a tile's inputs while the mainloop runs, at the mainloop's expense.
     major = "kk" | "kn" | "mk" | "mn": the contiguous dimension of A (M, K) and of W (N, K) (MAJORS);
     the op reads each operand in that layout, so a transposed view needs no copy. tile_loads = "tma" | "direct":
-    how the epilogue reads its tile inputs (TILE_LOADS).
+    how the epilogue reads its tile inputs (TILE_LOADS); pair_smem = "vector" | "staggered": how it accesses
+    its 32-bit pair tiles and pair stores in shared memory (PAIR_SMEM).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
     csrc/kernels/wide_swizzle.cuh, and not for stream-K) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
@@ -84,6 +90,7 @@ class KernelConfig:
     major: str = "kk"
     epilogue_stages: tuple[int, int] | None = None
     tile_loads: str = "tma"
+    pair_smem: str = "vector"
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
@@ -130,6 +137,8 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
         if self.tile_loads not in TILE_LOADS:
             raise UnsupportedError(f"KernelConfig: tile_loads must be one of {TILE_LOADS}, got {self.tile_loads!r}")
+        if self.pair_smem not in PAIR_SMEM:
+            raise UnsupportedError(f"KernelConfig: pair_smem must be one of {PAIR_SMEM}, got {self.pair_smem!r}")
         if self.major not in MAJORS:
             raise UnsupportedError(f"KernelConfig: major must be one of {MAJORS} (the contiguous dimension of A "
                                    f"and of W), got {self.major!r}")
@@ -160,6 +169,8 @@ class KernelConfig:
             tag += f"_ec{self.epilogue_stages[0]}d{self.epilogue_stages[1]}"
         if self.tile_loads != "tma":
             tag += "_dl"
+        if self.pair_smem != "vector":
+            tag += "_ps"
         return tag
 
 

@@ -1,5 +1,7 @@
 """KernelConfig(tile_loads="direct") on an SM90 GPU: the epilogue's tile inputs read from global memory straight
-into registers, a subtile ahead (csrc/epilogues/direct_tile_load.hpp), instead of TMA loads through shared memory.
+into registers, a subtile ahead (csrc/epilogues/direct_tile_load.hpp), instead of TMA loads through shared memory;
+and KernelConfig(pair_smem="staggered"): the 32-bit pair tiles and pair stores accessed in shared memory as two
+staggered 4-byte halves (csrc/epilogues/staggered_pairs.hpp) instead of one 8-byte access.
 
 Every output equals the TMA-loading kernel's of the same config bit for bit (the same values reach the same
 epilogue math), at shapes that are no tile multiple (the loads are predicated on the problem's bounds) with a few
@@ -43,13 +45,22 @@ def cases() -> list:
     return [(g, c) for g in GRAPHS for c in CONFIGS] + [("dswiglu", c) for c in MORE]
 
 
-def config(name: str, cfg: str, loads: str) -> ce.KernelConfig:
-    return dataclasses.replace({**CONFIGS, **MORE}[cfg], major=GRAPHS[name][1], tile_loads=loads)
+#: the variants each case runs beside the TMA-loading, vector-accessing kernel; "staggered" only where the
+#: graph has pair tiles or pair stores (the dSwiGLU)
+VARIANTS = {"direct": dict(tile_loads="direct"), "staggered": dict(pair_smem="staggered")}
+
+
+def variants(name: str) -> tuple:
+    return ("tma", "direct", "staggered") if name == "dswiglu" else ("tma", "direct")
+
+
+def config(name: str, cfg: str, variant: str) -> ce.KernelConfig:
+    return dataclasses.replace({**CONFIGS, **MORE}[cfg], major=GRAPHS[name][1], **VARIANTS.get(variant, {}))
 
 
 def build_items() -> list:
     """(graph, dtype, config) of every kernel these tests launch, for `python -m coda_ext prebuild`."""
-    return [(GRAPHS[g][0](), "bfloat16", config(g, c, loads)) for g, c in cases() for loads in ("tma", "direct")]
+    return [(GRAPHS[g][0](), "bfloat16", config(g, c, v)) for g, c in cases() for v in variants(g)]
 
 
 @pytest.fixture(scope="module")
@@ -57,21 +68,21 @@ def ops():
     from coda_ext.runtime import prebuild
 
     prebuild(build_items(), jobs=os.cpu_count())
-    return {(g, c, loads): ce.compile(GRAPHS[g][0](), "bfloat16", config(g, c, loads))
-            for g, c in cases() for loads in ("tma", "direct")}
+    return {(g, c, v): ce.compile(GRAPHS[g][0](), "bfloat16", config(g, c, v)) for g, c in cases() for v in variants(g)}
 
 
 @pytest.mark.parametrize("M,N,K,sms", SHAPES, ids=[f"{m}x{n}x{k}_sm{s}" for m, n, k, s in SHAPES])
 @pytest.mark.parametrize("name,cfg", cases(), ids=[f"{g}-{c}" for g, c in cases()])
-def test_direct_tile_loads_are_bit_identical_to_tma_and_within_the_rule(ops, name, cfg, M, N, K, sms):
+def test_direct_and_staggered_are_bit_identical_to_tma_and_within_the_rule(ops, name, cfg, M, N, K, sms):
     base = ops[(name, cfg, "tma")]
     A, W, inputs = rand.op_inputs(base, M, N, K, rand.generator("direct", name, M, N, K, device="cuda"))
     want = run(base, A, W, inputs, M, N, sms)
-    direct = ops[(name, cfg, "direct")]
-    label = f"{name}/{cfg}/{M}x{N}x{K}/sm{sms}"
-    got = run(direct, A, W, inputs, M, N, sms)
-    assert_same_bits(got, want, label)
-    check_against_reference(direct, GRAPHS[name][0](), A, W, inputs, got, label)
+    for variant in variants(name)[1:]:
+        op = ops[(name, cfg, variant)]
+        label = f"{name}/{cfg}/{variant}/{M}x{N}x{K}/sm{sms}"
+        got = run(op, A, W, inputs, M, N, sms)
+        assert_same_bits(got, want, label)
+        check_against_reference(op, GRAPHS[name][0](), A, W, inputs, got, label)
 
 
 def test_direct_tile_loads_take_no_shared_memory():

@@ -1,6 +1,7 @@
-"""KernelConfig(tile_loads="direct") without a GPU: the tile inputs are emitted as the register-loading node
-(csrc/epilogues/direct_tile_load.hpp), take no shared memory in the stage plan, and have their own tag; bad
-values are refused with the choices."""
+"""KernelConfig(tile_loads="direct") and KernelConfig(pair_smem="staggered") without a GPU: the tile inputs are
+emitted as the register-loading node (csrc/epilogues/direct_tile_load.hpp) and take no shared memory in the stage
+plan; the pair tiles and pair stores as the staggered-access nodes (csrc/epilogues/staggered_pairs.hpp); each has
+its own tag; bad values are refused with the choices."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,7 @@ import pytest
 import coda_ext as ce
 from coda_ext import graphs
 from coda_ext.codegen import constraints
-from coda_ext.config import TILE_LOADS
+from coda_ext.config import PAIR_SMEM, TILE_LOADS
 from coda_ext.graph.canonical import as_ir
 from coda_ext.passes import lower
 
@@ -61,3 +62,26 @@ def test_sweep_backward_times_direct_loads_beside_the_heuristic():
     auto = ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=8, raster="along_n", major="kn")
     tags = {c.tag for c in sb.configs("kn", loads=True, auto=auto)}
     assert {auto.tag, auto.tag + "_dl", "hoff_128x128x64_c2x1_s8_kn_ec2d1_dl"} <= tags
+    assert auto.tag + "_ps" not in tags
+    assert auto.tag + "_ps" in {c.tag for c in sb.configs("kn", loads=True, auto=auto, pairs=True)}
+
+
+def test_pair_smem_values_tag_and_emitted_nodes():
+    assert PAIR_SMEM == ("vector", "staggered") and PING.pair_smem == "vector"
+    staggered = dataclasses.replace(PING, pair_smem="staggered")
+    assert staggered.tag == PING.tag + "_ps"
+    with pytest.raises(ce.UnsupportedError, match=r"pair_smem must be one of \('vector', 'staggered'\), got 'v4'"):
+        ce.KernelConfig(pair_smem="v4")
+    src = ce.emit_source(graphs.swiglu_backward_linear(), "bfloat16", staggered)
+    assert "TileLoadStaggered<Cfg, float>" in src and "TileStoreStaggered<Cfg, float>" in src
+    assert "TileLoad<Cfg, float>" not in src and "TileStore<Cfg, float>" not in src
+    assert "TileStore<Cfg, cutlass::bfloat16_t>" in src   # the bf16 y store is no pair store: CUTLASS's copy
+    # 16-bit tiles (ldmatrix / stmatrix, conflict-free already) keep CUTLASS's copy
+    rms = ce.emit_source(graphs.rms_norm_backward_linear(True), "bfloat16", staggered)
+    assert "Staggered" not in rms
+    # direct loads take the pair tile; the pair store stays staggered
+    both = ce.emit_source(graphs.swiglu_backward_linear(), "bfloat16",
+                          dataclasses.replace(staggered, tile_loads="direct"))
+    assert "TileLoadDirect<Cfg, float>" in both and "TileStoreStaggered<Cfg, float>" in both
+    nodes = (ROOT / "csrc" / "epilogues" / "nodes.hpp").read_text()
+    assert "struct TileLoadStaggered {" in nodes and "struct TileStoreStaggered {" in nodes

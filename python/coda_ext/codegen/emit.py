@@ -45,10 +45,11 @@ def float_literal(x: float) -> str:
     return f"{x!r}f" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0f"
 
 
-def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False) -> str:
+def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False, staggered_pairs: bool = False) -> str:
     """The wrapper type (nodes.hpp) implementing one IR node: its kind's C++ name (kinds.py) with the
     template arguments its attributes give; tile inputs read straight into registers with direct_loads
-    (KernelConfig.tile_loads)."""
+    (KernelConfig.tile_loads), pair tiles and pair stores through staggered shared-memory accesses with
+    staggered_pairs (KernelConfig.pair_smem)."""
     k = node.kind
     kind = KINDS.get(k)
     if kind is None or kind.cpp is None:
@@ -56,6 +57,8 @@ def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False
     c = kind.cpp
     if direct_loads and k in ("tile", "pair_tile"):
         c += "Direct"
+    elif staggered_pairs and k in ("pair_tile", "pair_store"):
+        c += "Staggered"
     if "compute" in kind.flags:
         return f"Compute<Cfg, {c}>"
     no_check = "" if check_oob else ", /*CheckOOB=*/false"
@@ -113,7 +116,8 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
             what += f" {node.name!r}"
         check = op.node < 0 or node.kind not in ("row_reduce", "col_reduce") or \
             reduction_needs_bounds_check(graph, op.node)
-        aliases.append((f"using n{o} = {node_alias(node, check, config.tile_loads == 'direct')};", what))
+        alias = node_alias(node, check, config.tile_loads == "direct", config.pair_smem == "staggered")
+        aliases.append((f"using n{o} = {alias};", what))
     width = max(len(a) for a, _ in aliases)
     alias_lines = [f"{a.ljust(width)}  // {w}" for a, w in aliases]
 
