@@ -40,10 +40,10 @@ EPILOGUE_TILES = ((64, 64), (64, 128))
 #: stages as ping-pong's one copy does (the dSwiGLU in 128 x 128: 5; at CUTLASS's (4, 2) the overlap kernel had 3).
 OVERLAP_STAGED = ((2, 1), (1, 1))
 #: The handoff schedule (cooperative 128 x 128 MMAs, the epilogue on two warp groups of its own, under the next
-#: tile's MMAs) in the three clusters, with CUTLASS's epilogue stages and with (2, 1): beside its 32 KB of
-#: accumulator buffers the dSwiGLU's epilogue at (4, 2) leaves the mainloop 2 stages, at (2, 1) 4.
-HANDOFF_CLUSTERS = (((2, 1), 8), ((1, 1), 4), ((1, 2), 8))
-HANDOFF_STAGES = (None, (2, 1))
+#: tile's MMAs; measured slower than ping-pong at these epilogues, docs/measured.md): 2 x 1 clusters, with CUTLASS's
+#: epilogue stages and, where the epilogue loads tiles, (2, 1): beside its 32 KB of accumulator buffers the
+#: dSwiGLU's epilogue at (4, 2) leaves the mainloop 2 stages, at (2, 1) 4.
+HANDOFF = dict(tile=(128, 128, 64), cluster=(2, 1), schedule="handoff", swizzle=8)
 
 
 def loads_tiles(graph) -> bool:
@@ -79,8 +79,8 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
         [dataclasses.replace(staged, epilogue_tile=t) for t in EPILOGUE_TILES if staged.schedule != "cooperative"] + \
         [dataclasses.replace(staged, schedule="overlap", epilogue_stages=s) for s in OVERLAP_STAGED
          if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))] + \
-        [dataclasses.replace(staged, tile_loads="direct"),
-         K((128, 128, 64), (2, 1), "handoff", swizzle=8, major=major, epilogue_stages=(2, 1), tile_loads="direct")]
+        [K(**HANDOFF, major=major, epilogue_stages=(2, 1)), dataclasses.replace(staged, tile_loads="direct"),
+         K(**HANDOFF, major=major, epilogue_stages=(2, 1), tile_loads="direct")]
     if pairs:
         out = out + [dataclasses.replace(staged, pair_smem="staggered")]
     return [c for c in out if not only or c.tag in only]
@@ -106,9 +106,8 @@ def _configs(K, major: str) -> list:
             K((64, 256, 64), (1, 1), "pingpong", swizzle=8, major=major),
             K((128, 256, 64), (2, 1), "cooperative", swizzle=4, major=major),
             K((128, 128, 64), (1, 1), "cooperative", swizzle=4, major=major),
-            K((256, 128, 64), (1, 1), "cooperative", swizzle=4, major=major)] + \
-        [K((128, 128, 64), cluster, "handoff", swizzle=swizzle, major=major, epilogue_stages=stages)
-         for cluster, swizzle in HANDOFF_CLUSTERS for stages in HANDOFF_STAGES]
+            K((256, 128, 64), (1, 1), "cooperative", swizzle=4, major=major),
+            K(**HANDOFF, major=major)]
 
 
 def fits(graph, cfg) -> bool:
