@@ -33,11 +33,6 @@
 
 namespace coda::kernels {
 
-// bar.arrive on a barrier whose ID is a register value: `threads` threads take part in all.
-CUTLASS_DEVICE void named_barrier_arrive(uint32_t id, uint32_t threads) {
-  asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(threads) : "memory");
-}
-
 template <class ProblemShape_, class CollectiveMainloop_, class CollectiveEpilogue_, class TileScheduler_>
 class CooperativeHandoffKernel
     : public cutlass::gemm::kernel::GemmUniversal<ProblemShape_, CollectiveMainloop_, CollectiveEpilogue_, TileScheduler_> {

@@ -31,6 +31,11 @@ CUTLASS_DEVICE void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(threads) : "memory");
 }
 
+// bar.arrive on a barrier whose ID is a register value: `threads` threads take part in all, this one not waiting.
+CUTLASS_DEVICE void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(threads) : "memory");
+}
+
 // OverlapEpilogue<C>: the collective C that CUTLASS's builder made (an Sm90TmaWarpSpecialized epilogue),
 // with store() taking its named barrier from the constructor.
 template <class BuiltCollective>

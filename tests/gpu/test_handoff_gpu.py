@@ -19,13 +19,12 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 import coda_ext as ce
 from coda_ext import graphs
 from coda_ext.graphs import backward
 from tests.gpu.test_numerics import check_against_reference
-from tests.gpu.test_overlap_gpu import assert_same_bits, run
+from tests.gpu.test_overlap_gpu import assert_relaunches_give_the_same_bits, assert_same_bits, run
 from tests.helpers import rand
 
 #: name -> (builder, operand layout)
@@ -90,14 +89,7 @@ def test_handoff_is_bit_identical_to_cooperative_and_within_the_rule(ops, name, 
 
 @pytest.mark.parametrize("name", GRAPHS)
 def test_handoff_relaunches_give_the_same_bits(ops, name):
-    """50 launches with 3 clusters (many tiles each) and 50 on the whole GPU: one result each."""
-    op = ops[(name, BASE, "handoff")]
-    M, N, K = 1000, 1032, 264
-    A, W, inputs = rand.op_inputs(op, M, N, K, torch.Generator(device="cuda").manual_seed(11))
-    for sms in (3, 0):
-        first = run(op, A, W, inputs, M, N, sms)
-        for i in range(50):
-            assert_same_bits(run(op, A, W, inputs, M, N, sms), first, f"{name}/sm{sms}/launch {i + 1}")
+    assert_relaunches_give_the_same_bits(ops[(name, BASE, "handoff")], name)
 
 
 @pytest.mark.parametrize("name", LLAMA_1B)
