@@ -3,10 +3,12 @@
     python -m benchmarks.bench_lm_head                   # Llama-3 1B and 8B heads at 16384 tokens (GPU)
     python -m benchmarks.bench_lm_head --tokens 8192 --reps 10
     python -m benchmarks.bench_lm_head --train-chunk-mb 1024 2048     # + coda with bigger exp(logits) chunks
+    python -m benchmarks.bench_lm_head --coda-dw --train-chunk-mb 512 # + coda with coda_ext's weight-gradient kernels
 
 Variants (the gradients of x and W of the 'mean' loss; one process, interleaved, L2 flushed, inputs rotated):
   cublas_3   the floor: logits = x @ Wᵀ, dx = logits @ W, dW = logitsᵀ @ x, bare cuBLAS GEMMs (bf16)
   coda       ops.lm_head_cross_entropy_loss: the gradients with the loss, rows in chunks, three GEMMs
+  coda_dw    the same with the weight gradient's GEMMs in coda_ext kernels (lm_head_ce.dw_backend("coda"), --coda-dw)
   coda_recompute  ops.lm_head_cross_entropy: statistics forward, logits recomputed in the backward (four GEMMs)
   liger      liger_kernel's fused linear cross-entropy (skipped, with the reason, when it does not import)
   torch      logits in bf16, F.cross_entropy (eager)
@@ -29,9 +31,10 @@ VARIANTS = ("cublas_3", "coda", "coda_recompute", "liger", "torch", "compile")
 GOAL = 1.05
 
 
-def build_items(tokens: int = 16384, train_chunk_mb: tuple[int, ...] = ()) -> list:
+def build_items(tokens: int = 16384, train_chunk_mb: tuple[int, ...] = (), coda_dw: bool = False) -> list:
     """(graph, dtype, config) of coda's kernels for every shape (for prebuild, on any machine with nvcc), with
-    the training path's kernels at each extra chunk budget too (--train-chunk-mb)."""
+    the training path's kernels at each extra chunk budget too (--train-chunk-mb), and its weight-gradient
+    kernels at every budget (--coda-dw)."""
     from coda_ext.ops import lm_head_ce
     from coda_ext.runtime import auto_items
 
@@ -40,20 +43,21 @@ def build_items(tokens: int = 16384, train_chunk_mb: tuple[int, ...] = ()) -> li
         gemms += lm_head_ce.gemms(tokens, V, d, False, train=True) + lm_head_ce.gemms(tokens, V, d, False)
         for mb in train_chunk_mb:
             gemms += lm_head_ce.gemms(tokens, V, d, False, train=True, train_chunk_bytes=mb << 20)
+        if coda_dw:
+            gemms += [g for mb in (None, *train_chunk_mb)
+                      for g in lm_head_ce.dw_gemms(tokens, V, d, None if mb is None else mb << 20)]
     return auto_items(gemms, "bfloat16")
 
 
-def _with_chunk_budget(mb: int):
-    """ops.lm_head_cross_entropy_loss with the training path's exp(logits) chunk budget at mb MiB."""
+def _with_chunk_budget(mb: int | None, dw: str = "cublas"):
+    """ops.lm_head_cross_entropy_loss with the training path's exp(logits) chunk budget at mb MiB (None: the
+    default) and its weight-gradient GEMMs on `dw` (lm_head_ce.DW_BACKENDS)."""
     from coda_ext import ops
     from coda_ext.ops import lm_head_ce
 
     def loss(x, w, t):
-        old, lm_head_ce.TRAIN_CHUNK_BYTES = lm_head_ce.TRAIN_CHUNK_BYTES, mb << 20
-        try:
-            return ops.lm_head_cross_entropy_loss(x, w, t)
-        finally:
-            lm_head_ce.TRAIN_CHUNK_BYTES = old
+        with lm_head_ce.dw_backend(dw):
+            return ops.lm_head_cross_entropy_loss(x, w, t, chunk_bytes=None if mb is None else mb << 20)
     return loss
 
 
@@ -66,10 +70,11 @@ def _liger():
     return lambda x, w, t: liger_fused_linear_cross_entropy(x, w, t)
 
 
-def variants(M: int, V: int, d: int, train_chunk_mb: tuple[int, ...] = ()) -> tuple[dict, dict]:
+def variants(M: int, V: int, d: int, train_chunk_mb: tuple[int, ...] = (), coda_dw: bool = False) -> tuple[dict, dict]:
     """({name: fn(i)}, {name: reason skipped}) on two input sets (i = 0, 1); train_chunk_mb: also coda's training
     path at these exp(logits) chunk budgets ("coda_chunk<MB>": fewer chunks, fewer passes over the fp32 weight
-    gradient, more memory)."""
+    gradient, more memory); coda_dw: also each coda training variant with coda_ext's weight-gradient kernels
+    ("coda_dw", "coda_dw_chunk<MB>")."""
     import torch
     import torch.nn.functional as F
 
@@ -107,6 +112,10 @@ def variants(M: int, V: int, d: int, train_chunk_mb: tuple[int, ...] = ()) -> tu
     }
     for mb in train_chunk_mb:
         out[f"coda_chunk{mb}"] = grads(_with_chunk_budget(mb))
+    if coda_dw:
+        out["coda_dw"] = grads(_with_chunk_budget(None, "coda"))
+        for mb in train_chunk_mb:
+            out[f"coda_dw_chunk{mb}"] = grads(_with_chunk_budget(mb, "coda"))
     skipped = {}
     liger = _liger()
     if isinstance(liger, str):
@@ -202,6 +211,8 @@ def main(argv=None) -> None:
     p.add_argument("--train-chunk-mb", nargs="*", type=int, default=[], metavar="MB",
                    help="also time coda's training path at these exp(logits) chunk budgets (default budget: "
                         "lm_head_ce.TRAIN_CHUNK_BYTES, 1 GiB)")
+    p.add_argument("--coda-dw", action="store_true", help="also time coda's training path with its weight "
+                   "gradients in coda_ext kernels (lm_head_ce.dw_backend('coda'))")
     p.add_argument("--profile", action="store_true", help="also print the per-kernel time of coda's path per shape")
     p.add_argument("--trace", default=None, metavar="DIR", help="with --profile: a gzipped Chrome trace of coda's "
                    "path per shape in DIR (lm_head_<shape>.json.gz)")
@@ -214,7 +225,7 @@ def main(argv=None) -> None:
     for name in args.shapes:
         V, d = SHAPES[name]
         M = args.tokens
-        fns, skipped = variants(M, V, d, tuple(args.train_chunk_mb))
+        fns, skipped = variants(M, V, d, tuple(args.train_chunk_mb), args.coda_dw)
         times = common.time_interleaved(fns, args.reps)
         row = {"M": M, "V": V, "d": d, "skipped": skipped, "errors": check(min(M, 4096), V, d), "variants": {}}
         for v, ts in times.items():

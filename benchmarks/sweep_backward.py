@@ -63,8 +63,8 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
     with loads, `auto` (else ping-pong 128x128) and ping-pong 128x192 2x1 again with the STAGED load stages, and
     `auto` and handoff 128x128 2x1 with the tile inputs read straight into registers (tile_loads="direct": no shared
     memory, so the mainloop gets its stages back); with pairs, `auto` with the pair tiles and pair stores accessed
-    in staggered 4-byte halves (pair_smem="staggered": no bank conflicts). `only`: keep only the configs with these
-    tags."""
+    the other way (pair_smem "staggered" 4-byte halves, free of bank conflicts, or "vector" 8-byte accesses).
+    `only`: keep only the configs with these tags."""
     import dataclasses
 
     import coda_ext as ce
@@ -81,8 +81,9 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
          if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))] + \
         [K(**HANDOFF, major=major, epilogue_stages=(2, 1)), dataclasses.replace(staged, tile_loads="direct"),
          K(**HANDOFF, major=major, epilogue_stages=(2, 1), tile_loads="direct")]
-    if pairs:
-        out = out + [dataclasses.replace(staged, pair_smem="staggered")]
+    if pairs:   # the other way of accessing the pairs than `auto`'s
+        other = "vector" if staged.pair_smem == "staggered" else "staggered"
+        out = out + [dataclasses.replace(staged, pair_smem=other)]
     return [c for c in out if not only or c.tag in only]
 
 

@@ -27,9 +27,12 @@ LARGE = KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4)    # many
 LARGE_TALL = dataclasses.replace(LARGE, swizzle=8)                         # LARGE with 32 or more M tiles
 PINGPONG = DEFAULT_CONFIG                                    # many tiles, N <= 16384, K <= 4096, an epilogue
 #: PINGPONG for an epilogue that reads a pair tile (2N columns: dSwiGLU), with 32 or more M tiles: swizzle 8
-#: rastered along N keeps more of the operands in L2 beside the epilogue's stream (the same kernel: swizzle
-#: and raster are launch arguments; benchmarks/results/sweep_raster_dswiglu_h100.json)
-PINGPONG_PAIR_LOADS = dataclasses.replace(PINGPONG, swizzle=8, raster="along_n")
+#: rastered along N keeps more of the operands in L2 beside the epilogue's stream (swizzle and raster are launch
+#: arguments; benchmarks/results/sweep_raster_dswiglu_h100.json), and its pair tile and pair store go through
+#: shared memory as staggered 4-byte halves, free of bank conflicts (pair_smem; bit-identical results): the
+#: Llama dSwiGLU 1.239 -> 1.206x cuBLAS held at 1B, 1.090 -> 1.076x at 8B, 1.255 -> 1.231x and 1.108 -> 1.107x
+#: alone (H200, one run, benchmarks/results/sweep_backward_staggered_h200.json and _sustained_)
+PINGPONG_PAIR_LOADS = dataclasses.replace(PINGPONG, swizzle=8, raster="along_n", pair_smem="staggered")
 # compute-only, N > 16384, M >= 4096
 WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
@@ -136,7 +139,8 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
         an epilogue that reads a pair tile (dSwiGLU), with 32 or more M tiles, launches it with swizzle 8
         rastered along N (PINGPONG_PAIR_LOADS): the kernel's DRAM reads fell from 5.0 to 3.9 GB and its
         time from 1.256x to 1.186x cuBLAS at 16384x14336x4096, from 1.65 to 1.25 GB and 1.440x to
-        1.325x at 16384x8192x2048 (kernel alone, one run, benchmarks/results/sweep_raster_dswiglu_h100.json);
+        1.325x at 16384x8192x2048 (kernel alone, one run, benchmarks/results/sweep_raster_dswiglu_h100.json),
+        with its pair accesses in shared memory staggered (pair_smem, at PINGPONG_PAIR_LOADS);
     - the 2x1-cluster cooperative 128x256 config uses swizzle 8 with 32 or more M tiles (0-1.5 %
       faster than 4 in that sweep and at M = 8192 and 16384 in graphs_h100.json); with fewer the
       swizzled grid runs idle tiles: at 1024x28672x4096 swizzle 8 took 2.05-2.24x cuBLAS, 4 took

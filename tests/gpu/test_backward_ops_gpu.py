@@ -79,6 +79,7 @@ def build_items(sms: int | None = None) -> list:
             gemms += [(lm_head_ce.graph(False), "kk", (M, V, d)) for M, V, d in LM_SHAPES]
             gemms += [g for M, V, d in LM_SHAPES for s in (False, True)
                       for g in lm_head_ce.gemms(M, V, d, s, train=True, train_chunk_bytes=LM_TRAIN_CHUNK_BYTES)]
+            gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.dw_gemms(M, V, d, LM_TRAIN_CHUNK_BYTES)]
         items += auto_items(gemms, dtype, sms)
     return items
 
@@ -348,21 +349,24 @@ def _torch_lm_loss(target):
     return fn
 
 
+@pytest.mark.parametrize("dw", lm_head_ce.DW_BACKENDS)
 @pytest.mark.parametrize("scaled", [False, True], ids=["plain", "rstd"])
 @pytest.mark.parametrize("shape", LM_SHAPES, ids=lambda s: f"M{s[0]}-V{s[1]}-d{s[2]}")
-def test_lm_head_train_gradients(shape, scaled, report, monkeypatch):
+def test_lm_head_train_gradients(shape, scaled, dw, report, monkeypatch):
     """ops.lm_head_cross_entropy_loss's training path (gradients with the loss, three GEMMs, rows in chunks with
-    a partial last one) against fp32 autograd, with the rule; the loss equals the statistics op's."""
+    a partial last one; the weight gradient's GEMMs on either backend) against fp32 autograd, with the rule; the
+    loss equals the statistics op's."""
     monkeypatch.setattr(lm_head_ce, "TRAIN_CHUNK_BYTES", LM_TRAIN_CHUNK_BYTES)
     x, w, rstd, target = _lm_head_case(shape)
     rstd = rstd if scaled else None
     fused = lambda a, b, c: ops.lm_head_cross_entropy_loss(a, b, target, c)   # noqa: E731
-    with nan_memory():
+    with nan_memory(), lm_head_ce.dw_backend(dw):
         got = _lm_head_grads(x, w, rstd, target, fused)
     torch.cuda.synchronize()
     ref = _lm_head_grads(x.float(), w.float(), rstd, target, _torch_lm_loss(target))
     base = _lm_head_grads(x, w, rstd, target, _torch_lm_loss(target))
-    _check(f"lm_head_train-{'x'.join(map(str, shape))}-{'rstd' if scaled else 'plain'}", got, ref, base, report)
+    _check(f"lm_head_train-{'x'.join(map(str, shape))}-{'rstd' if scaled else 'plain'}-dw_{dw}", got, ref, base,
+           report)
     loss_train = ops.lm_head_cross_entropy_loss(x, w.detach().requires_grad_(), target, rstd)
     loss_stats, _ = ops.lm_head_cross_entropy(x, w, target, rstd)
     assert abs(loss_train.item() - loss_stats.item()) <= 1e-5 * abs(loss_stats.item())

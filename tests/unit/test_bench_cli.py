@@ -226,24 +226,25 @@ def test_lm_head_bench_prebuild_items_and_plot(tmp_path):
     assert (tmp_path / "lm_head2.png").stat().st_size > 10_000
 
 
-def test_lm_head_bench_chunk_budget_is_set_for_the_call_only(monkeypatch):
-    """coda_chunk<MB>: the training path's chunk budget is MB MiB during the call and restored after it, also when
-    the call raises."""
+def test_lm_head_bench_chunk_budget_and_dw_backend_are_set_for_the_call_only(monkeypatch):
+    """coda_chunk<MB> / coda_dw: the call gets the chunk budget (MB MiB) as its chunk_bytes and runs under the
+    weight-gradient backend asked for, restored after it, also when the call raises."""
     from benchmarks import bench_lm_head
     from coda_ext import ops
     from coda_ext.ops import lm_head_ce
 
     seen = []
-    before = lm_head_ce.TRAIN_CHUNK_BYTES
 
-    def fake_loss(*args):
-        seen.append(lm_head_ce.TRAIN_CHUNK_BYTES)
+    def fake_loss(*args, chunk_bytes=None):
+        seen.append((chunk_bytes, lm_head_ce._dw["backend"]))
         raise RuntimeError("stop")
 
     monkeypatch.setattr(ops, "lm_head_cross_entropy_loss", fake_loss)
-    with pytest.raises(RuntimeError, match="stop"):
-        bench_lm_head._with_chunk_budget(512)(None, None, None)
-    assert seen == [512 << 20] and lm_head_ce.TRAIN_CHUNK_BYTES == before
+    for mb, dw in ((512, "cublas"), (None, "coda"), (2048, "coda")):
+        with pytest.raises(RuntimeError, match="stop"):
+            bench_lm_head._with_chunk_budget(mb, dw)(None, None, None)
+    assert seen == [(512 << 20, "cublas"), (None, "coda"), (2048 << 20, "coda")]
+    assert lm_head_ce._dw["backend"] == "coda"
 
 
 def test_ptxas_usage_reads_the_gemm_entry_of_ptxas_output():

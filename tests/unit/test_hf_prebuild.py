@@ -18,6 +18,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import coda_ext.jit as jit  # noqa: E402  (after the importorskip)
+from coda_ext import graphs  # noqa: E402
 from coda_ext.hf import apply_coda_to_llama, prebuild_llama  # noqa: E402
 from coda_ext.hf.llama import step_kernels  # noqa: E402
 from coda_ext.jit import binding, cache, kernel_source, nvcc, paths  # noqa: E402
@@ -91,8 +92,9 @@ def in_cache(source: str) -> bool:
 @pytest.mark.parametrize("batch,seq,dw", [(2, 16, "cublas"), (4, 1024, "cublas"), (4, 1024, "coda")])
 def test_prebuild_builds_what_the_step_launches(builds, kernel_standin, capsys, batch, seq, dw):
     """The kernels prebuilt for B x S tokens are exactly those a training step launches (at 32 tokens
-    every GEMM takes the small-M configs; at 4096 four configs in two operand layouts, and five or more in
-    three with the project's own weight-gradient kernels, models.weight_grad_backend("coda")), all built in
+    every GEMM takes the small-M configs; at 4096 four configs or more in three operand layouts (the LM head's
+    fp32 weight gradient is a coda_ext kernel, lm_head_ce.dw_backend), and five or more with the layers' own
+    weight-gradient kernels too, models.weight_grad_backend("coda")), all built in
     one pool with the binding, JOBS at a time; the step then finds every kernel in the cache.
     Regression: the LM head's accumulating dX GEMM was listed for a vocabulary of one backward chunk,
     which never launches it (a kernel built for nothing)."""
@@ -117,7 +119,10 @@ def test_prebuild_builds_what_the_step_launches(builds, kernel_standin, capsys, 
     assert all(in_cache(s) for s in kernel_standin.sources)        # no kernel build after the prebuild
     if tokens >= 4096:   # the check covers several configs and layouts
         assert len({label.split(", ")[1] for label in want}) >= (5 if dw == "coda" else 4), want
-        assert any("_mn" in label for label in want) == (dw == "coda"), want
+        head_dw = {graphs.weight_grad_f32(a).build().digest() for a in (False, True)}   # the LM head's (default)
+        layers_dw = {label for label in want if "_mn" in label and label.split()[0] not in head_dw}
+        assert bool(layers_dw) == (dw == "coda"), want
+        assert any(label.split()[0] in head_dw for label in want), want
 
     lines = err.strip().splitlines()
     assert re.fullmatch(rf"coda_ext: a training step of this Llama at {tokens} tokens launches {len(built)} "

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coda_ext import ops
+from coda_ext import graphs, ops
 from coda_ext.ops import common, lm_head_ce
 from tests.helpers import rand
 
@@ -106,9 +106,41 @@ def test_train_chunk_rows_and_gemms():
     assert lm_head_ce.train_chunk_rows(16384, 128256, 512 * 2**20) == 2048
     assert lm_head_ce.train_chunk_rows(100, 128256) == 100             # never more rows than there are
     assert lm_head_ce.train_chunk_rows(16384, 2**24 - 8) == 128        # at least 128 rows
-    launched = lm_head_ce.gemms(5000, 128256, 2048, False, train=True)
+    launched = [g for g in lm_head_ce.gemms(5000, 128256, 2048, False, train=True) if g[1] == "kk"]
     assert [shape for _, _, shape in launched] == [(904, 128256, 2048), (4096, 128256, 2048)]
-    assert all(major == "kk" for _, major, _ in launched)
+
+
+def test_dw_backend_lists_its_kernels_and_refuses_unknown_names():
+    """Under dw_backend("coda") the training path's kernel list (prebuild's) carries the weight-gradient kernels:
+    per chunk height and accumulator half, the first chunk's plain product and the accumulating one."""
+    assert lm_head_ce._dw["backend"] == "coda"   # the default
+    with lm_head_ce.dw_backend("cublas"):
+        assert all(major == "kk" for _, major, _ in lm_head_ce.gemms(5000, 128256, 2048, False, train=True))
+    assert lm_head_ce._dw["backend"] == "coda"
+    launched = lm_head_ce.gemms(5000, 128256, 2048, False, train=True)
+    dw = [(g.build().digest(), major, shape) for g, major, shape in launched if major == "mn"]
+    plain, accumulate = (graphs.weight_grad_f32(a).build().digest() for a in (False, True))
+    assert sorted(dw) == sorted((graph, "mn", (64128, 2048, rows)) for rows in (904, 4096)
+                                for graph in (plain, accumulate))
+    assert {a for _, _, (_, _, a) in lm_head_ce.dw_gemms(100, 128256, 2048)} == {100}   # one chunk: no accumulation
+    assert len(lm_head_ce.dw_gemms(100, 128256, 2048)) == 1
+    with pytest.raises(ValueError, match="one of"), lm_head_ce.dw_backend("cutlass"):
+        pass
+
+
+def test_weight_grad_f32_graph_is_the_product_plus_the_accumulator():
+    """graphs.weight_grad_f32: no main output, an fp32 store of acc (+ the fp32 tile it accumulates into)."""
+    from coda_ext.graph.interpret import interpret
+
+    gen = torch.Generator().manual_seed(0)
+    A, W, prev = (torch.randn(*s, generator=gen, dtype=torch.float64) for s in ((5, 7), (6, 7), (5, 6)))
+    for accumulate in (False, True):
+        graph = graphs.weight_grad_f32(accumulate)
+        ir = graph.build()
+        assert [n.attr("dtype") for n in ir.nodes if n.kind == "store"] == ["float32"]
+        out = interpret(graph, A, W, compute_dtype=torch.float64, **({"acc": prev} if accumulate else {}))
+        assert set(out) == {"out"}
+        torch.testing.assert_close(out["out"], A @ W.t() + (prev if accumulate else 0), rtol=1e-12, atol=1e-12)
 
 
 # --- the custom op, with a CPU kernel that runs the algorithm on the reference GEMM ----------------------------

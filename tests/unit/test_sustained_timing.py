@@ -1,5 +1,6 @@
 """The sustained (power-limited) timing of the benchmarks, the clock summary of hf_step_anatomy and the config
 selection of sweep_backward, on the CPU (the GPU's events replaced by the host's clock)."""
+import dataclasses
 import time
 
 import pytest
@@ -59,10 +60,12 @@ def test_sweep_backward_takes_the_heuristics_config_and_filters_by_tag():
     auto = sweep_backward.heuristic_config(g)
     assert auto.major == "kn" == g.major       # the layout the op launches, not the default "kk"
     tags = [c.tag for c in sweep_backward.row_configs(g)]
-    assert auto.tag in tags and f"{auto.tag}_ec2d1" in tags and f"{auto.tag}_ec1d1" in tags
-    assert f"{auto.tag}_ec4d4" in tags and auto.tag.replace("_c1x1_", "_c1x1_e64x64_") in tags   # larger subtiles
-    assert auto.tag.replace("ping_", "ppo_") + "_ec2d1" in tags   # the overlap schedule, shallower epilogue stages
-    only = (auto.tag, f"{auto.tag}_ec2d1")
+    like = lambda **kw: dataclasses.replace(auto, **kw).tag   # noqa: E731
+    assert auto.tag in tags and like(epilogue_stages=(2, 1)) in tags and like(epilogue_stages=(1, 1)) in tags
+    assert like(epilogue_stages=(4, 4)) in tags and like(epilogue_tile=(64, 64)) in tags   # larger subtiles
+    assert like(schedule="overlap", epilogue_stages=(2, 1)) in tags   # the overlap schedule, shallower stages
+    assert auto.pair_smem == "staggered" and like(pair_smem="vector") in tags   # the pairs the other way
+    only = (auto.tag, like(epilogue_stages=(2, 1)))
     assert [c.tag for c in sweep_backward.row_configs(g, only)] == list(only)
     items = sweep_backward.build_items(("1B",), 16384, ("swiglu_backward_linear",), only)
     assert {cfg.tag for _, _, cfg in items} == set(only)   # the op's graph in both, its plain twin in the base

@@ -7,7 +7,8 @@ IO model describes are one graph.
     forward     the forward ops: linear_residual_norm, rms_linear, linear_swiglu, qkv_rope,
                 lm_head_cross_entropy (and its training form, lm_head_cross_entropy_train)
     backward    the backward GEMMs: linear (linear_residual, linear_dx, weight_grad),
-                rms_norm_backward_linear, swiglu_backward_linear, lm_head_cross_entropy_backward
+                rms_norm_backward_linear, swiglu_backward_linear, lm_head_cross_entropy_backward,
+                weight_grad_f32 (the training LM head's fp32 weight gradient, accumulated in place)
     epilogues   the README/demo example, the benchmark families and the ablation's graphs
     coverage    the GPU suite's graphs that, with the others, use every node kind
 """
@@ -17,6 +18,7 @@ from .backward import (
     pair_tile_read,
     rms_norm_backward_linear,
     swiglu_backward_linear,
+    weight_grad_f32,
 )
 from .coverage import binary, pair_gates, reductions, unary_a, unary_b
 from .epilogues import (
@@ -54,5 +56,5 @@ __all__ = [
     "lm_head_cross_entropy_backward", "lm_head_cross_entropy_train", "pair_gates", "pair_tile_read", "qkv_rope",
     "reductions", "rms_linear",
     "rms_norm_backward_linear", "rstd_scale", "rstd_swiglu", "silu_acc", "silu_aux_bias", "store_rowsum", "swiglu",
-    "swiglu_backward_linear", "unary_a", "unary_b",
+    "swiglu_backward_linear", "unary_a", "unary_b", "weight_grad_f32",
 ]

@@ -19,6 +19,18 @@ def linear(residual: bool, scaled: bool = False) -> Graph:
     return g
 
 
+def weight_grad_f32(accumulate: bool) -> Graph:
+    """A weight gradient kept in fp32 across chunks of rows (the training LM head's dW): no main output;
+
+        store "out" (fp32) = acc [+ tile "acc" (fp32)]
+
+    With accumulate the op may write "out" over "acc" itself (each element is read before it is written)."""
+    g = Graph()
+    acc = g.accumulator()
+    g.store("out", acc + g.tile("acc", "float32") if accumulate else acc, dtype="float32")
+    return g
+
+
 def rms_norm_backward_linear(accumulate: bool, store_n: bool = True, dgamma: bool = True) -> Graph:
     """RMSNorm backward in the dX GEMM that follows it (the ZdZ identity), acc = dz @ W = dL/dn:
 

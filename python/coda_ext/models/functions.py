@@ -25,7 +25,6 @@ the input dtype), so the autograd wiring is testable without a GPU.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -44,17 +43,10 @@ WEIGHT_GRAD_BACKENDS = ("cublas", "coda")
 _weight_grad = {"backend": "cublas"}
 
 
-@contextlib.contextmanager
 def weight_grad_backend(name: str):
-    """Within the block, the fused layers compute their weight gradients with `name` (WEIGHT_GRAD_BACKENDS)."""
-    if name not in WEIGHT_GRAD_BACKENDS:
-        raise ValueError(f"weight_grad_backend: name must be one of {WEIGHT_GRAD_BACKENDS}, got {name!r}")
-    before = _weight_grad["backend"]
-    _weight_grad["backend"] = name
-    try:
-        yield
-    finally:
-        _weight_grad["backend"] = before
+    """Within the block (a context manager), the fused layers compute their weight gradients with `name`
+    (WEIGHT_GRAD_BACKENDS)."""
+    return ops.common.switched(_weight_grad, name, WEIGHT_GRAD_BACKENDS, "weight_grad_backend")
 
 
 def _fused_weight_grad(dz: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

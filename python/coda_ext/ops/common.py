@@ -7,8 +7,9 @@ graphs, their fp32 references and the registrations live one op per module besid
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -51,6 +52,20 @@ def dispatch_free() -> bool:
             and not torch._C._is_torch_function_mode_enabled() and torch._C._len_torch_dispatch_stack() == 0
             and not torch.autograd.profiler._is_profiler_enabled
             and torch._C._functorch.peek_interpreter_stack() is None)   # no vmap or other torch.func transform
+
+
+@contextlib.contextmanager
+def switched(state: dict, name: str, choices: tuple[str, ...], what: str) -> Iterator[None]:
+    """Within the block state["backend"] is `name` (one of `choices`; `what`: the switch's name in the message),
+    restored after it: the process-wide backend switches (lm_head_ce.dw_backend, models.weight_grad_backend)."""
+    if name not in choices:
+        raise ValueError(f"{what}: name must be one of {choices}, got {name!r}")
+    before = state["backend"]
+    state["backend"] = name
+    try:
+        yield
+    finally:
+        state["backend"] = before
 
 
 def call(name: str, *args: Any) -> Any:

@@ -141,11 +141,13 @@ def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None, 
     """(graph, major, (M, N, K) as launched) of every GEMM a forward + backward of M tokens launches
     (for prebuild: coda_ext.runtime.auto_items). chunk_bytes: the backward's chunk budget (CHUNK_BYTES).
     train: lm_head_cross_entropy_loss's training path (bf16, 'mean'/'sum'; chunk budget train_chunk_bytes,
-    default TRAIN_CHUNK_BYTES): its coda_ext GEMM per chunk of rows (the other two are cuBLAS's); the exact
+    default TRAIN_CHUNK_BYTES): its coda_ext GEMM per chunk of rows (the other two are cuBLAS's, the weight
+    gradient's coda_ext's too under dw_backend("coda")); the exact
     path it falls back to on out-of-range logits builds on use."""
     if train:
         rows = train_chunk_rows(M, V, train_chunk_bytes)
-        return [(train_graph(scaled), "kk", (m, V, d)) for m in sorted({rows, M % rows} - {0})]
+        dw = dw_gemms(M, V, d, train_chunk_bytes) if _dw["backend"] == "coda" else []
+        return [(train_graph(scaled), "kk", (m, V, d)) for m in sorted({rows, M % rows} - {0})] + dw
     c = chunk_columns(M, V, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
     out = [(graph(scaled), "kk", (M, V, d))]
     for cols in sorted({c, V % c} - {0}):   # per chunk width: dlogits, dx, dx accumulated, dW
@@ -226,7 +228,8 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 #     M-element fix-up                e[m, target[m]] = (p_target − 1) · exp(lse)      (p = softmax)
 #                                     so that dlogits = g · exp(−lse) ⊙row e, with no pass over e
 #     GEMM 2 (cuBLAS, fp32 out)       dx = a ⊙row (e @ W),            a = g · exp(−lse) [· rstd]
-#     GEMM 3 (cuBLAS, fp32 accum)     dW += eᵀ @ (a ⊙row x)           (fp32 accumulator across chunks)
+#     GEMM 3 (cuBLAS, fp32 accum)     dW += eᵀ @ (a ⊙row x)           (fp32 accumulator across chunks; a coda_ext
+#                                     kernel under dw_backend("coda"), graphs.weight_grad_f32)
 #                                     drstd = g · exp(−lse) · Σ_k x ⊙ (e @ W)
 #
 # g is each row's loss gradient for dloss = 1 (1/n_valid for 'mean'); the backward scales the gradients by dloss
@@ -287,6 +290,45 @@ def _addmm_f32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc += a.float() @ b.float()
 
 
+#: Who runs the training path's weight-gradient GEMMs (dW += eᵀ @ y per chunk, fp32): "coda" (the default:
+#: graphs.weight_grad_f32 in a ping-pong kernel, the fp32 accumulator read and written in the epilogue, over the
+#: accumulator itself, hidden under the other warp group's MMAs) or "cublas" (torch.mm / torch.addmm with an fp32
+#: output: its epilogue's pass over the accumulator adds to the GEMM). The Llama-3 heads at 16384 tokens, 4096-row
+#: chunks, H200: 1.024x the three bare GEMMs against 1.071x (d 2048), 1.030x against 1.053x (d 4096)
+#: (benchmarks/results/lm_head_dw_h200.json). dw_backend() sets it for a block.
+DW_BACKENDS = ("cublas", "coda")
+_dw = {"backend": "coda"}
+
+
+def dw_backend(name: str):
+    """Within the block (a context manager), the training path's weight-gradient GEMMs run on `name`
+    (DW_BACKENDS)."""
+    return common.switched(_dw, name, DW_BACKENDS, "dw_backend")
+
+
+def _dw_gemm(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, backend: str) -> torch.Tensor:
+    """a @ b [+ acc] in fp32 (a = eᵀ rows (R, C) read along R, b = y (C, d)), written over acc when given: the
+    training path's weight-gradient GEMM of one chunk on `backend` (DW_BACKENDS)."""
+    if backend == "cublas":
+        if acc is None:
+            return _mm_f32(a, b)
+        _addmm_f32_(acc, a, b)
+        return acc
+    inputs = {} if acc is None else {"acc": acc}
+    op = common.check_gemm(NAME, graphs.weight_grad_f32, (acc is not None,), a, b.t(), inputs, "mn",
+                           ("e.t()", "y.t()"))
+    return op.launch(a, b.t(), inputs, {} if acc is None else {"out": acc}, a.shape[0], b.shape[1],
+                     aliases={"out": "acc"}).out
+
+
+def dw_gemms(M: int, V: int, d: int, chunk_bytes: int | None = None) -> list:
+    """(graph, major, (M, N, K)) of the training path's weight-gradient kernels (dw_backend "coda") at M tokens."""
+    rows = train_chunk_rows(M, V, chunk_bytes)
+    heights = sorted({r.stop - r.start for r in accumulator_halves(V, torch.bfloat16)})
+    return [(graphs.weight_grad_f32(accumulate), "mn", (h, d, c)) for c in sorted({rows, M % rows} - {0})
+            for h in heights for accumulate in ((False, True) if M > rows else (False,))]
+
+
 def _train_gemm(x, weight, target, rstd, reduction):
     """The training forward's GEMM as common.check_gemm takes it (the whole rows; chunks are slices of them)."""
     _check_head(weight, target, reduction)
@@ -326,8 +368,9 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
     accumulates in fp32 and is returned in the weight's dtype (weight_gradient); in_range (a bool read on the host
     after every kernel is queued): whether every counted row's |lse| ≤ LSE_RANGE, which the result needs.
     logits_chunk(x_c, weight, target_c, rstd_c) -> (e, lse, target_logit): the GEMM (default the kernel;
-    the CPU tests pass a reference)."""
+    the CPU tests pass a reference, which also keeps the weight gradient's GEMMs in torch)."""
     step = logits_chunk or _logits_chunk
+    dw = "cublas" if logits_chunk is not None else _dw["backend"]   # a reference step: torch's GEMMs throughout
     M = x.shape[0]
     check = None
     _, g = row_gradients(torch.ones((), device=x.device), None, target, ignore_index, reduction)
@@ -356,11 +399,7 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
         if rc is not None:
             drstd[rows] = dr
         et = e.t()
-        if dW is None:
-            dW = [_mm_f32(et[r], y) for r in halves]
-        else:
-            for acc, r in zip(dW, halves, strict=True):
-                _addmm_f32_(acc, et[r], y)
+        dW = [_dw_gemm(et[r], y, None if dW is None else dW[i], dw) for i, r in enumerate(halves)]
         del e, et, ew, y   # the last chunk's buffers go before dW is converted (the op's peak)
     dW = weight_gradient(*dW, weight.dtype) if len(dW) == 2 else dW[0].to(weight.dtype)
     return finish(lse, tl, target, ignore_index, reduction), lse, dx, dW, drstd, check.passed()
