@@ -63,7 +63,8 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
     with loads, `auto` (else ping-pong 128x128) and ping-pong 128x192 2x1 again with the STAGED load stages, and
     `auto` and handoff 128x128 2x1 with the tile inputs read straight into registers (tile_loads="direct": no shared
     memory, so the mainloop gets its stages back); with pairs, `auto` with the pair tiles and pair stores accessed
-    the other way (pair_smem "staggered" 4-byte halves, free of bank conflicts, or "vector" 8-byte accesses).
+    the other way (pair_smem "staggered" 4-byte halves, free of bank conflicts, or "vector" 8-byte accesses);
+    with loads also `auto` with epilogue_cache="evict_first" (its tiles' L2 lines go first).
     `only`: keep only the configs with these tags."""
     import dataclasses
 
@@ -81,6 +82,8 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
          if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))] + \
         [K(**HANDOFF, major=major, epilogue_stages=(2, 1)), dataclasses.replace(staged, tile_loads="direct"),
          K(**HANDOFF, major=major, epilogue_stages=(2, 1), tile_loads="direct")]
+    if loads:   # `auto` with its TMA tile loads and stores marked evict-first in L2
+        out = out + [dataclasses.replace(staged, epilogue_cache="evict_first")]
     if pairs:   # the other way of accessing the pairs than `auto`'s
         other = "vector" if staged.pair_smem == "staggered" else "staggered"
         out = out + [dataclasses.replace(staged, pair_smem=other)]

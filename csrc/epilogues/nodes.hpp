@@ -19,6 +19,7 @@
 #include "column_partials.hpp"
 #include "coordinates.hpp"
 #include "direct_tile_load.hpp"
+#include "evict_first.hpp"
 #include "pair_gated_store.hpp"
 #include "row_lse_partials.hpp"
 #include "segment_reduce.hpp"
@@ -75,6 +76,7 @@ struct TileLoad {
   using Node = fusion::Sm90AuxLoad<Desc::Stages, typename Desc::EpilogueTile, T, typename Desc::Stride,
                                    typename Desc::SmemLayoutAtom, typename Desc::CopyOpS2R,
                                    128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
+  static constexpr int kStages = Desc::Stages;
   static typename Node::Arguments args(CodaSlot const& s) {
     return {const_ptr<T>(s), T(0), {s.ld, cute::_1{}, int64_t(0)}};
   }
@@ -95,6 +97,7 @@ struct TileLoadDirect {
 template <class Cfg, class T>
 struct TileLoadStaggered {
   using Node = StaggeredAuxLoad<typename TileLoad<Cfg, T>::Node, TileLoad<Cfg, T>::Desc::Stages>;
+  static constexpr int kStages = TileLoad<Cfg, T>::kStages;
   static typename Node::Arguments args(CodaSlot const& s) { return TileLoad<Cfg, T>::args(s); }
 };
 
@@ -105,6 +108,7 @@ struct TileStore {
   using Node = fusion::Sm90AuxStore<Desc::Stages, typename Desc::EpilogueTile, T, kRound, typename Desc::Stride,
                                     typename Desc::SmemLayoutAtom, typename Desc::CopyOpR2S,
                                     128 / cutlass::sizeof_bits<T>::value, /*EnableNullptr=*/false>;
+  static constexpr int kStages = Desc::Stages;
   static typename Node::Arguments args(CodaSlot const& s) {
     return {static_cast<T*>(s.ptr), {s.ld, cute::_1{}, int64_t(0)}};
   }
@@ -115,7 +119,21 @@ struct TileStore {
 template <class Cfg, class T>
 struct TileStoreStaggered {
   using Node = StaggeredAuxStore<typename TileStore<Cfg, T>::Node, TileStore<Cfg, T>::Desc::Stages>;
+  static constexpr int kStages = TileStore<Cfg, T>::kStages;
   static typename Node::Arguments args(CodaSlot const& s) { return TileStore<Cfg, T>::args(s); }
+};
+
+// A TMA tile load (TileLoad, TileLoadStaggered) or store (TileStore, TileStoreStaggered) whose copies carry the L2
+// evict-first hint (evict_first.hpp): KernelConfig(epilogue_cache="evict_first").
+template <class W>
+struct EvictFirstLoad {
+  using Node = EvictFirstAuxLoad<typename W::Node, W::kStages>;
+  static typename Node::Arguments args(CodaSlot const& s) { return W::args(s); }
+};
+template <class W>
+struct EvictFirstStore {
+  using Node = EvictFirstAuxStore<typename W::Node, W::kStages>;
+  static typename Node::Arguments args(CodaSlot const& s) { return W::args(s); }
 };
 
 // An element-wise op (fp32 in and out).

@@ -40,6 +40,10 @@ TILE_LOADS = ("tma", "direct")
 #: 4-byte accesses, the halves in opposite orders on rows of opposite parity: conflict-free;
 #: csrc/epilogues/staggered_pairs.hpp).
 PAIR_SMEM = ("vector", "staggered")
+#: The L2 policy of the epilogue's TMA tile loads and stores: "normal", or "evict_first" (each line read or
+#: written once goes before the mainloop operands' lines: csrc/epilogues/evict_first.hpp). The main output D,
+#: stored by CUTLASS's collective, keeps the normal policy.
+EPILOGUE_CACHE = ("normal", "evict_first")
 #: The most shared-memory stages KernelConfig.epilogue_stages gives the epilogue's loads or stores.
 MAX_EPILOGUE_STAGES = 8
 
@@ -75,7 +79,8 @@ class KernelConfig:
     major = "kk" | "kn" | "mk" | "mn": the contiguous dimension of A (M, K) and of W (N, K) (MAJORS);
     the op reads each operand in that layout, so a transposed view needs no copy. tile_loads = "tma" | "direct":
     how the epilogue reads its tile inputs (TILE_LOADS); pair_smem = "vector" | "staggered": how it accesses
-    its 32-bit pair tiles and pair stores in shared memory (PAIR_SMEM).
+    its 32-bit pair tiles and pair stores in shared memory (PAIR_SMEM); epilogue_cache = "normal" |
+    "evict_first": the L2 policy of its TMA tile loads and stores (EPILOGUE_CACHE).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
     csrc/kernels/wide_swizzle.cuh, and not for stream-K) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
@@ -91,6 +96,7 @@ class KernelConfig:
     epilogue_stages: tuple[int, int] | None = None
     tile_loads: str = "tma"
     pair_smem: str = "vector"
+    epilogue_cache: str = "normal"
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
@@ -139,6 +145,9 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: tile_loads must be one of {TILE_LOADS}, got {self.tile_loads!r}")
         if self.pair_smem not in PAIR_SMEM:
             raise UnsupportedError(f"KernelConfig: pair_smem must be one of {PAIR_SMEM}, got {self.pair_smem!r}")
+        if self.epilogue_cache not in EPILOGUE_CACHE:
+            raise UnsupportedError(f"KernelConfig: epilogue_cache must be one of {EPILOGUE_CACHE}, got "
+                                   f"{self.epilogue_cache!r}")
         if self.major not in MAJORS:
             raise UnsupportedError(f"KernelConfig: major must be one of {MAJORS} (the contiguous dimension of A "
                                    f"and of W), got {self.major!r}")
@@ -171,6 +180,8 @@ class KernelConfig:
             tag += "_dl"
         if self.pair_smem != "vector":
             tag += "_ps"
+        if self.epilogue_cache != "normal":
+            tag += "_ef"
         return tag
 
 

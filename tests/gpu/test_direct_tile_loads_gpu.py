@@ -1,7 +1,9 @@
 """KernelConfig(tile_loads="direct") on an SM90 GPU: the epilogue's tile inputs read from global memory straight
 into registers, a subtile ahead (csrc/epilogues/direct_tile_load.hpp), instead of TMA loads through shared memory;
 and KernelConfig(pair_smem="staggered"): the 32-bit pair tiles and pair stores accessed in shared memory as two
-staggered 4-byte halves (csrc/epilogues/staggered_pairs.hpp) instead of one 8-byte access.
+staggered 4-byte halves (csrc/epilogues/staggered_pairs.hpp) instead of one 8-byte access; and
+KernelConfig(epilogue_cache="evict_first"): the epilogue's TMA tile loads and stores with the L2 evict-first hint
+(csrc/epilogues/evict_first.hpp).
 
 Every output equals the TMA-loading kernel's of the same config bit for bit (the same values reach the same
 epilogue math), at shapes that are no tile multiple (the loads are predicated on the problem's bounds) with a few
@@ -46,12 +48,19 @@ def cases() -> list:
 
 
 #: the variants each case runs beside the TMA-loading, vector-accessing kernel; "staggered" only where the
-#: graph has pair tiles or pair stores (the dSwiGLU)
-VARIANTS = {"direct": dict(tile_loads="direct"), "staggered": dict(pair_smem="staggered")}
+#: graph has pair tiles or pair stores (the dSwiGLU); "evict_first" (the epilogue's TMA loads and stores with the
+#: L2 evict-first hint, csrc/epilogues/evict_first.hpp) for the backward graphs in CUTLASS's collectives, and
+#: with the staggered pairs together ("staggered_ef", "auto"'s dSwiGLU with the hint)
+VARIANTS = {"direct": dict(tile_loads="direct"), "staggered": dict(pair_smem="staggered"),
+            "evict_first": dict(epilogue_cache="evict_first"),
+            "staggered_ef": dict(pair_smem="staggered", epilogue_cache="evict_first")}
 
 
-def variants(name: str) -> tuple:
-    return ("tma", "direct", "staggered") if name == "dswiglu" else ("tma", "direct")
+def variants(name: str, cfg: str = "ping") -> tuple:
+    hinted = ("evict_first",) if name in ("dswiglu", "rms_backward") and cfg in CONFIGS else ()
+    if name == "dswiglu":
+        return ("tma", "direct", "staggered") + hinted + (("staggered_ef",) if hinted else ())
+    return ("tma", "direct") + hinted
 
 
 def config(name: str, cfg: str, variant: str) -> ce.KernelConfig:
@@ -60,7 +69,7 @@ def config(name: str, cfg: str, variant: str) -> ce.KernelConfig:
 
 def build_items() -> list:
     """(graph, dtype, config) of every kernel these tests launch, for `python -m coda_ext prebuild`."""
-    return [(GRAPHS[g][0](), "bfloat16", config(g, c, v)) for g, c in cases() for v in variants(g)]
+    return [(GRAPHS[g][0](), "bfloat16", config(g, c, v)) for g, c in cases() for v in variants(g, c)]
 
 
 @pytest.fixture(scope="module")
@@ -68,16 +77,17 @@ def ops():
     from coda_ext.runtime import prebuild
 
     prebuild(build_items(), jobs=os.cpu_count())
-    return {(g, c, v): ce.compile(GRAPHS[g][0](), "bfloat16", config(g, c, v)) for g, c in cases() for v in variants(g)}
+    return {(g, c, v): ce.compile(GRAPHS[g][0](), "bfloat16", config(g, c, v)) for g, c in cases()
+            for v in variants(g, c)}
 
 
 @pytest.mark.parametrize("M,N,K,sms", SHAPES, ids=[f"{m}x{n}x{k}_sm{s}" for m, n, k, s in SHAPES])
 @pytest.mark.parametrize("name,cfg", cases(), ids=[f"{g}-{c}" for g, c in cases()])
-def test_direct_and_staggered_are_bit_identical_to_tma_and_within_the_rule(ops, name, cfg, M, N, K, sms):
+def test_variants_are_bit_identical_to_tma_and_within_the_rule(ops, name, cfg, M, N, K, sms):
     base = ops[(name, cfg, "tma")]
     A, W, inputs = rand.op_inputs(base, M, N, K, rand.generator("direct", name, M, N, K, device="cuda"))
     want = run(base, A, W, inputs, M, N, sms)
-    for variant in variants(name)[1:]:
+    for variant in variants(name, cfg)[1:]:
         op = ops[(name, cfg, variant)]
         label = f"{name}/{cfg}/{variant}/{M}x{N}x{K}/sm{sms}"
         got = run(op, A, W, inputs, M, N, sms)

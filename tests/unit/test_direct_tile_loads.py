@@ -1,7 +1,8 @@
-"""KernelConfig(tile_loads="direct") and KernelConfig(pair_smem="staggered") without a GPU: the tile inputs are
-emitted as the register-loading node (csrc/epilogues/direct_tile_load.hpp) and take no shared memory in the stage
-plan; the pair tiles and pair stores as the staggered-access nodes (csrc/epilogues/staggered_pairs.hpp); each has
-its own tag; bad values are refused with the choices."""
+"""KernelConfig(tile_loads="direct"), KernelConfig(pair_smem="staggered") and KernelConfig(epilogue_cache=
+"evict_first") without a GPU: the tile inputs are emitted as the register-loading node
+(csrc/epilogues/direct_tile_load.hpp) and take no shared memory in the stage plan; the pair tiles and pair stores as
+the staggered-access nodes (csrc/epilogues/staggered_pairs.hpp); the TMA tile loads and stores inside the
+evict-first nodes (csrc/epilogues/evict_first.hpp); each has its own tag; bad values are refused with the choices."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ import pytest
 import coda_ext as ce
 from coda_ext import graphs
 from coda_ext.codegen import constraints
-from coda_ext.config import PAIR_SMEM, TILE_LOADS
+from coda_ext.config import EPILOGUE_CACHE, PAIR_SMEM, TILE_LOADS
 from coda_ext.graph.canonical import as_ir
 from coda_ext.passes import lower
 
@@ -85,3 +86,29 @@ def test_pair_smem_values_tag_and_emitted_nodes():
     assert "TileLoadDirect<Cfg, float>" in both and "TileStoreStaggered<Cfg, float>" in both
     nodes = (ROOT / "csrc" / "epilogues" / "nodes.hpp").read_text()
     assert "struct TileLoadStaggered {" in nodes and "struct TileStoreStaggered {" in nodes
+
+
+def test_epilogue_cache_values_tag_and_emitted_nodes():
+    """epilogue_cache="evict_first" wraps every TMA tile load and store of the epilogue (staggered or not) in the
+    evict-first nodes; tiles read directly, reductions and vectors keep theirs."""
+    assert EPILOGUE_CACHE == ("normal", "evict_first") and PING.epilogue_cache == "normal"
+    hinted = dataclasses.replace(PING, epilogue_cache="evict_first")
+    assert hinted.tag == PING.tag + "_ef"
+    assert dataclasses.replace(hinted, pair_smem="staggered").tag == PING.tag + "_ps_ef"
+    with pytest.raises(ce.UnsupportedError, match=r"epilogue_cache must be one of \('normal', 'evict_first'\), "
+                                                 r"got 'evict_last'"):
+        ce.KernelConfig(epilogue_cache="evict_last")
+    dswiglu = graphs.swiglu_backward_linear()
+    src = ce.emit_source(dswiglu, "bfloat16", dataclasses.replace(hinted, pair_smem="staggered"))
+    assert "EvictFirstLoad<TileLoadStaggered<Cfg, float>>" in src
+    assert "EvictFirstStore<TileStoreStaggered<Cfg, float>>" in src
+    assert "EvictFirstStore<TileStore<Cfg, cutlass::bfloat16_t>>" in src   # y
+    rms = ce.emit_source(graphs.rms_norm_backward_linear(True), "bfloat16", hinted)
+    assert rms.count("EvictFirstLoad<TileLoad<Cfg, cutlass::bfloat16_t>>") == 2   # x and dx_in
+    assert "EvictFirstStore<TileStore<Cfg, cutlass::bfloat16_t>>" in rms          # n
+    assert "EvictFirst" not in ce.emit_source(graphs.rms_norm_backward_linear(True), "bfloat16", PING)
+    direct = ce.emit_source(dswiglu, "bfloat16", dataclasses.replace(hinted, tile_loads="direct"))
+    assert "TileLoadDirect<Cfg, float>" in direct and "EvictFirstLoad" not in direct
+    assert "EvictFirstStore<TileStore<Cfg, float>>" in direct
+    nodes = (ROOT / "csrc" / "epilogues" / "nodes.hpp").read_text()
+    assert "struct EvictFirstLoad {" in nodes and "struct EvictFirstStore {" in nodes

@@ -45,11 +45,22 @@ def float_literal(x: float) -> str:
     return f"{x!r}f" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0f"
 
 
-def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False, staggered_pairs: bool = False) -> str:
+def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False, staggered_pairs: bool = False,
+               evict_first: bool = False) -> str:
     """The wrapper type (nodes.hpp) implementing one IR node: its kind's C++ name (kinds.py) with the
     template arguments its attributes give; tile inputs read straight into registers with direct_loads
     (KernelConfig.tile_loads), pair tiles and pair stores through staggered shared-memory accesses with
-    staggered_pairs (KernelConfig.pair_smem)."""
+    staggered_pairs (KernelConfig.pair_smem), TMA tile loads and stores with the L2 evict-first hint with
+    evict_first (KernelConfig.epilogue_cache)."""
+    alias = _node_alias(node, check_oob, direct_loads, staggered_pairs)
+    if evict_first and node.kind in ("tile", "pair_tile") and not direct_loads:
+        return f"EvictFirstLoad<{alias}>"
+    if evict_first and node.kind in ("store", "pair_store"):
+        return f"EvictFirstStore<{alias}>"
+    return alias
+
+
+def _node_alias(node: ir.Node, check_oob: bool, direct_loads: bool, staggered_pairs: bool) -> str:
     k = node.kind
     kind = KINDS.get(k)
     if kind is None or kind.cpp is None:
@@ -116,7 +127,8 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
             what += f" {node.name!r}"
         check = op.node < 0 or node.kind not in ("row_reduce", "col_reduce") or \
             reduction_needs_bounds_check(graph, op.node)
-        alias = node_alias(node, check, config.tile_loads == "direct", config.pair_smem == "staggered")
+        alias = node_alias(node, check, config.tile_loads == "direct", config.pair_smem == "staggered",
+                           config.epilogue_cache == "evict_first")
         aliases.append((f"using n{o} = {alias};", what))
     width = max(len(a) for a, _ in aliases)
     alias_lines = [f"{a.ljust(width)}  // {w}" for a, w in aliases]
