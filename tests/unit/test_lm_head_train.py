@@ -128,6 +128,28 @@ def test_dw_backend_lists_its_kernels_and_refuses_unknown_names():
         pass
 
 
+def test_dw_kernel_takes_heads_whose_halves_are_16_byte_aligned(monkeypatch):
+    """The kernel reads each accumulator half of exp(logits)ᵀ along V: V/2 must be a multiple of 8 (bf16), else the
+    head's weight gradient stays with cuBLAS (listed nowhere, and the training path does not launch it).
+    Regression: V = 50264 (a multiple of 8, V/2 = 25132 is not) was handed to the kernel, whose operand check raised."""
+    assert lm_head_ce.dw_kernel_fits(128256, 4096) and lm_head_ce.dw_kernel_fits(32000, 2048)
+    assert not lm_head_ce.dw_kernel_fits(50264, 768)      # V/2 = 25132
+    assert not lm_head_ce.dw_kernel_fits(128256, 4100)    # d not a multiple of 8
+    assert lm_head_ce.dw_gemms(4096, 50264, 768) == []
+    assert all(g[1] == "kk" for g in lm_head_ce.gemms(4096, 50264, 768, False, train=True))
+    launched = []
+    monkeypatch.setattr(lm_head_ce, "_dw_gemm", lambda a, b, acc, backend: launched.append(backend) or (
+        lm_head_ce._mm_f32(a, b) if acc is None else acc.add_(lm_head_ce._mm_f32(a, b))))
+    monkeypatch.setattr(lm_head_ce, "_logits_chunk", reference_step)
+    gen = rand.generator("dw_kernel_fits")
+    x = rand.randn(gen, 40, 16, dtype=torch.bfloat16)
+    for V, want in ((72, "cublas"), (80, "coda")):   # V/2 = 36: not a multiple of 8; 40: one
+        w = rand.randn(gen, V, 16, dtype=torch.bfloat16, scale=0.25)
+        launched.clear()
+        lm_head_ce.train_gradients(x, w, rand.targets(gen, 40, vocab=V), None, -100, "mean", 16)
+        assert len(launched) == 6 and set(launched) == {want}   # 3 chunks x 2 halves
+
+
 def test_weight_grad_f32_graph_is_the_product_plus_the_accumulator():
     """graphs.weight_grad_f32: no main output, an fp32 store of acc (+ the fp32 tile it accumulates into)."""
     from coda_ext.graph.interpret import interpret

@@ -321,8 +321,20 @@ def _dw_gemm(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, backend
                      aliases={"out": "acc"}).out
 
 
+def dw_kernel_fits(V: int, d: int, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the weight gradient's kernel takes this head: it reads each accumulator half's rows of exp(logits)ᵀ
+    along the vocabulary (its M) and y along d (its N), so each half must start and end on 16 bytes (V/2 and d
+    multiples of 8 for 16-bit values); else that head's weight gradient stays with cuBLAS."""
+    per16 = 16 // dtype.itemsize
+    return d % per16 == 0 and all(r.start % per16 == 0 and (r.stop - r.start) % per16 == 0
+                                  for r in accumulator_halves(V, dtype))
+
+
 def dw_gemms(M: int, V: int, d: int, chunk_bytes: int | None = None) -> list:
-    """(graph, major, (M, N, K)) of the training path's weight-gradient kernels (dw_backend "coda") at M tokens."""
+    """(graph, major, (M, N, K)) of the training path's weight-gradient kernels (dw_backend "coda") at M tokens:
+    none where dw_kernel_fits says cuBLAS runs them."""
+    if not dw_kernel_fits(V, d):
+        return []
     rows = train_chunk_rows(M, V, chunk_bytes)
     heights = sorted({r.stop - r.start for r in accumulator_halves(V, torch.bfloat16)})
     return [(graphs.weight_grad_f32(accumulate), "mn", (h, d, c)) for c in sorted({rows, M % rows} - {0})
@@ -371,6 +383,8 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
     the CPU tests pass a reference, which also keeps the weight gradient's GEMMs in torch)."""
     step = logits_chunk or _logits_chunk
     dw = "cublas" if logits_chunk is not None else _dw["backend"]   # a reference step: torch's GEMMs throughout
+    if not dw_kernel_fits(*weight.shape, weight.dtype):
+        dw = "cublas"
     M = x.shape[0]
     check = None
     _, g = row_gradients(torch.ones((), device=x.device), None, target, ignore_index, reduction)
