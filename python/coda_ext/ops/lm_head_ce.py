@@ -136,6 +136,12 @@ def chunk_columns(M: int, V: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     return min(cols, (V + 7) // 8 * 8)
 
 
+def chunk_sizes(total: int, step: int) -> list[int]:
+    """The distinct sizes of the chunks `total` splits into, `step` at a time (step <= total): step, and the
+    partial last chunk's if any (each size its own launch shape)."""
+    return sorted({step, total % step} - {0})
+
+
 def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None, train: bool = False,
           train_chunk_bytes: int | None = None) -> list:
     """(graph, major, (M, N, K) as launched) of every GEMM a forward + backward of M tokens launches
@@ -147,10 +153,10 @@ def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None, 
     if train:
         rows = train_chunk_rows(M, V, train_chunk_bytes)
         dw = dw_gemms(M, V, d, train_chunk_bytes) if _dw["backend"] == "coda" else []
-        return [(train_graph(scaled), "kk", (m, V, d)) for m in sorted({rows, M % rows} - {0})] + dw
+        return [(train_graph(scaled), "kk", (m, V, d)) for m in chunk_sizes(M, rows)] + dw
     c = chunk_columns(M, V, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
     out = [(graph(scaled), "kk", (M, V, d))]
-    for cols in sorted({c, V % c} - {0}):   # per chunk width: dlogits, dx, dx accumulated, dW
+    for cols in chunk_sizes(V, c):   # per chunk width: dlogits, dx, dx accumulated, dW
         accumulate = [(linear_grad.graph(True), "kn", (M, d, cols))] if V > c else []   # from the second chunk on
         out += [(backward_graph(scaled), "kk", (M, cols, d)), (linear_grad.graph(False), "kn", (M, d, cols)),
                 *accumulate, (linear_grad.graph(False), "mn", (cols, d, M))]
@@ -337,7 +343,7 @@ def dw_gemms(M: int, V: int, d: int, chunk_bytes: int | None = None) -> list:
         return []
     rows = train_chunk_rows(M, V, chunk_bytes)
     heights = sorted({r.stop - r.start for r in accumulator_halves(V, torch.bfloat16)})
-    return [(graphs.weight_grad_f32(accumulate), "mn", (h, d, c)) for c in sorted({rows, M % rows} - {0})
+    return [(graphs.weight_grad_f32(accumulate), "mn", (h, d, c)) for c in chunk_sizes(M, rows)
             for h in heights for accumulate in ((False, True) if M > rows else (False,))]
 
 
