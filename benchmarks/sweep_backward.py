@@ -35,6 +35,12 @@ STAGED = ((6, 2), (8, 2), (2, 1), (1, 1), (4, 4))
 #: rounds of the per-subtile load wait, shared-memory fence, barrier and TMA store issue, for an epilogue whose time
 #: per tile (not its bytes) exceeds the other warp group's mainloop (the 1B dSwiGLU at K = 2048).
 EPILOGUE_TILES = ((64, 64), (64, 128))
+#: Variants of `auto` (its pair accesses kept) where the epilogue loads tiles, for MMA warps that wait on operand
+#: stages while the epilogue streams its tiles through L2 (docs/measured.md): a smaller epilogue subtile (64 x 16:
+#: half the epilogue's shared memory, a sixth mainloop stage for the dSwiGLU in 128 x 128), and clusters whose CTAs
+#: share operand loads (2 x 1: W multicast, 2 x 2: A and W; fewer operand bytes read from L2 per MMA).
+LEAN = (dict(epilogue_tile=(64, 16)), dict(epilogue_tile=(64, 16), epilogue_stages=(8, 2)), dict(cluster=(2, 1)),
+        dict(cluster=(2, 2)))
 #: The overlap schedule (two warp groups' epilogues may run at once: twice the epilogue's throughput per tile)
 #: with shallower epilogue stages, so that its two copies of the epilogue's shared memory leave the mainloop as many
 #: stages as ping-pong's one copy does (the dSwiGLU in 128 x 128: 5; at CUTLASS's (4, 2) the overlap kernel had 3).
@@ -64,7 +70,9 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
     `auto` and handoff 128x128 2x1 with the tile inputs read straight into registers (tile_loads="direct": no shared
     memory, so the mainloop gets its stages back); with pairs, `auto` with the pair tiles and pair stores accessed
     the other way (pair_smem "staggered" 4-byte halves, free of bank conflicts, or "vector" 8-byte accesses);
-    with loads also `auto` with epilogue_cache="evict_first" (its tiles' L2 lines go first).
+    with loads also `auto` with epilogue_cache="evict_first" (its tiles' L2 lines go first) and "prefetch" (each tile's
+    inputs asked of L2 as the producer warp starts it), with tile_stores="direct" (its tile outputs written from
+    registers), and the LEAN variants.
     `only`: keep only the configs with these tags."""
     import dataclasses
 
@@ -82,8 +90,11 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
          if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))] + \
         [K(**HANDOFF, major=major, epilogue_stages=(2, 1)), dataclasses.replace(staged, tile_loads="direct"),
          K(**HANDOFF, major=major, epilogue_stages=(2, 1), tile_loads="direct")]
-    if loads:   # `auto` with its TMA tile loads and stores marked evict-first in L2
-        out = out + [dataclasses.replace(staged, epilogue_cache="evict_first")]
+    if loads:   # `auto` with its TMA tile loads and stores marked evict-first in L2, its tiles prefetched into L2;
+        # the LEAN variants
+        out = out + [dataclasses.replace(staged, epilogue_cache=c) for c in ("evict_first", "prefetch")] + \
+            [dataclasses.replace(staged, tile_stores="direct")] + \
+            [dataclasses.replace(staged, **v) for v in LEAN if staged.schedule == "pingpong"]
     if pairs:   # the other way of accessing the pairs than `auto`'s
         other = "vector" if staged.pair_smem == "staggered" else "staggered"
         out = out + [dataclasses.replace(staged, pair_smem=other)]

@@ -35,15 +35,22 @@ RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
 #: read back per subtile) or "direct" (each thread's elements straight from global memory into registers,
 #: a subtile ahead; no shared memory: csrc/epilogues/direct_tile_load.hpp).
 TILE_LOADS = ("tma", "direct")
+#: How the epilogue writes its tile outputs (store and pair_store nodes): "tma" (staged in shared memory, one TMA
+#: store per subtile) or "direct" (each thread's fragment written from registers at the end of each subtile; no
+#: shared memory, barrier or TMA: csrc/epilogues/variants/direct_store.hpp). The main output D keeps the collective's
+#: TMA store.
+TILE_STORES = ("tma", "direct")
 #: How the epilogue's threads access the 32-bit pair tiles and pair stores in shared memory: "vector" (CUTLASS's
 #: copy, one 8-byte access per column pair: 2-way bank conflicts under the 128-byte swizzle) or "staggered" (two
 #: 4-byte accesses, the halves in opposite orders on rows of opposite parity: conflict-free;
 #: csrc/epilogues/staggered_pairs.hpp).
 PAIR_SMEM = ("vector", "staggered")
-#: The L2 policy of the epilogue's TMA tile loads and stores: "normal", or "evict_first" (each line read or
-#: written once goes before the mainloop operands' lines: csrc/epilogues/evict_first.hpp). The main output D,
-#: stored by CUTLASS's collective, keeps the normal policy.
-EPILOGUE_CACHE = ("normal", "evict_first")
+#: The L2 policy of the epilogue's TMA tile loads and stores: "normal", "evict_first" (each line read or
+#: written once goes before the mainloop operands' lines: csrc/epilogues/evict_first.hpp; the main output D,
+#: stored by CUTLASS's collective, keeps the normal policy) or "prefetch" (the producer warp asks L2 for a
+#: whole tile's inputs as it starts the tile, before their shared-memory stages free up:
+#: csrc/epilogues/variants/l2_prefetch.hpp; TMA tile loads only).
+EPILOGUE_CACHE = ("normal", "evict_first", "prefetch")
 #: The most shared-memory stages KernelConfig.epilogue_stages gives the epilogue's loads or stores.
 MAX_EPILOGUE_STAGES = 8
 
@@ -78,9 +85,10 @@ class KernelConfig:
     producer warp fetch more of a tile's inputs while the mainloop runs, at the mainloop's expense.
     major = "kk" | "kn" | "mk" | "mn": the contiguous dimension of A (M, K) and of W (N, K) (MAJORS);
     the op reads each operand in that layout, so a transposed view needs no copy. tile_loads = "tma" | "direct":
-    how the epilogue reads its tile inputs (TILE_LOADS); pair_smem = "vector" | "staggered": how it accesses
+    how the epilogue reads its tile inputs (TILE_LOADS); tile_stores = "tma" | "direct": how it writes its tile
+    outputs (TILE_STORES); pair_smem = "vector" | "staggered": how it accesses
     its 32-bit pair tiles and pair stores in shared memory (PAIR_SMEM); epilogue_cache = "normal" |
-    "evict_first": the L2 policy of its TMA tile loads and stores (EPILOGUE_CACHE).
+    "evict_first" | "prefetch": the L2 policy of its TMA tile loads and stores (EPILOGUE_CACHE).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
     csrc/kernels/wide_swizzle.cuh, and not for stream-K) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
@@ -97,6 +105,7 @@ class KernelConfig:
     tile_loads: str = "tma"
     pair_smem: str = "vector"
     epilogue_cache: str = "normal"
+    tile_stores: str = "tma"
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
@@ -143,11 +152,17 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
         if self.tile_loads not in TILE_LOADS:
             raise UnsupportedError(f"KernelConfig: tile_loads must be one of {TILE_LOADS}, got {self.tile_loads!r}")
+        if self.tile_stores not in TILE_STORES:
+            raise UnsupportedError(f"KernelConfig: tile_stores must be one of {TILE_STORES}, got {self.tile_stores!r}")
         if self.pair_smem not in PAIR_SMEM:
             raise UnsupportedError(f"KernelConfig: pair_smem must be one of {PAIR_SMEM}, got {self.pair_smem!r}")
         if self.epilogue_cache not in EPILOGUE_CACHE:
             raise UnsupportedError(f"KernelConfig: epilogue_cache must be one of {EPILOGUE_CACHE}, got "
                                    f"{self.epilogue_cache!r}")
+        if self.epilogue_cache == "prefetch" and self.tile_loads == "direct":
+            raise UnsupportedError("KernelConfig: epilogue_cache='prefetch' prefetches the epilogue's TMA tile loads; "
+                                   "with tile_loads='direct' there are none: use tile_loads='tma' or "
+                                   "epilogue_cache='normal'")
         if self.major not in MAJORS:
             raise UnsupportedError(f"KernelConfig: major must be one of {MAJORS} (the contiguous dimension of A "
                                    f"and of W), got {self.major!r}")
@@ -181,7 +196,9 @@ class KernelConfig:
         if self.pair_smem != "vector":
             tag += "_ps"
         if self.epilogue_cache != "normal":
-            tag += "_ef"
+            tag += {"evict_first": "_ef", "prefetch": "_pf"}[self.epilogue_cache]
+        if self.tile_stores != "tma":
+            tag += "_ds"
         return tag
 
 

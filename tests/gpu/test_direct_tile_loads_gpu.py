@@ -3,7 +3,9 @@ into registers, a subtile ahead (csrc/epilogues/direct_tile_load.hpp), instead o
 and KernelConfig(pair_smem="staggered"): the 32-bit pair tiles and pair stores accessed in shared memory as two
 staggered 4-byte halves (csrc/epilogues/staggered_pairs.hpp) instead of one 8-byte access; and
 KernelConfig(epilogue_cache="evict_first"): the epilogue's TMA tile loads and stores with the L2 evict-first hint
-(csrc/epilogues/evict_first.hpp).
+(csrc/epilogues/evict_first.hpp); and KernelConfig(epilogue_cache="prefetch"): each tile's inputs prefetched into L2
+as the producer warp starts the tile (csrc/epilogues/variants/l2_prefetch.hpp); and KernelConfig(tile_stores="direct"):
+the tile outputs written from registers (csrc/epilogues/variants/direct_store.hpp).
 
 Every output equals the TMA-loading kernel's of the same config bit for bit (the same values reach the same
 epilogue math), at shapes that are no tile multiple (the loads are predicated on the problem's bounds) with a few
@@ -50,17 +52,27 @@ def cases() -> list:
 #: the variants each case runs beside the TMA-loading, vector-accessing kernel; "staggered" only where the
 #: graph has pair tiles or pair stores (the dSwiGLU); "evict_first" (the epilogue's TMA loads and stores with the
 #: L2 evict-first hint, csrc/epilogues/evict_first.hpp) for the backward graphs in CUTLASS's collectives, and
-#: with the staggered pairs together ("staggered_ef", "auto"'s dSwiGLU with the hint)
+#: with the staggered pairs together ("staggered_ef", "auto"'s dSwiGLU with the hint); "prefetch" (each tile's
+#: inputs prefetched into L2 as the producer warp starts it, csrc/epilogues/variants/l2_prefetch.hpp) for the
+#: backward graphs in every collective, the dSwiGLU's with the staggered pairs too ("staggered_pf"); "direct_stores"
+#: (the tile outputs written from registers, csrc/epilogues/variants/direct_store.hpp) likewise ("staggered_ds")
 VARIANTS = {"direct": dict(tile_loads="direct"), "staggered": dict(pair_smem="staggered"),
             "evict_first": dict(epilogue_cache="evict_first"),
-            "staggered_ef": dict(pair_smem="staggered", epilogue_cache="evict_first")}
+            "staggered_ef": dict(pair_smem="staggered", epilogue_cache="evict_first"),
+            "prefetch": dict(epilogue_cache="prefetch"),
+            "staggered_pf": dict(pair_smem="staggered", epilogue_cache="prefetch"),
+            "direct_stores": dict(tile_stores="direct"),
+            "staggered_ds": dict(pair_smem="staggered", tile_stores="direct")}
 
 
 def variants(name: str, cfg: str = "ping") -> tuple:
-    hinted = ("evict_first",) if name in ("dswiglu", "rms_backward") and cfg in CONFIGS else ()
+    backward_graph = name in ("dswiglu", "rms_backward")
+    hinted = ("evict_first",) if backward_graph and cfg in CONFIGS else ()
+    prefetched = ("prefetch", "direct_stores") if backward_graph else ()
     if name == "dswiglu":
-        return ("tma", "direct", "staggered") + hinted + (("staggered_ef",) if hinted else ())
-    return ("tma", "direct") + hinted
+        return ("tma", "direct", "staggered") + hinted + (("staggered_ef",) if hinted else ()) + prefetched + \
+            ("staggered_pf", "staggered_ds")
+    return ("tma", "direct") + hinted + prefetched
 
 
 def config(name: str, cfg: str, variant: str) -> ce.KernelConfig:

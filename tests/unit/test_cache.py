@@ -138,6 +138,29 @@ def test_non_header_dirs_do_not_change_key(csrc_copy):
     assert cache.cache_key(src) == before
 
 
+VARIANT = '#include "epilogues/variants/l2_prefetch.hpp"'
+
+
+def test_variant_header_enters_only_the_keys_of_sources_that_include_it(csrc_copy):
+    """A variant header (csrc/epilogues/variants/) is digested into the key of a source that includes it, and
+    an edit to it leaves every other kernel's key (and headers_digest) as it was."""
+    plain, variant = _source(), _source() + VARIANT + "\n"
+    assert "variant_headers" not in cache.key_fields(plain)
+    assert cache.key_fields(variant)["variant_headers"] == cache.variant_digest(variant)
+    before = cache.cache_key(plain), cache.cache_key(variant), cache.headers_digest()
+    header = csrc_copy / "epilogues" / "variants" / "l2_prefetch.hpp"
+    header.write_text(header.read_text() + "\n// an edit\n")
+    cache.headers_digest.cache_clear()
+    assert cache.headers_digest() == before[2] and cache.cache_key(plain) == before[0]
+    assert cache.cache_key(variant) != before[1]
+
+
+def test_missing_variant_header_names_it(csrc_copy):
+    (csrc_copy / "epilogues" / "variants" / "l2_prefetch.hpp").unlink()
+    with pytest.raises(ce.CompileError, match=r"includes epilogues/variants/l2_prefetch.hpp, which is not in"):
+        cache.key_fields(_source() + VARIANT + "\n")
+
+
 def test_monkeypatched_headers_digest_changes_key(monkeypatch):
     src = _source()
     before = cache.cache_key(src)

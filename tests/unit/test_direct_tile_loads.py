@@ -1,12 +1,15 @@
 """KernelConfig(tile_loads="direct"), KernelConfig(pair_smem="staggered") and KernelConfig(epilogue_cache=
-"evict_first") without a GPU: the tile inputs are emitted as the register-loading node
+"evict_first" | "prefetch") without a GPU: the tile inputs are emitted as the register-loading node
 (csrc/epilogues/direct_tile_load.hpp) and take no shared memory in the stage plan; the pair tiles and pair stores as
 the staggered-access nodes (csrc/epilogues/staggered_pairs.hpp); the TMA tile loads and stores inside the
-evict-first nodes (csrc/epilogues/evict_first.hpp); each has its own tag; bad values are refused with the choices."""
+evict-first nodes (csrc/epilogues/evict_first.hpp), or the tile loads inside the L2-prefetching node of a variant
+header the source alone includes (csrc/epilogues/variants/l2_prefetch.hpp, digested into those kernels' keys only);
+each has its own tag; bad values are refused with the choices."""
 from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 
 import pytest
 
@@ -91,12 +94,12 @@ def test_pair_smem_values_tag_and_emitted_nodes():
 def test_epilogue_cache_values_tag_and_emitted_nodes():
     """epilogue_cache="evict_first" wraps every TMA tile load and store of the epilogue (staggered or not) in the
     evict-first nodes; tiles read directly, reductions and vectors keep theirs."""
-    assert EPILOGUE_CACHE == ("normal", "evict_first") and PING.epilogue_cache == "normal"
+    assert EPILOGUE_CACHE == ("normal", "evict_first", "prefetch") and PING.epilogue_cache == "normal"
     hinted = dataclasses.replace(PING, epilogue_cache="evict_first")
     assert hinted.tag == PING.tag + "_ef"
     assert dataclasses.replace(hinted, pair_smem="staggered").tag == PING.tag + "_ps_ef"
-    with pytest.raises(ce.UnsupportedError, match=r"epilogue_cache must be one of \('normal', 'evict_first'\), "
-                                                 r"got 'evict_last'"):
+    with pytest.raises(ce.UnsupportedError, match=r"epilogue_cache must be one of \('normal', 'evict_first', "
+                                                 r"'prefetch'\), got 'evict_last'"):
         ce.KernelConfig(epilogue_cache="evict_last")
     dswiglu = graphs.swiglu_backward_linear()
     src = ce.emit_source(dswiglu, "bfloat16", dataclasses.replace(hinted, pair_smem="staggered"))
@@ -112,3 +115,57 @@ def test_epilogue_cache_values_tag_and_emitted_nodes():
     assert "EvictFirstStore<TileStore<Cfg, float>>" in direct
     nodes = (ROOT / "csrc" / "epilogues" / "nodes.hpp").read_text()
     assert "struct EvictFirstLoad {" in nodes and "struct EvictFirstStore {" in nodes
+
+
+def test_prefetch_wraps_the_tma_tile_loads_and_includes_its_variant_header():
+    """epilogue_cache="prefetch" wraps every TMA tile load (staggered or not) in the L2-prefetching node and includes
+    its variant header after the kernel templates; stores keep their nodes; no other source includes the header;
+    with direct tile loads (nothing to prefetch) the config is refused with the fix."""
+    pf = dataclasses.replace(PING, epilogue_cache="prefetch")
+    assert pf.tag == PING.tag + "_pf" and dataclasses.replace(pf, pair_smem="staggered").tag == PING.tag + "_ps_pf"
+    with pytest.raises(ce.UnsupportedError, match="with tile_loads='direct' there are none: use tile_loads='tma'"):
+        dataclasses.replace(DIRECT, epilogue_cache="prefetch")
+    include = '#include "epilogues/variants/l2_prefetch.hpp"'
+    src = ce.emit_source(graphs.swiglu_backward_linear(), "bfloat16", dataclasses.replace(pf, pair_smem="staggered"))
+    assert "L2PrefetchLoad<TileLoadStaggered<Cfg, float>>" in src
+    assert "TileStoreStaggered<Cfg, float>;" in src and "L2PrefetchLoad<TileStore" not in src
+    assert src.index('#include "kernels/epilogue_gemm.cuh"') < src.index(include)
+    rms = ce.emit_source(graphs.rms_norm_backward_linear(True), "bfloat16", pf)
+    assert rms.count("L2PrefetchLoad<TileLoad<Cfg, cutlass::bfloat16_t>>") == 2   # x and dx_in
+    for cache in ("normal", "evict_first"):
+        other = ce.emit_source(graphs.rms_norm_backward_linear(True), "bfloat16",
+                               dataclasses.replace(PING, epilogue_cache=cache))
+        assert "L2Prefetch" not in other and "variants/" not in other
+    header = (ROOT / "csrc" / "epilogues" / "variants" / "l2_prefetch.hpp").read_text()
+    assert "struct L2PrefetchLoad {" in header and "prefetch(this->params_ptr->tma_load_aux" in header
+    for path in (ROOT / "csrc").rglob("*"):   # a variant header is included by emitted sources only
+        if path.is_file() and path.suffix in (".hpp", ".cuh", ".h", ".cpp", ".cu"):
+            assert not re.search(r'#include\s+"[^"]*variants/', path.read_text(errors="ignore")), path
+
+
+def test_direct_stores_write_the_tile_outputs_from_registers():
+    """tile_stores="direct" emits every store and pair store as the register-writing node of its variant header
+    (the pairs as 32-bit elements, never staggered or hinted: no shared memory to access) and gives their shared
+    memory back; bad values are refused with the choices."""
+    from coda_ext.config import TILE_STORES
+
+    assert TILE_STORES == ("tma", "direct") and PING.tile_stores == "tma"
+    ds = dataclasses.replace(PING, tile_stores="direct")
+    assert ds.tag == PING.tag + "_ds"
+    with pytest.raises(ce.UnsupportedError, match=r"tile_stores must be one of \('tma', 'direct'\), got 'stg'"):
+        ce.KernelConfig(tile_stores="stg")
+    src = ce.emit_source(graphs.swiglu_backward_linear(), "bfloat16",
+                         dataclasses.replace(ds, pair_smem="staggered", epilogue_cache="evict_first"))
+    assert "TileStoreDirect<Cfg, float>;" in src and "TileStoreDirect<Cfg, cutlass::bfloat16_t>;" in src
+    assert "EvictFirstLoad<TileLoadStaggered<Cfg, float>>" in src   # the loads keep theirs
+    assert "TileStoreStaggered" not in src and "EvictFirstStore" not in src
+    assert '#include "epilogues/variants/direct_store.hpp"' in src
+    both = ce.emit_source(graphs.swiglu_backward_linear(), "bfloat16",
+                          dataclasses.replace(ds, epilogue_cache="prefetch"))
+    assert both.count('#include "epilogues/variants/') == 2
+    low = lower(as_ir(graphs.swiglu_backward_linear()), "bfloat16")
+    assert not any("store" in k for k in constraints.epilogue_buffers(low, "bfloat16", ds))
+    tma = sum(constraints.epilogue_buffers(low, "bfloat16", PING).values())   # dz 16 KB and y 8 KB at (4, 2)
+    assert tma - sum(constraints.epilogue_buffers(low, "bfloat16", ds).values()) == 24 * 1024
+    header = (ROOT / "csrc" / "epilogues" / "variants" / "direct_store.hpp").read_text()
+    assert "struct TileStoreDirect {" in header and "Sm90AuxStore<0," in header

@@ -79,7 +79,8 @@ def epilogue_buffers(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> dic
     """Bytes of the epilogue's shared memory at the stages CUTLASS gives its buffers (or the config's
     epilogue_stages): D's staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores:
     32-bit), each row vector's TILE_N slice (rounded up to SMEM_ALIGN), and SMEM_ALIGN for barriers and
-    padding. Tiles read directly (KernelConfig.tile_loads="direct") take none."""
+    padding. Tiles read directly (KernelConfig.tile_loads="direct") and tiles written directly
+    (KernelConfig.tile_stores="direct") take none."""
     tm, tn, _ = config.tile
     em, en = epilogue_tile(config)
     subtiles = (tm // em) * (tn // en)
@@ -87,8 +88,9 @@ def epilogue_buffers(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> dic
     sub = em * en
     parts = {"D staging": stages_d * sub * _BYTES[dtype]}
     direct = config.tile_loads == "direct"
+    direct_stores = config.tile_stores == "direct"
     for n in graph.nodes:
-        if n.kind in ("tile", "pair_tile") and direct:
+        if (n.kind in ("tile", "pair_tile") and direct) or (n.kind in ("store", "pair_store") and direct_stores):
             continue
         if n.kind == "tile":
             parts[f"tile {n.name!r}"] = stages_c * sub * _BYTES[n.attr("dtype") or dtype]

@@ -46,18 +46,32 @@ def float_literal(x: float) -> str:
 
 
 def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False, staggered_pairs: bool = False,
-               evict_first: bool = False) -> str:
+               epilogue_cache: str = "normal", direct_stores: bool = False) -> str:
     """The wrapper type (nodes.hpp) implementing one IR node: its kind's C++ name (kinds.py) with the
     template arguments its attributes give; tile inputs read straight into registers with direct_loads
-    (KernelConfig.tile_loads), pair tiles and pair stores through staggered shared-memory accesses with
-    staggered_pairs (KernelConfig.pair_smem), TMA tile loads and stores with the L2 evict-first hint with
-    evict_first (KernelConfig.epilogue_cache)."""
+    (KernelConfig.tile_loads), tile outputs written from registers with direct_stores (KernelConfig.tile_stores,
+    csrc/epilogues/variants/direct_store.hpp), pair tiles and pair stores through staggered shared-memory
+    accesses with staggered_pairs (KernelConfig.pair_smem); TMA tile loads and stores with the L2 evict-first
+    hint, or tile loads prefetched into L2 (csrc/epilogues/variants/l2_prefetch.hpp), by epilogue_cache
+    (KernelConfig.epilogue_cache)."""
+    if direct_stores and node.kind in ("store", "pair_store"):   # 32-bit elements for the pairs
+        return f"TileStoreDirect<Cfg, {'float' if node.kind == 'pair_store' else CPP_TYPES[node.attr('dtype')]}>"
     alias = _node_alias(node, check_oob, direct_loads, staggered_pairs)
-    if evict_first and node.kind in ("tile", "pair_tile") and not direct_loads:
+    tma_load = node.kind in ("tile", "pair_tile") and not direct_loads
+    if epilogue_cache == "evict_first" and tma_load:
         return f"EvictFirstLoad<{alias}>"
-    if evict_first and node.kind in ("store", "pair_store"):
+    if epilogue_cache == "evict_first" and node.kind in ("store", "pair_store"):
         return f"EvictFirstStore<{alias}>"
+    if epilogue_cache == "prefetch" and tma_load:
+        return f"L2PrefetchLoad<{alias}>"
     return alias
+
+
+def variant_headers(config: KernelConfig) -> list[str]:
+    """The variant headers (csrc/epilogues/variants/) a config's kernel needs, included by the emitted source after
+    the kernel templates (their bytes enter the keys of the kernels that include them only)."""
+    return ((["epilogues/variants/direct_store.hpp"] if config.tile_stores == "direct" else []) +
+            (["epilogues/variants/l2_prefetch.hpp"] if config.epilogue_cache == "prefetch" else []))
 
 
 def _node_alias(node: ir.Node, check_oob: bool, direct_loads: bool, staggered_pairs: bool) -> str:
@@ -128,7 +142,7 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
         check = op.node < 0 or node.kind not in ("row_reduce", "col_reduce") or \
             reduction_needs_bounds_check(graph, op.node)
         alias = node_alias(node, check, config.tile_loads == "direct", config.pair_smem == "staggered",
-                           config.epilogue_cache == "evict_first")
+                           config.epilogue_cache, config.tile_stores == "direct")
         aliases.append((f"using n{o} = {alias};", what))
     width = max(len(a) for a, _ in aliases)
     alias_lines = [f"{a.ljust(width)}  // {w}" for a, w in aliases]
@@ -162,6 +176,7 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
         epi += ", {}, {}".format(*config.epilogue_stages)
     return _TEMPLATE.substitute(
         prelude=NO_PDL_PRELUDE if config.schedule in NO_PDL_SCHEDULES else "",
+        variants="\n".join(f'#include "{h}"' for h in variant_headers(config)),
         digest=graph.digest(),
         mode="tree" if p.is_tree else "topological",
         listing="\n".join(f"//   {line}" for line in graph.text().splitlines()),

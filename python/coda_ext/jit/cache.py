@@ -1,7 +1,8 @@
 """The content-addressed kernel cache: keys, entries, and the lock that makes one build per key.
 
 A key hashes everything that changes the binary: the emitted source, the bytes of every
-project header, the nvcc version and flags, the CUTLASS version and the arch. Nothing
+project header a kernel can include (and of the variant headers its source includes), the nvcc
+version and flags, the CUTLASS version and the arch. Nothing
 machine-specific (no absolute paths) enters it, so an entry built on a machine without a
 GPU loads on the GPU machine with the same nvcc.
 
@@ -18,6 +19,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 
 from ..errors import CompileError
 from .paths import cache_root, csrc_dir, cutlass_version, nvcc_version
@@ -33,7 +35,8 @@ NVCC_FLAGS = (
     "-shared",
 )
 #: What a kernel translation unit can include: the C seam, the kernel templates and every
-#: epilogue node. libcoda's own sources (kernels/ops/, lib/) are not reachable from a JIT kernel.
+#: epilogue node (the files in epilogues/, not its variants/ folder: variant_digest). libcoda's own
+#: sources (kernels/ops/, lib/) are not reachable from a JIT kernel.
 HEADER_GLOBS = ("include/coda/abi.h", "kernels/*.cuh", "kernels/*.h", "epilogues/*")
 
 
@@ -51,8 +54,31 @@ def headers_digest(root: str | None = None) -> str:
     return h.hexdigest()
 
 
+#: Headers of kernel-config variants (csrc/epilogues/variants/): included by the emitted source of the kernels
+#: that use them (codegen.emit.VARIANT_HEADERS), never by another header, so they are left out of headers_digest
+#: and a change to one re-keys only the kernels that include it.
+_VARIANT_INCLUDE = re.compile(r'^#include "(epilogues/variants/[A-Za-z0-9_.]+)"', re.M)
+
+
+def variant_digest(source: str, root: str | None = None) -> str | None:
+    """sha256 over the variant headers `source` includes (relative path + bytes), or None if it includes none."""
+    names = sorted(set(_VARIANT_INCLUDE.findall(source)))
+    if not names:
+        return None
+    base = pathlib.Path(root) if root else csrc_dir()
+    h = hashlib.sha256()
+    for name in names:
+        path = base / name
+        if not path.is_file():
+            raise CompileError(f"the kernel source includes {name}, which is not in {base}: reinstall coda_ext")
+        h.update(name.encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def key_fields(source: str) -> dict:
-    return {
+    fields = {
         "source": hashlib.sha256(source.encode()).hexdigest(),
         "headers": headers_digest(),
         "nvcc": nvcc_version(),
@@ -63,6 +89,10 @@ def key_fields(source: str) -> dict:
         # nvcc reads these from the environment; they change the binary
         "nvcc_env": [os.environ.get("NVCC_PREPEND_FLAGS", ""), os.environ.get("NVCC_APPEND_FLAGS", "")],
     }
+    variants = variant_digest(source)
+    if variants is not None:   # only then: the keys of kernels without a variant stay what they were
+        fields["variant_headers"] = variants
+    return fields
 
 
 def cache_key(source: str) -> str:
