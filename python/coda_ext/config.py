@@ -86,9 +86,11 @@ class KernelConfig:
     major = "kk" | "kn" | "mk" | "mn": the contiguous dimension of A (M, K) and of W (N, K) (MAJORS);
     the op reads each operand in that layout, so a transposed view needs no copy. tile_loads = "tma" | "direct":
     how the epilogue reads its tile inputs (TILE_LOADS); tile_stores = "tma" | "direct": how it writes its tile
-    outputs (TILE_STORES); pair_smem = "vector" | "staggered": how it accesses
-    its 32-bit pair tiles and pair stores in shared memory (PAIR_SMEM); epilogue_cache = "normal" |
-    "evict_first" | "prefetch": the L2 policy of its TMA tile loads and stores (EPILOGUE_CACHE).
+    outputs (TILE_STORES); timeline: record a per-tile timeline of the epilogue's steps (a diagnostic:
+    csrc/epilogues/variants/timeline.hpp, read by benchmarks/epilogue_timeline.py); pair_smem = "vector" |
+    "staggered": how it accesses its 32-bit pair tiles and pair stores in shared memory (PAIR_SMEM);
+    epilogue_cache = "normal" | "evict_first" | "prefetch": the L2 policy of its TMA tile loads and stores
+    (EPILOGUE_CACHE).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
     csrc/kernels/wide_swizzle.cuh, and not for stream-K) and raster (heuristic, along_m, along_n)
     of the persistent tile scheduler.
@@ -106,6 +108,7 @@ class KernelConfig:
     pair_smem: str = "vector"
     epilogue_cache: str = "normal"
     tile_stores: str = "tma"
+    timeline: bool = False
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
@@ -152,6 +155,8 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
         if self.tile_loads not in TILE_LOADS:
             raise UnsupportedError(f"KernelConfig: tile_loads must be one of {TILE_LOADS}, got {self.tile_loads!r}")
+        if not isinstance(self.timeline, bool):
+            raise UnsupportedError(f"KernelConfig: timeline must be True or False, got {self.timeline!r}")
         if self.tile_stores not in TILE_STORES:
             raise UnsupportedError(f"KernelConfig: tile_stores must be one of {TILE_STORES}, got {self.tile_stores!r}")
         if self.pair_smem not in PAIR_SMEM:
@@ -199,6 +204,8 @@ class KernelConfig:
             tag += {"evict_first": "_ef", "prefetch": "_pf"}[self.epilogue_cache]
         if self.tile_stores != "tma":
             tag += "_ds"
+        if self.timeline:
+            tag += "_tl"
         return tag
 
 

@@ -5,7 +5,8 @@ staggered 4-byte halves (csrc/epilogues/staggered_pairs.hpp) instead of one 8-by
 KernelConfig(epilogue_cache="evict_first"): the epilogue's TMA tile loads and stores with the L2 evict-first hint
 (csrc/epilogues/evict_first.hpp); and KernelConfig(epilogue_cache="prefetch"): each tile's inputs prefetched into L2
 as the producer warp starts the tile (csrc/epilogues/variants/l2_prefetch.hpp); and KernelConfig(tile_stores="direct"):
-the tile outputs written from registers (csrc/epilogues/variants/direct_store.hpp).
+the tile outputs written from registers (csrc/epilogues/variants/direct_store.hpp); and KernelConfig(timeline=True):
+the epilogue's per-tile timeline recorded (csrc/epilogues/variants/timeline.hpp), its buffer filled.
 
 Every output equals the TMA-loading kernel's of the same config bit for bit (the same values reach the same
 epilogue math), at shapes that are no tile multiple (the loads are predicated on the problem's bounds) with a few
@@ -55,24 +56,27 @@ def cases() -> list:
 #: with the staggered pairs together ("staggered_ef", "auto"'s dSwiGLU with the hint); "prefetch" (each tile's
 #: inputs prefetched into L2 as the producer warp starts it, csrc/epilogues/variants/l2_prefetch.hpp) for the
 #: backward graphs in every collective, the dSwiGLU's with the staggered pairs too ("staggered_pf"); "direct_stores"
-#: (the tile outputs written from registers, csrc/epilogues/variants/direct_store.hpp) likewise ("staggered_ds")
+#: (the tile outputs written from registers, csrc/epilogues/variants/direct_store.hpp) likewise ("staggered_ds");
+#: "timeline" (the epilogue's per-tile timeline recorded) in ping-pong, "auto"'s dSwiGLU with it ("staggered_tl")
 VARIANTS = {"direct": dict(tile_loads="direct"), "staggered": dict(pair_smem="staggered"),
             "evict_first": dict(epilogue_cache="evict_first"),
             "staggered_ef": dict(pair_smem="staggered", epilogue_cache="evict_first"),
             "prefetch": dict(epilogue_cache="prefetch"),
             "staggered_pf": dict(pair_smem="staggered", epilogue_cache="prefetch"),
             "direct_stores": dict(tile_stores="direct"),
-            "staggered_ds": dict(pair_smem="staggered", tile_stores="direct")}
+            "staggered_ds": dict(pair_smem="staggered", tile_stores="direct"),
+            "timeline": dict(timeline=True), "staggered_tl": dict(pair_smem="staggered", timeline=True)}
 
 
 def variants(name: str, cfg: str = "ping") -> tuple:
     backward_graph = name in ("dswiglu", "rms_backward")
     hinted = ("evict_first",) if backward_graph and cfg in CONFIGS else ()
     prefetched = ("prefetch", "direct_stores") if backward_graph else ()
+    traced = cfg == "ping" and backward_graph
     if name == "dswiglu":
         return ("tma", "direct", "staggered") + hinted + (("staggered_ef",) if hinted else ()) + prefetched + \
-            ("staggered_pf", "staggered_ds")
-    return ("tma", "direct") + hinted + prefetched
+            ("staggered_pf", "staggered_ds") + (("staggered_tl",) if traced else ())
+    return ("tma", "direct") + hinted + prefetched + (("timeline",) if traced else ())
 
 
 def config(name: str, cfg: str, variant: str) -> ce.KernelConfig:
@@ -117,3 +121,30 @@ def test_direct_tile_loads_take_no_shared_memory():
     tma, direct = (constraints.mainloop_stages(low, "bfloat16", config("dswiglu", "ping", loads))
                    for loads in ("tma", "direct"))
     assert direct > tma
+
+
+def test_timeline_records_every_tile(ops):
+    """The timeline kernel fills one slot row per output tile: its epilogue's start and end in order, its SM and
+    warp group, every subtile's steps in order (benchmarks/epilogue_timeline.py reads the same buffer)."""
+    import ctypes
+
+    import numpy as np
+    import torch
+
+    from benchmarks import epilogue_timeline as tl
+
+    op = ops[("dswiglu", "ping", "staggered_tl")]
+    M, N, K = 1000, 1032, 264
+    A, W, inputs = rand.op_inputs(op, M, N, K, rand.generator("timeline", M, N, K, device="cuda"))
+    assert op._lib.coda_timeline_clear() == 0
+    op(A, W, **inputs)
+    torch.cuda.synchronize()
+    buf = np.zeros(tl.TILES * tl.SLOTS, dtype=np.uint64)
+    assert op._lib.coda_timeline_copy(ctypes.c_void_p(buf.ctypes.data), ctypes.c_ulonglong(buf.nbytes)) == 0
+    rows = buf.reshape(tl.TILES, tl.SLOTS)
+    tiles = -(-M // 128) * -(-N // 128)
+    assert all(r[0] and r[1] > r[0] and r[127] in (1, 2) for r in rows[:tiles]) and not rows[tiles:].any()
+    for r in rows[:tiles]:
+        steps = [int(r[2 + 5 * s + k]) for s in range(8) for k in range(5)]
+        assert steps == sorted(steps) and int(r[0]) <= steps[0] and steps[-1] <= int(r[1])
+    assert tl.analyse(rows)["tiles"] == tiles

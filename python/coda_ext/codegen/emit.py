@@ -71,7 +71,8 @@ def variant_headers(config: KernelConfig) -> list[str]:
     """The variant headers (csrc/epilogues/variants/) a config's kernel needs, included by the emitted source after
     the kernel templates (their bytes enter the keys of the kernels that include them only)."""
     return ((["epilogues/variants/direct_store.hpp"] if config.tile_stores == "direct" else []) +
-            (["epilogues/variants/l2_prefetch.hpp"] if config.epilogue_cache == "prefetch" else []))
+            (["epilogues/variants/l2_prefetch.hpp"] if config.epilogue_cache == "prefetch" else []) +
+            (["epilogues/variants/timeline.hpp"] if config.timeline else []))
 
 
 def _node_alias(node: ir.Node, check_oob: bool, direct_loads: bool, staggered_pairs: bool) -> str:
@@ -134,6 +135,7 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
     reduction_index = {node: r for r, node in enumerate(reductions)}
 
     aliases = []
+    timeline_done = False
     for o, op in enumerate(p.ops):
         node = graph[op.node] if op.node >= 0 else ir.Node("keep_first")
         what = f"%{op.node} {op.kind}" if op.node >= 0 else "root: D, then side outputs"
@@ -143,6 +145,8 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
             reduction_needs_bounds_check(graph, op.node)
         alias = node_alias(node, check, config.tile_loads == "direct", config.pair_smem == "staggered",
                            config.epilogue_cache, config.tile_stores == "direct")
+        if config.timeline and node.kind == "accumulator" and not timeline_done:   # the first one records
+            alias, timeline_done = "TimelineAccumulator", True
         aliases.append((f"using n{o} = {alias};", what))
     width = max(len(a) for a, _ in aliases)
     alias_lines = [f"{a.ljust(width)}  // {w}" for a, w in aliases]

@@ -1,0 +1,197 @@
+"""Where a fused kernel's time goes, tile by tile: the epilogue's per-tile timeline (KernelConfig(timeline=True),
+csrc/epilogues/variants/timeline.hpp) of the backward epilogue GEMMs, beside their plain twin (the identity graph in
+the same config), in the heuristic's config.
+
+    python -m coda_ext prebuild benchmarks/epilogue_timeline.py -j 16
+    python -m benchmarks.epilogue_timeline [--models 1B 8B] [--ops swiglu_backward_linear ...]
+
+Per kernel, from one launch after warm-up (cycles of each SM's clock, converted with the clock the launch ran at):
+- epilogue: a math warp group's epilogue of one tile (consumer begin() to end()), and its steps per subtile: the
+  wait for the tile inputs (begin_loop to previsit), the math and the shared-memory writes (to postreduce), the
+  fence, barrier and store issue (to tma_store), the wait for the next store stage (to end_loop);
+- period: the time between two consecutive tiles' MMAs ending on an SM (both warp groups' tiles in order), the
+  kernel's time per tile; split into mma (a tile's MMAs, from the moment both its warp group's previous epilogue and
+  the other group's MMAs were done, to its own epilogue's start) and epilogue_bound (the tensor cores idle because
+  the warp group whose turn it was was still in its previous epilogue);
+- load_lead: how long before a subtile's turn its tile inputs were issued by the load warp (negative: issued after
+  the consumer began to wait).
+Results: epilogue_timeline_<gpu>.json (medians, µs) and a PNG of a few SMs' timelines.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import itertools
+import statistics
+
+from benchmarks import backward_gemms, common
+
+MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
+OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_backward_linear")
+SLOTS, SUBTILES, TILES = 128, 16, 16384   # timeline.hpp's kTimelineSlots, kTimelineSubtiles, kTimelineTiles
+STEPS = ("wait_inputs", "math", "store_issue", "store_acquire")
+
+
+def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
+    return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops)
+
+
+def configs(g):
+    """(fused config, plain config): the heuristic's config with the timeline, for the op's graph and the identity."""
+    from benchmarks import sweep_backward
+
+    cfg = dataclasses.replace(sweep_backward.heuristic_config(g), timeline=True)
+    return cfg, cfg
+
+
+def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
+    from coda_ext import graphs
+
+    items = []
+    for g in rows(models, tokens, ops):
+        cfg, plain = configs(g)
+        items += [(g.graph(), "bfloat16", cfg), (graphs.identity(), "bfloat16", plain),
+                  (g.graph(), "bfloat16", dataclasses.replace(cfg, timeline=False))]
+    return items
+
+
+def record(op, args) -> list:
+    """The timeline buffer after one launch of `op` (warmed up before), as a list of per-tile slot lists."""
+    import numpy as np
+    import torch
+
+    lib = op._lib
+    for _ in range(3):
+        op(*args[:2], **args[2])
+    torch.cuda.synchronize()
+    assert lib.coda_timeline_clear() == 0
+    op(*args[:2], **args[2])
+    torch.cuda.synchronize()
+    buf = np.zeros(TILES * SLOTS, dtype=np.uint64)
+    assert lib.coda_timeline_copy(ctypes.c_void_p(buf.ctypes.data), ctypes.c_ulonglong(buf.nbytes)) == 0
+    return buf.reshape(TILES, SLOTS)
+
+
+def analyse(buf) -> dict:
+    """Medians (µs) of the epilogue's steps, the period per tile and its split, the loads' lead (module docstring)."""
+    tiles = [row for row in buf if row[0] and row[1]]
+    by_sm: dict = {}
+    for r in tiles:
+        by_sm.setdefault(int(r[126]), []).append(r)
+    # each SM's clock over its whole span (globaltimer counts ns, coarsely: one span, not one tile)
+    ghz = statistics.median(float(max(int(r[1]) for r in rs) - min(int(r[0]) for r in rs)) /
+                            float(max(int(r[125]) for r in rs) - min(int(r[124]) for r in rs))
+                            for rs in by_sm.values() if len(rs) > 1)
+    us = 1e-3 / ghz   # µs per cycle
+    out = {"tiles": len(tiles), "clock_ghz": ghz,
+           "epilogue": statistics.median(float(r[1] - r[0]) * us for r in tiles)}
+    for k, step in enumerate(STEPS):
+        vals = [float(r[2 + 5 * s + k + 1]) - float(r[2 + 5 * s + k]) for r in tiles for s in range(SUBTILES)
+                if r[2 + 5 * s + k] and r[2 + 5 * s + k + 1]]
+        out[step] = statistics.median(vals) * us if vals else None
+    out["subtiles"] = statistics.median(sum(1 for s in range(SUBTILES) if r[2 + 5 * s]) for r in tiles)
+    lead = [float(r[2 + 5 * s]) - float(r[83 + s]) for r in tiles for s in range(SUBTILES)
+            if r[83 + s] and r[2 + 5 * s]]
+    out["load_lead"] = statistics.median(lead) * us if lead else None
+    out["loads_late"] = sum(1 for x in lead if x < 0) / len(lead) if lead else None
+    # per SM: the tiles in the order their MMAs ended (epilogue starts), both warp groups
+    periods, mma, bound = [], [], []
+    for rs in by_sm.values():
+        seq = sorted((int(r[0]), int(r[1]), int(r[127])) for r in rs)
+        last_end = {seq[0][2]: seq[0][1]}   # warp group -> its last epilogue's end
+        for (b0, _, _), (b1, e1, wg1) in itertools.pairwise(seq):
+            periods.append(b1 - b0)
+            ready = last_end.get(wg1, 0)   # the warp group's previous epilogue done
+            start = max(b0, ready)
+            mma.append(b1 - start)
+            bound.append(max(0, ready - b0))
+            last_end[wg1] = e1
+    out["period"] = statistics.median(periods) * us
+    out["period_mean"] = statistics.fmean(periods) * us
+    out["mma"] = statistics.median(mma) * us
+    out["mma_mean"] = statistics.fmean(mma) * us
+    out["epilogue_bound_mean"] = statistics.fmean(bound) * us
+    out["epilogue_bound_share"] = sum(bound) / sum(periods)
+    return out
+
+
+def plot(timelines: dict, path) -> None:
+    """A few SMs' timelines (one row per warp group): each tile's epilogue, its subtiles' input waits in red."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(13, 2.2 * len(timelines)), squeeze=False)
+    for ax, (label, (buf, ghz)) in zip(axes[:, 0], timelines.items()):
+        tiles = [r for r in buf if r[0] and r[1] and int(r[126]) < 2]
+        if not tiles:
+            continue
+        t0 = min(int(r[0]) for r in tiles)
+        us = 1e-3 / ghz
+        for r in tiles:
+            y = int(r[126]) * 2 + int(r[127]) % 2
+            ax.barh(y, (int(r[1]) - int(r[0])) * us, left=(int(r[0]) - t0) * us, color="tab:blue", height=0.8)
+            for s in range(SUBTILES):
+                a, b = int(r[2 + 5 * s]), int(r[3 + 5 * s])
+                if a and b:
+                    ax.barh(y, (b - a) * us, left=(a - t0) * us, color="tab:red", height=0.8)
+        ax.set_yticks(range(4), ["SM0 wg0", "SM0 wg1", "SM1 wg0", "SM1 wg1"])
+        ax.set_xlim(0, 200)
+        ax.set_title(f"{label}: epilogues (blue) and their input waits (red); gaps are the warp group's MMAs",
+                     fontsize=9)
+    axes[-1, 0].set_xlabel("µs from the first epilogue")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> None:
+    import torch
+
+    import coda_ext as ce
+    from coda_ext import graphs
+    from tests.helpers import rand
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    env = common.gpu_info()
+    doc = {"env": env, "rows": []}
+    timelines = {}
+    for g in rows(args.models, args.tokens, args.ops):
+        cfg, plain_cfg = configs(g)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        row = {"op": g.op, "model": g.model, "M": g.M, "N": g.N, "K": g.K, "config": cfg.tag}
+        for name, graph, c in (("fused", g.graph(), cfg), ("plain", graphs.identity(), plain_cfg)):
+            op = ce.compile(graph, "bfloat16", c)
+            inputs = rand.op_inputs(op, g.M, g.N, g.K, gen)
+            buf = record(op, inputs)
+            row[name] = analyse(buf)
+            if not doc["rows"]:   # the first row's fused kernel and plain twin are drawn
+                timelines[f"{g.model} {g.op} {name}"] = (buf, row[name]["clock_ghz"])
+        # the timeline's own cost: the fused kernel with and without it, interleaved
+        bare = ce.compile(g.graph(), "bfloat16", dataclasses.replace(cfg, timeline=False))
+        traced = ce.compile(g.graph(), "bfloat16", cfg)
+        a = rand.op_inputs(bare, g.M, g.N, g.K, gen)
+        times = common.time_interleaved({"bare": lambda i: bare(a[0], a[1], **a[2]),
+                                         "timeline": lambda i: traced(a[0], a[1], **a[2])}, 10)
+        row["timeline_overhead"] = statistics.median(t / b for t, b in zip(times["timeline"], times["bare"]))
+        doc["rows"].append(row)
+        f, q = row["fused"], row["plain"]
+        print(f"{g.model} {g.op} {g.M}x{g.N}x{g.K} [{cfg.tag}] timeline cost x{row['timeline_overhead']:.3f}; "
+              f"{f['tiles']} tiles at {f['clock_ghz']:.2f} GHz", flush=True)
+        for k in ("period", "period_mean", "mma", "mma_mean", "epilogue_bound_mean", "epilogue_bound_share",
+                  "epilogue", "subtiles", *STEPS, "load_lead", "loads_late"):
+            fv, qv = f.get(k), q.get(k)
+            print(f"    {k:22s} fused {fv if fv is None else round(fv, 3)!s:>9}   plain "
+                  f"{qv if qv is None else round(qv, 3)!s:>9}", flush=True)
+    out = args.out or common.results_path("epilogue_timeline", gpu=env["gpu"])
+    print(f"wrote {common.write_json(out, doc)}")
+    plot(timelines, str(out).replace(".json", ".png"))
+
+
+if __name__ == "__main__":
+    main()
