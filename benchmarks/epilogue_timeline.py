@@ -6,9 +6,11 @@ the same config), in the heuristic's config.
     python -m benchmarks.epilogue_timeline [--models 1B 8B] [--ops swiglu_backward_linear ...]
 
 Per kernel, from one launch after warm-up (cycles of each SM's clock, converted with the clock the launch ran at):
-- epilogue: a math warp group's epilogue of one tile (consumer begin() to end()), and its steps per subtile: the
-  wait for the tile inputs (begin_loop to previsit), the math and the shared-memory writes (to postreduce), the
-  fence, barrier and store issue (to tma_store), the wait for the next store stage (to end_loop);
+- epilogue: a math warp group's epilogue of one tile (consumer begin() to end()), and its steps per subtile s
+  (CUTLASS's collectives issue subtile s - 1's TMA store inside subtile s, after its math): wait_inputs (begin_loop
+  to previsit: the tile inputs' wait), math (previsit to the previous subtile's store issue: the math, the
+  shared-memory fence and the warp group's barrier), store (to postreduce: the store's commit, the wait for the
+  next store stage, a barrier, the reductions and the shared-memory writes), next (to the next subtile's start);
 - period: the time between two consecutive tiles' MMAs ending on an SM (both warp groups' tiles in order), the
   kernel's time per tile; split into mma (a tile's MMAs, from the moment both its warp group's previous epilogue and
   the other group's MMAs were done, to its own epilogue's start) and epilogue_bound (the tensor cores idle because
@@ -30,7 +32,11 @@ from benchmarks import backward_gemms, common
 MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
 OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_backward_linear")
 SLOTS, SUBTILES, TILES = 128, 16, 16384   # timeline.hpp's kTimelineSlots, kTimelineSubtiles, kTimelineTiles
-STEPS = ("wait_inputs", "math", "store_issue", "store_acquire")
+STEPS = ("wait_inputs", "math", "store", "next")
+#: each step of subtile s as (slot, subtile offset) pairs (from, to): slots 0 begin_loop, 1 previsit, 2 postreduce,
+#: 3 tma_store (recorded for subtile s - 1 during subtile s), 4 end_loop
+STEP_SLOTS = {"wait_inputs": ((0, 0), (1, 0)), "math": ((1, 0), (3, -1)), "store": ((3, -1), (2, 0)),
+              "next": ((2, 0), (0, 1))}
 
 
 def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
@@ -86,9 +92,10 @@ def analyse(buf) -> dict:
     us = 1e-3 / ghz   # µs per cycle
     out = {"tiles": len(tiles), "clock_ghz": ghz,
            "epilogue": statistics.median(float(r[1] - r[0]) * us for r in tiles)}
-    for k, step in enumerate(STEPS):
-        vals = [float(r[2 + 5 * s + k + 1]) - float(r[2 + 5 * s + k]) for r in tiles for s in range(SUBTILES)
-                if r[2 + 5 * s + k] and r[2 + 5 * s + k + 1]]
+    for step in STEPS:
+        (a, da), (b, db) = STEP_SLOTS[step]
+        vals = [float(r[2 + 5 * (i + db) + b]) - float(r[2 + 5 * (i + da) + a]) for r in tiles
+                for i in range(1, SUBTILES - 1) if r[2 + 5 * (i + da) + a] and r[2 + 5 * (i + db) + b]]
         out[step] = statistics.median(vals) * us if vals else None
     out["subtiles"] = statistics.median(sum(1 for s in range(SUBTILES) if r[2 + 5 * s]) for r in tiles)
     lead = [float(r[2 + 5 * s]) - float(r[83 + s]) for r in tiles for s in range(SUBTILES)
@@ -136,7 +143,7 @@ def plot(timelines: dict, path) -> None:
                 a, b = int(r[2 + 5 * s]), int(r[3 + 5 * s])
                 if a and b:
                     ax.barh(y, (b - a) * us, left=(a - t0) * us, color="tab:red", height=0.8)
-        ax.set_yticks(range(4), ["SM0 wg0", "SM0 wg1", "SM1 wg0", "SM1 wg1"])
+        ax.set_yticks(range(4), ["SM0 group 2", "SM0 group 1", "SM1 group 2", "SM1 group 1"])
         ax.set_xlim(0, 200)
         ax.set_title(f"{label}: epilogues (blue) and their input waits (red); gaps are the warp group's MMAs",
                      fontsize=9)

@@ -124,8 +124,8 @@ def test_direct_tile_loads_take_no_shared_memory():
 
 
 def test_timeline_records_every_tile(ops):
-    """The timeline kernel fills one slot row per output tile: its epilogue's start and end in order, its SM and
-    warp group, every subtile's steps in order (benchmarks/epilogue_timeline.py reads the same buffer)."""
+    """The timeline kernel fills one slot row per output tile: its epilogue's start and end in order, its warp
+    group, every subtile's steps in CUTLASS's order (benchmarks/epilogue_timeline.py reads the same buffer)."""
     import ctypes
 
     import numpy as np
@@ -144,7 +144,11 @@ def test_timeline_records_every_tile(ops):
     rows = buf.reshape(tl.TILES, tl.SLOTS)
     tiles = -(-M // 128) * -(-N // 128)
     assert all(r[0] and r[1] > r[0] and r[127] in (1, 2) for r in rows[:tiles]) and not rows[tiles:].any()
-    for r in rows[:tiles]:
-        steps = [int(r[2 + 5 * s + k]) for s in range(8) for k in range(5)]
+    for r in rows[:tiles]:   # begin_loop, previsit, postreduce, end_loop in order; subtile s's TMA store issued
+        # during subtile s + 1 (after its previsit, before its postreduce), the last one's after the loop
+        steps = [int(r[2 + 5 * s + k]) for s in range(8) for k in (0, 1, 2, 4)]
         assert steps == sorted(steps) and int(r[0]) <= steps[0] and steps[-1] <= int(r[1])
+        for s in range(7):
+            assert int(r[3 + 5 * (s + 1)]) <= int(r[5 + 5 * s]) <= int(r[4 + 5 * (s + 1)])
+        assert int(r[6 + 5 * 7]) <= int(r[5 + 5 * 7]) <= int(r[1])
     assert tl.analyse(rows)["tiles"] == tiles

@@ -45,9 +45,11 @@ def _schedule(mma: int, epilogue: int, tiles: int = 40, subtiles: int = 8) -> np
         e = b + epilogue
         r = buf[k]
         r[0], r[1], r[124], r[125], r[126], r[127] = b, e, b // 2, e // 2, 0, wg
-        for s in range(subtiles):
+        for s in range(subtiles):   # begin_loop, previsit, postreduce, end_loop; subtile s - 1's store issue
             t = b + s * 3000
-            r[2 + 5 * s: 7 + 5 * s] = (t, t + 500, t + 1500, t + 2000, t + 2900)
+            r[2 + 5 * s: 7 + 5 * s] = (t, t + 500, t + 2000, 0, t + 2100)
+            if s:
+                r[5 + 5 * (s - 1)] = t + 1500
             r[83 + s] = t - 1000
         ends[wg], last = e, b
     return buf
@@ -57,7 +59,7 @@ def test_analysis_recovers_a_known_schedule():
     a = tl.analyse(_schedule(20000, 24000))
     assert a["tiles"] == 40 and a["clock_ghz"] == pytest.approx(2.0)
     assert a["epilogue"] == pytest.approx(12.0) and a["subtiles"] == 8
-    assert [a[s] for s in tl.STEPS] == pytest.approx([0.25, 0.5, 0.25, 0.45])
+    assert [a[s] for s in tl.STEPS] == pytest.approx([0.25, 0.5, 0.25, 0.5])
     assert a["load_lead"] == pytest.approx(0.5) and a["loads_late"] == 0
     assert a["mma_mean"] == pytest.approx(10.0)
     assert a["period_mean"] == pytest.approx(11.0, rel=0.03)         # 12, 10, 12, 10 ... µs
