@@ -4,6 +4,8 @@ the same config), in the heuristic's config.
 
     python -m coda_ext prebuild benchmarks/epilogue_timeline.py -j 16
     python -m benchmarks.epilogue_timeline [--models 1B 8B] [--ops swiglu_backward_linear ...]
+    python -m benchmarks.epilogue_timeline --ablate     # the dSwiGLU taken apart (benchmarks/ablate_epilogue.py's
+                                                        # variants, and its math alone on the accumulator)
 
 Per kernel, from one launch after warm-up (cycles of each SM's clock, converted with the clock the launch ran at):
 - epilogue: a math warp group's epilogue of one tile (consumer begin() to end()), and its steps per subtile s
@@ -43,6 +45,28 @@ def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
     return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops)
 
 
+def dswiglu_math_only():
+    """The dSwiGLU's math with the accumulator standing in for the saved gate and up (no tile input, one 16-bit
+    store, as the plain GEMM): what its instructions alone cost beside the other warp group's MMAs."""
+    from coda_ext.graph.builder import Graph
+    from coda_ext.graph.math import sigmoid
+
+    g = Graph()
+    acc = g.accumulator()
+    sig = sigmoid(acc)
+    silu = acc * sig
+    dg = acc * acc * sig * (1.0 + acc * (1.0 - sig))
+    g.output(dg + acc * silu + silu * acc)
+    return g
+
+
+def ablation_graphs() -> dict:
+    """name -> graph: the dSwiGLU's ablation variants (benchmarks/ablate_epilogue.py) and its math alone."""
+    from benchmarks import ablate_epilogue
+
+    return {**ablate_epilogue.dswiglu_variants(), "math only, no z": dswiglu_math_only()}
+
+
 def configs(g):
     """(fused config, plain config): the heuristic's config with the timeline, for the op's graph and the identity."""
     from benchmarks import sweep_backward
@@ -51,7 +75,7 @@ def configs(g):
     return cfg, cfg
 
 
-def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
+def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, ablate: bool = False) -> list:
     from coda_ext import graphs
 
     items = []
@@ -59,6 +83,8 @@ def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
         cfg, plain = configs(g)
         items += [(g.graph(), "bfloat16", cfg), (graphs.identity(), "bfloat16", plain),
                   (g.graph(), "bfloat16", dataclasses.replace(cfg, timeline=False))]
+        if ablate and g.op == "swiglu_backward_linear":
+            items += [(graph, "bfloat16", cfg) for graph in ablation_graphs().values()]
     return items
 
 
@@ -163,8 +189,12 @@ def main(argv=None) -> None:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--ablate", action="store_true",
+                   help="the dSwiGLU rows only, each ablation variant's timeline beside the whole epilogue's")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    if args.ablate:
+        args.ops = ["swiglu_backward_linear"]
     env = common.gpu_info()
     doc = {"env": env, "rows": []}
     timelines = {}
@@ -179,6 +209,14 @@ def main(argv=None) -> None:
             row[name] = analyse(buf)
             if not doc["rows"]:   # the first row's fused kernel and plain twin are drawn
                 timelines[f"{g.model} {g.op} {name}"] = (buf, row[name]["clock_ghz"])
+        if args.ablate:   # each variant's timeline in the same config: what each part costs the MMAs beside it
+            row["ablation"] = {}
+            for vname, graph in ablation_graphs().items():
+                op = ce.compile(graph, "bfloat16", cfg)
+                row["ablation"][vname] = analyse(record(op, rand.op_inputs(op, g.M, g.N, g.K, gen)))
+                v = row["ablation"][vname]
+                print(f"    ablation {vname:22s} period {v['period_mean']:7.3f}  epilogue {v['epilogue']:7.3f} µs",
+                      flush=True)
         # the timeline's own cost: the fused kernel with and without it, interleaved
         bare = ce.compile(g.graph(), "bfloat16", dataclasses.replace(cfg, timeline=False))
         traced = ce.compile(g.graph(), "bfloat16", cfg)
@@ -195,7 +233,7 @@ def main(argv=None) -> None:
             fv, qv = f.get(k), q.get(k)
             print(f"    {k:22s} fused {fv if fv is None else round(fv, 3)!s:>9}   plain "
                   f"{qv if qv is None else round(qv, 3)!s:>9}", flush=True)
-    out = args.out or common.results_path("epilogue_timeline", gpu=env["gpu"])
+    out = args.out or common.results_path("epilogue_timeline" + ("_ablation" if args.ablate else ""), gpu=env["gpu"])
     print(f"wrote {common.write_json(out, doc)}")
     plot(timelines, str(out).replace(".json", ".png"))
 

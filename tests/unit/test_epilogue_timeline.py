@@ -66,3 +66,17 @@ def test_analysis_recovers_a_known_schedule():
     assert a["epilogue_bound_mean"] == pytest.approx(1.0, rel=0.03)  # 2 µs every other tile
     hidden = tl.analyse(_schedule(20000, 16000))                      # an epilogue shorter than the MMAs
     assert hidden["period_mean"] == pytest.approx(10.0) and hidden["epilogue_bound_mean"] == 0
+
+
+def test_ablation_adds_the_dswiglu_parts_in_the_heuristic_config():
+    """--ablate times the dSwiGLU's ablation variants and its math alone (no tile input: the accumulator stands in
+    for gate and up) in the same timeline config as the whole epilogue."""
+    from coda_ext.graph.canonical import as_ir
+
+    graphs_ = tl.ablation_graphs()
+    assert list(graphs_)[-1] == "math only, no z" and "z in; D=acc*u" in graphs_
+    math_only = as_ir(graphs_["math only, no z"])
+    assert not math_only.find("pair_tile") and not math_only.find("tile") and math_only.find("sigmoid")
+    items = tl.build_items(models=("1B",), ops=("swiglu_backward_linear",), ablate=True)
+    configs = {c for _, _, c in items if c.timeline}
+    assert len(configs) == 1 and len(items) == 3 + len(graphs_)
