@@ -55,7 +55,7 @@ def headers_digest(root: str | None = None) -> str:
 
 
 #: Headers of kernel-config variants (csrc/epilogues/variants/): included by the emitted source of the kernels
-#: that use them (codegen.emit.VARIANT_HEADERS), never by another header, so they are left out of headers_digest
+#: that use them (codegen.emit.variant_headers), never by another header, so they are left out of headers_digest
 #: and a change to one re-keys only the kernels that include it.
 _VARIANT_INCLUDE = re.compile(r'^#include "(epilogues/variants/[A-Za-z0-9_.]+)"', re.M)
 
