@@ -45,26 +45,13 @@ def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
     return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops)
 
 
-def dswiglu_math_only():
-    """The dSwiGLU's math with the accumulator standing in for the saved gate and up (no tile input, one 16-bit
-    store, as the plain GEMM): what its instructions alone cost beside the other warp group's MMAs."""
-    from coda_ext.graph.builder import Graph
-    from coda_ext.graph.math import sigmoid
-
-    g = Graph()
-    acc = g.accumulator()
-    sig = sigmoid(acc)
-    silu = acc * sig
-    dg = acc * acc * sig * (1.0 + acc * (1.0 - sig))
-    g.output(dg + acc * silu + silu * acc)
-    return g
-
-
 def ablation_graphs() -> dict:
-    """name -> graph: the dSwiGLU's ablation variants (benchmarks/ablate_epilogue.py) and its math alone."""
+    """name -> graph: the dSwiGLU's ablation variants (benchmarks/ablate_epilogue.py) and its math alone on the
+    accumulator (graphs.swiglu_backward_math)."""
     from benchmarks import ablate_epilogue
+    from coda_ext import graphs
 
-    return {**ablate_epilogue.dswiglu_variants(), "math only, no z": dswiglu_math_only()}
+    return {**ablate_epilogue.dswiglu_variants(), "math only, no z": graphs.swiglu_backward_math()}
 
 
 def configs(g):

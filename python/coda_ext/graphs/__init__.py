@@ -18,6 +18,7 @@ from .backward import (
     pair_tile_read,
     rms_norm_backward_linear,
     swiglu_backward_linear,
+    swiglu_backward_math,
     weight_grad_f32,
 )
 from .coverage import binary, pair_gates, reductions, unary_a, unary_b
@@ -56,5 +57,5 @@ __all__ = [
     "lm_head_cross_entropy_backward", "lm_head_cross_entropy_train", "pair_gates", "pair_tile_read", "qkv_rope",
     "reductions", "rms_linear",
     "rms_norm_backward_linear", "rstd_scale", "rstd_swiglu", "silu_acc", "silu_aux_bias", "store_rowsum", "swiglu",
-    "swiglu_backward_linear", "unary_a", "unary_b", "weight_grad_f32",
+    "swiglu_backward_linear", "swiglu_backward_math", "unary_a", "unary_b", "weight_grad_f32",
 ]

@@ -89,6 +89,18 @@ def pair_tile_read() -> Graph:
     return g
 
 
+def swiglu_backward_math() -> Graph:
+    """The dSwiGLU's math with the accumulator standing in for the saved gate and up: no tile input, one
+    half-width output, as the plain GEMM (the ablation's math alone, benchmarks/epilogue_timeline.py --ablate)."""
+    g = Graph()
+    acc = g.accumulator()
+    sig = sigmoid(acc)
+    silu = acc * sig
+    dg = acc * acc * sig * (1.0 + acc * (1.0 - sig))
+    g.output(dg + acc * silu + silu * acc)
+    return g
+
+
 def lm_head_cross_entropy_backward(scaled: bool) -> Graph:
     """dlogits of one vocabulary chunk of the LM head (target is chunk-relative):
 
