@@ -54,12 +54,11 @@ def ablation_graphs() -> dict:
     return {**ablate_epilogue.dswiglu_variants(), "math only, no z": graphs.swiglu_backward_math()}
 
 
-def configs(g):
-    """(fused config, plain config): the heuristic's config with the timeline, for the op's graph and the identity."""
+def config(g):
+    """The heuristic's config of row g with the timeline: the op's graph and its plain twin both run in it."""
     from benchmarks import sweep_backward
 
-    cfg = dataclasses.replace(sweep_backward.heuristic_config(g), timeline=True)
-    return cfg, cfg
+    return dataclasses.replace(sweep_backward.heuristic_config(g), timeline=True)
 
 
 def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, ablate: bool = False) -> list:
@@ -67,8 +66,8 @@ def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, ablate: bool
 
     items = []
     for g in rows(models, tokens, ops):
-        cfg, plain = configs(g)
-        items += [(g.graph(), "bfloat16", cfg), (graphs.identity(), "bfloat16", plain),
+        cfg = config(g)
+        items += [(g.graph(), "bfloat16", cfg), (graphs.identity(), "bfloat16", cfg),
                   (g.graph(), "bfloat16", dataclasses.replace(cfg, timeline=False))]
         if ablate and g.op == "swiglu_backward_linear":
             items += [(graph, "bfloat16", cfg) for graph in ablation_graphs().values()]
@@ -186,10 +185,10 @@ def main(argv=None) -> None:
     doc = {"env": env, "rows": []}
     timelines = {}
     for g in rows(args.models, args.tokens, args.ops):
-        cfg, plain_cfg = configs(g)
+        cfg = config(g)
         gen = torch.Generator(device="cuda").manual_seed(0)
         row = {"op": g.op, "model": g.model, "M": g.M, "N": g.N, "K": g.K, "config": cfg.tag}
-        for name, graph, c in (("fused", g.graph(), cfg), ("plain", graphs.identity(), plain_cfg)):
+        for name, graph, c in (("fused", g.graph(), cfg), ("plain", graphs.identity(), cfg)):
             op = ce.compile(graph, "bfloat16", c)
             inputs = rand.op_inputs(op, g.M, g.N, g.K, gen)
             buf = record(op, inputs)
