@@ -97,10 +97,17 @@ def analyse(buf) -> dict:
     by_sm: dict = {}
     for r in tiles:
         by_sm.setdefault(int(r[126]), []).append(r)
-    # each SM's clock over its whole span (globaltimer counts ns, coarsely: one span, not one tile)
-    ghz = statistics.median(float(max(int(r[1]) for r in rs) - min(int(r[0]) for r in rs)) /
-                            float(max(int(r[125]) for r in rs) - min(int(r[124]) for r in rs))
-                            for rs in by_sm.values() if len(rs) > 1)
+    # each SM's clock over its whole span (globaltimer counts ns, coarsely: one span, not one tile); where no SM ran two
+    # tiles (a small problem), the ratio of all tiles' summed spans
+    spans = [(max(int(r[1]) for r in rs) - min(int(r[0]) for r in rs),
+              max(int(r[125]) for r in rs) - min(int(r[124]) for r in rs)) for rs in by_sm.values() if len(rs) > 1]
+    if spans:
+        ghz = statistics.median(float(c) / float(ns) for c, ns in spans if ns > 0)
+    else:
+        ns = sum(int(r[125]) - int(r[124]) for r in tiles)
+        if ns <= 0:
+            raise ValueError("timeline: no tile spans any globaltimer time; the clock cannot be read")
+        ghz = sum(float(r[1] - r[0]) for r in tiles) / ns
     us = 1e-3 / ghz   # µs per cycle
     out = {"tiles": len(tiles), "clock_ghz": ghz,
            "epilogue": statistics.median(float(r[1] - r[0]) * us for r in tiles)}
@@ -126,6 +133,10 @@ def analyse(buf) -> dict:
             mma.append(b1 - start)
             bound.append(max(0, ready - b0))
             last_end[wg1] = e1
+    if not periods:   # one tile per SM: no schedule to split
+        out.update(dict.fromkeys(("period", "period_mean", "mma", "mma_mean", "epilogue_bound_mean",
+                                  "epilogue_bound_share")))
+        return out
     out["period"] = statistics.median(periods) * us
     out["period_mean"] = statistics.fmean(periods) * us
     out["mma"] = statistics.median(mma) * us

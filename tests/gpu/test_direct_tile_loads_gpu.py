@@ -125,7 +125,9 @@ def test_direct_tile_loads_take_no_shared_memory():
 
 def test_timeline_records_every_tile(ops):
     """The timeline kernel fills one slot row per output tile: its epilogue's start and end in order, its warp
-    group, every subtile's steps in CUTLASS's order (benchmarks/epilogue_timeline.py reads the same buffer)."""
+    group, every subtile's steps in CUTLASS's order (benchmarks/epilogue_timeline.py reads the same buffer). N has
+    9 tiles, which the scheduler's swizzle 4 rounds up to 12: the 3 tiles a row past N must record nothing
+    (regression: their slots were the next row's first tiles)."""
     import ctypes
 
     import numpy as np
@@ -143,7 +145,11 @@ def test_timeline_records_every_tile(ops):
     assert op._lib.coda_timeline_copy(ctypes.c_void_p(buf.ctypes.data), ctypes.c_ulonglong(buf.nbytes)) == 0
     rows = buf.reshape(tl.TILES, tl.SLOTS)
     tiles = -(-M // 128) * -(-N // 128)
-    assert all(r[0] and r[1] > r[0] and r[127] in (1, 2) for r in rows[:tiles]) and not rows[tiles:].any()
+    bad = [(t, int(r[0]), int(r[1]), int(r[127])) for t, r in enumerate(rows[:tiles])
+           if not (r[0] and r[1] > r[0] and r[127] in (1, 2))]
+    assert not bad, f"{len(bad)} of {tiles} tiles without a begin < end from a math warp group: {bad[:8]}"
+    extra = [t for t in range(tiles, len(rows)) if rows[t].any()]
+    assert not extra, f"slots written past the {tiles} tiles: rows {extra[:8]} ({len(extra)} in all)"
     for r in rows[:tiles]:   # begin_loop, previsit, postreduce, end_loop in order; subtile s's TMA store issued
         # during subtile s + 1 (after its previsit, before its postreduce), the last one's after the loop
         steps = [int(r[2 + 5 * s + k]) for s in range(8) for k in (0, 1, 2, 4)]

@@ -68,6 +68,16 @@ def test_analysis_recovers_a_known_schedule():
     assert hidden["period_mean"] == pytest.approx(10.0) and hidden["epilogue_bound_mean"] == 0
 
 
+def test_analysis_of_one_tile_per_sm_reads_the_clock_from_all_tiles():
+    """Regression: a problem with fewer tiles than SMs (the GPU test's) left no SM with two tiles, and the per-SM
+    clock's median had no data."""
+    buf = _schedule(20000, 24000, tiles=6)
+    buf[:6, 126] = np.arange(6)   # every tile on its own SM
+    a = tl.analyse(buf)
+    assert a["tiles"] == 6 and a["clock_ghz"] == pytest.approx(2.0) and a["epilogue"] == pytest.approx(12.0)
+    assert a["period"] is None and a["epilogue_bound_share"] is None
+
+
 def test_ablation_adds_the_dswiglu_parts_in_the_heuristic_config():
     """--ablate times the dSwiGLU's ablation variants and its math alone (no tile input: the accumulator stands in
     for gate and up) in the same timeline config as the whole epilogue."""

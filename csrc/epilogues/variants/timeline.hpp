@@ -42,13 +42,17 @@ CUTLASS_DEVICE unsigned timeline_smid() {
   return id;
 }
 
-// The tile's slots, or nullptr for tiles past kTimelineTiles.
+// The tile's slots, or nullptr for tiles past kTimelineTiles and for the tiles past the problem that a swizzled
+// persistent scheduler also runs (it rounds the tile grid up to whole swizzle groups: their slots would be another
+// tile's).
 template <class Args>
 CUTLASS_DEVICE unsigned long long* timeline_slots(Args const& args) {
   using namespace cute;
   auto [M, N, K, L] = args.problem_shape_mnkl;
   auto [m, n, k, l] = args.tile_coord_mnkl;
+  int tiles_m = (int(M) + int(size<0>(args.tile_shape_mnk)) - 1) / int(size<0>(args.tile_shape_mnk));
   int tiles_n = (int(N) + int(size<1>(args.tile_shape_mnk)) - 1) / int(size<1>(args.tile_shape_mnk));
+  if (int(m) >= tiles_m || int(n) >= tiles_n) return nullptr;
   long tile = long(m) * tiles_n + long(n);
   return tile < kTimelineTiles ? coda_timeline_buffer + tile * kTimelineSlots : nullptr;
 }

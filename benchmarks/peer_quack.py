@@ -1,0 +1,140 @@
+"""The dSwiGLU backward GEMM beside the expert peer: QuACK's `gemm_dgated` (the same epilogue: dz interleaved, y,
+and with its `dswiglu_dpreact_mod` the row sum Σ g·dg + u·du) against coda_ext's fused kernel and the bare cuBLAS
+GEMM of the same shape, interleaved in one process; × cuBLAS, medians of per-round ratios.
+
+    pip install quack-kernels nvidia-cutlass-dsl[cu13]     # the peer (not a coda_ext dependency)
+    python -m coda_ext prebuild benchmarks/peer_quack.py -j 16
+    python -m benchmarks.peer_quack [--models 1B 8B] [--reps 20] [--sustained]
+
+acc = dy @ W_down (M × F, K = d): A = dy (M, d), B = W_down (d, F) as torch stores it (F contiguous); z the saved
+(M, 2F) interleaved gate/up. QuACK runs its default config (tuned=False, as its users call it untuned) and, with
+--tuned, its autotuner's pick. Results: peer_quack_<gpu>.json in the results folder (`--out` to choose).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import statistics
+
+from benchmarks import common, sweep_backward
+
+OP = "swiglu_backward_linear"
+
+
+def rows(models=("1B", "8B"), tokens: int = 16384) -> list:
+    return sweep_backward.rows(models, tokens, (OP,))
+
+
+def build_items(models=("1B", "8B"), tokens: int = 16384) -> list:
+    """coda_ext's kernels these rows run: the fused dSwiGLU and its plain twin in the heuristic's config."""
+    from coda_ext import graphs
+
+    items = []
+    for g in rows(models, tokens):
+        cfg = sweep_backward.heuristic_config(g)
+        items += [(g.graph(), "bfloat16", cfg), (graphs.identity(), "bfloat16", cfg)]
+    return items
+
+
+def quack_variants(A, B, z, tuned: bool) -> tuple:
+    """({name: callable(i)} of QuACK's dSwiGLU GEMMs on (A, B, z), the dz buffer they write); the ones its installed
+    version lacks are left out (and named on stderr)."""
+    import sys
+
+    import torch
+    from quack import gemm_interface as qi
+
+    M, N = A.shape[0], B.shape[1]
+    dz = torch.empty(M, 2 * N, dtype=A.dtype, device=A.device)
+    y = torch.empty(M, N, dtype=A.dtype, device=A.device)
+    out = {"quack_dz_y": lambda i: qi.gemm_dact(A, B, z, activation="swiglu", dx_out=dz, postact_out=y,
+                                                 tuned=tuned)}
+    try:
+        from quack.epilogue.library import dswiglu_dpreact_mod
+
+        out["quack_dz_y_zdz"] = lambda i: dswiglu_dpreact_mod(A, B, z, out={"D": dz, "postact": y}, tuned=tuned)
+    except ImportError as e:
+        print(f"quack: no dswiglu_dpreact_mod ({e}); the row sum variant is left out", file=sys.stderr)
+    return out, dz
+
+
+def check(A, B, z, fn, dz, name: str) -> float | None:
+    """Max |dz − reference| / max |reference| of one QuACK call (fp32 reference): the peer computes what we time.
+    None where the call fails (its message printed): that variant is then not timed."""
+    import torch
+
+    acc = A.float() @ B.float()
+    g, u = z.float()[:, 0::2], z.float()[:, 1::2]
+    s = torch.sigmoid(g)
+    dg = acc * u * s * (1 + g * (1 - s))
+    du = acc * g * s
+    dz.fill_(float("nan"))
+    try:
+        fn(0)
+    except (TypeError, KeyError, ValueError, RuntimeError, NotImplementedError) as e:   # an API this QuACK
+        # spells otherwise: report, leave the variant out
+        print(f"    {name}: failed ({type(e).__name__}: {e}); not timed", flush=True)
+        return None
+    ref = torch.stack((dg, du), dim=-1).reshape(dz.shape)
+    err = float((dz.float() - ref).abs().max() / ref.abs().max())
+    print(f"    {name}: dz max error {err:.2e} of max |dz|", flush=True)
+    return err
+
+
+def main(argv=None) -> None:
+    import torch
+
+    import coda_ext as ce
+    from coda_ext import graphs
+    from tests.helpers import rand
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["1B", "8B"], choices=list(sweep_backward.MODELS))
+    p.add_argument("--tokens", type=int, default=16384)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--sustained", action="store_true", help="time at the GPU's sustained (power-limited) clocks")
+    p.add_argument("--tuned", action="store_true", help="QuACK's autotuned config instead of its default")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    try:
+        import quack
+    except ImportError as e:
+        raise SystemExit(f"peer_quack needs QuACK: pip install quack-kernels 'nvidia-cutlass-dsl[cu13]' ({e})") from e
+    env = common.gpu_info()
+    env["quack"] = getattr(quack, "__version__", "?")
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        env["cutlass_dsl"] = importlib.metadata.version("nvidia-cutlass-dsl")
+    doc = {"env": env, "sustained": args.sustained, "quack_tuned": args.tuned, "rows": []}
+    timer = common.time_sustained if args.sustained else common.time_interleaved
+    for g in rows(args.models, args.tokens):
+        M, N, K = g.M, g.N, g.K
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        A = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+        B = (torch.randn(K, N, generator=gen, device="cuda") / K ** 0.5).to(torch.bfloat16)
+        z = torch.randn(M, 2 * N, generator=gen, device="cuda").to(torch.bfloat16)
+        cfg = sweep_backward.heuristic_config(g)
+        fused = ce.compile(g.graph(), "bfloat16", cfg)
+        plain = ce.compile(graphs.identity(), "bfloat16", cfg)
+        fa, pa = rand.op_inputs(fused, M, N, K, gen), rand.op_inputs(plain, M, N, K, gen)
+        variants = {"cublas": lambda i: torch.mm(A, B),
+                    "coda": lambda i: fused(fa[0], fa[1], **fa[2]),
+                    "coda_plain": lambda i: plain(pa[0], pa[1], **pa[2])}
+        quack_fns, dz = quack_variants(A, B, z, args.tuned)
+        errors = {name: check(A, B, z, fn, dz, name) for name, fn in quack_fns.items()}
+        variants.update({name: fn for name, fn in quack_fns.items() if errors[name] is not None})
+        times = timer(variants, args.reps)
+        base = times["cublas"]
+        row = {"model": g.model, "M": M, "N": N, "K": K, "coda_config": cfg.tag, "quack_dz_errors": errors,
+               "variants": {k: {"ms": statistics.median(v),
+                                "ratio_to_cublas": statistics.median(t / b for t, b in zip(v, base))}
+                            for k, v in times.items()}}
+        doc["rows"].append(row)
+        print(f"{g.model} dSwiGLU {M}x{N}x{K} (coda {cfg.tag}): " + ", ".join(
+            f"{k} {x['ms']:.3f} ms x{x['ratio_to_cublas']:.3f}" for k, x in row["variants"].items()), flush=True)
+    stem = "peer_quack" + ("_sustained" if args.sustained else "") + ("_tuned" if args.tuned else "")
+    print(f"wrote {common.write_json(args.out or common.results_path(stem, gpu=env['gpu']), doc)}")
+
+
+if __name__ == "__main__":
+    main()
