@@ -1,14 +1,17 @@
-"""The dSwiGLU backward GEMM beside the expert peer: QuACK's `gemm_dgated` (the same epilogue: dz interleaved, y,
-and with its `dswiglu_dpreact_mod` the row sum Σ g·dg + u·du) against coda_ext's fused kernel and the bare cuBLAS
-GEMM of the same shape, interleaved in one process; × cuBLAS, medians of per-round ratios.
+"""The SwiGLU GEMMs beside the expert peer, forward and backward: QuACK's `gemm_act` (SwiGLU on interleaved gate/up
+columns, y with and without the pre-activation z) and `gemm_dgated` (the same epilogue as coda_ext's dSwiGLU: dz
+interleaved, y, and with its `dswiglu_dpreact_mod` the row sum Σ g·dg + u·du) against coda_ext's fused kernels,
+their plain twins and the bare cuBLAS GEMM of the same shape, interleaved in one process; × cuBLAS, medians of
+per-round ratios.
 
     pip install quack-kernels nvidia-cutlass-dsl[cu13]     # the peer (not a coda_ext dependency)
     python -m coda_ext prebuild benchmarks/peer_quack.py -j 16
     python -m benchmarks.peer_quack [--models 1B 8B] [--reps 20] [--sustained]
 
-acc = dy @ W_down (M × F, K = d): A = dy (M, d), B = W_down (d, F) as torch stores it (F contiguous); z the saved
-(M, 2F) interleaved gate/up. QuACK runs its default config (tuned=False, as its users call it untuned) and, with
---tuned, its autotuner's pick. Results: peer_quack_<gpu>.json in the results folder (`--out` to choose).
+Backward: acc = dy @ W_down (M × F, K = d): A = dy (M, d), B = W_down (d, F) as torch stores it (F contiguous); z
+the saved (M, 2F) interleaved gate/up. Forward: acc = x @ W_gate_upᵀ (M × 2F, K = d), W (2F, d) as torch stores it.
+QuACK runs its default config (tuned=False, as its users call it untuned) and, with --tuned, its autotuner's pick.
+Results: peer_quack_<gpu>.json in the results folder (`--out` to choose).
 """
 from __future__ import annotations
 
@@ -26,14 +29,40 @@ def rows(models=("1B", "8B"), tokens: int = 16384) -> list:
     return sweep_backward.rows(models, tokens, (OP,))
 
 
+def forward_graphs() -> dict:
+    """name -> coda_ext's forward SwiGLU graph (the ready op linear_swiglu's, unscaled): y alone, and z and y."""
+    from coda_ext.graphs import forward
+
+    return {"coda_y": forward.linear_swiglu(False, False), "coda_z_y": forward.linear_swiglu(False, True)}
+
+
+def forward_config(graph, M: int, N: int, K: int):
+    """The heuristic's config for a forward graph at (M, N, K), operands as nn.Linear stores them ("kk")."""
+    from coda_ext import tuning
+    from coda_ext.passes import lower
+
+    epilogue = tuning.Epilogue.of(lower(graph.build(), "bfloat16"))
+    return tuning.fit_swizzle(tuning.heuristic(M, N, K, tuning.DEFAULT_SMS, epilogue, "kk"), M, N)
+
+
+def forward_shape(model: str, tokens: int) -> tuple:
+    m = sweep_backward.MODELS[model]
+    return tokens, 2 * m["F"], m["d"]
+
+
 def build_items(models=("1B", "8B"), tokens: int = 16384) -> list:
-    """coda_ext's kernels these rows run: the fused dSwiGLU and its plain twin in the heuristic's config."""
+    """coda_ext's kernels these rows run: the fused dSwiGLU and the forward SwiGLU graphs, each with its plain twin,
+    in the heuristic's configs."""
     from coda_ext import graphs
 
     items = []
     for g in rows(models, tokens):
         cfg = sweep_backward.heuristic_config(g)
         items += [(g.graph(), "bfloat16", cfg), (graphs.identity(), "bfloat16", cfg)]
+    for model in models:
+        for graph in forward_graphs().values():
+            cfg = forward_config(graph, *forward_shape(model, tokens))
+            items += [(graph, "bfloat16", cfg), (graphs.identity(), "bfloat16", cfg)]
     return items
 
 
@@ -82,6 +111,64 @@ def check(A, B, z, fn, dz, name: str) -> float | None:
     return err
 
 
+def summary(times: dict) -> dict:
+    base = times["cublas"]
+    return {k: {"ms": statistics.median(v), "ratio_to_cublas": statistics.median(t / b for t, b in zip(v, base))}
+            for k, v in times.items()}
+
+
+def report(row: dict) -> None:
+    print(f"{row['model']} {row['op']} {row['M']}x{row['N']}x{row['K']} (coda {row['coda_config']}): " + ", ".join(
+        f"{k} {x['ms']:.3f} ms x{x['ratio_to_cublas']:.3f}" for k, x in row["variants"].items()), flush=True)
+
+
+def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: bool) -> dict:
+    """The forward SwiGLU at (M, N = 2F, K = d): cuBLAS (F.linear), coda_ext's graphs and their plain twins, QuACK's
+    gemm_act with and without z; QuACK's y checked against an fp32 reference."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+    from quack import gemm_interface as qi
+
+    import coda_ext as ce
+    from coda_ext import graphs
+    from tests.helpers import rand
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    W = (torch.randn(N, K, generator=gen, device="cuda") / K ** 0.5).to(torch.bfloat16)
+    variants, configs = {"cublas": lambda i: F.linear(x, W)}, {}
+    for name, graph in forward_graphs().items():
+        cfg = forward_config(graph, M, N, K)
+        fused, plain = ce.compile(graph, "bfloat16", cfg), ce.compile(graphs.identity(), "bfloat16", cfg)
+        fa, pa = rand.op_inputs(fused, M, N, K, gen), rand.op_inputs(plain, M, N, K, gen)
+        variants[name] = lambda i, op=fused, a=fa: op(a[0], a[1], **a[2])
+        variants[name + "_plain"] = lambda i, op=plain, a=pa: op(a[0], a[1], **a[2])
+        configs[name] = cfg.tag
+    z = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    y = torch.empty(M, N // 2, dtype=x.dtype, device=x.device)
+    quack = {"quack_z_y": lambda i: qi.gemm_act(x, W.t(), activation="swiglu", preact_out=z, postact_out=y,
+                                                 store_preact=True, tuned=tuned),
+             "quack_y": lambda i: qi.gemm_act(x, W.t(), activation="swiglu", postact_out=y, store_preact=False,
+                                              tuned=tuned)}
+    acc = x.float() @ W.float().t()
+    ref = F.silu(acc[:, 0::2]) * acc[:, 1::2]
+    errors = {}
+    for name, fn in quack.items():
+        y.fill_(float("nan"))
+        try:
+            fn(0)
+        except (TypeError, KeyError, ValueError, RuntimeError, NotImplementedError) as e:
+            print(f"    {name}: failed ({type(e).__name__}: {e}); not timed", file=sys.stderr, flush=True)
+            continue
+        errors[name] = float((y.float() - ref).abs().max() / ref.abs().max())
+        print(f"    {name}: y max error {errors[name]:.2e} of max |y|", flush=True)
+        variants[name] = fn
+    return {"op": "swiglu", "model": model, "M": M, "N": N, "K": K, "coda_config": configs, "quack_errors": errors,
+            "variants": summary(timer(variants, reps))}
+
+
 def main(argv=None) -> None:
     import torch
 
@@ -95,6 +182,7 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--sustained", action="store_true", help="time at the GPU's sustained (power-limited) clocks")
     p.add_argument("--tuned", action="store_true", help="QuACK's autotuned config instead of its default")
+    p.add_argument("--no-forward", action="store_true", help="the dSwiGLU rows only")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     try:
@@ -123,15 +211,14 @@ def main(argv=None) -> None:
         quack_fns, dz = quack_variants(A, B, z, args.tuned)
         errors = {name: check(A, B, z, fn, dz, name) for name, fn in quack_fns.items()}
         variants.update({name: fn for name, fn in quack_fns.items() if errors[name] is not None})
-        times = timer(variants, args.reps)
-        base = times["cublas"]
-        row = {"model": g.model, "M": M, "N": N, "K": K, "coda_config": cfg.tag, "quack_dz_errors": errors,
-               "variants": {k: {"ms": statistics.median(v),
-                                "ratio_to_cublas": statistics.median(t / b for t, b in zip(v, base))}
-                            for k, v in times.items()}}
+        row = {"op": "dswiglu", "model": g.model, "M": M, "N": N, "K": K, "coda_config": cfg.tag,
+               "quack_errors": errors, "variants": summary(timer(variants, args.reps))}
         doc["rows"].append(row)
-        print(f"{g.model} dSwiGLU {M}x{N}x{K} (coda {cfg.tag}): " + ", ".join(
-            f"{k} {x['ms']:.3f} ms x{x['ratio_to_cublas']:.3f}" for k, x in row["variants"].items()), flush=True)
+        report(row)
+    if not args.no_forward:
+        for model in args.models:
+            doc["rows"].append(forward_row(model, *forward_shape(model, args.tokens), timer, args.reps, args.tuned))
+            report(doc["rows"][-1])
     stem = "peer_quack" + ("_sustained" if args.sustained else "") + ("_tuned" if args.tuned else "")
     print(f"wrote {common.write_json(args.out or common.results_path(stem, gpu=env['gpu']), doc)}")
 

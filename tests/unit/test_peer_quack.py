@@ -8,16 +8,20 @@ import pytest
 from benchmarks import peer_quack
 
 
-def test_build_items_are_the_fused_dswiglu_and_its_plain_twin_per_row():
+def test_build_items_are_each_fused_graph_and_its_plain_twin_in_one_config():
     from coda_ext import graphs
 
     items = peer_quack.build_items()
     rows = peer_quack.rows()
-    assert len(items) == 2 * len(rows) and len(rows) == 2
+    forward = peer_quack.forward_graphs()
+    assert len(rows) == 2 and len(items) == 2 * len(rows) + 2 * 2 * len(forward)
     identity = graphs.identity().build().digest()
-    for g, (fused, plain) in zip(rows, zip(items[0::2], items[1::2])):
-        assert fused[0].build().digest() == g.graph().build().digest() and plain[0].build().digest() == identity
+    pairs = list(zip(items[0::2], items[1::2]))
+    fused_graphs = [g.graph() for g in rows] + [graph for _ in ("1B", "8B") for graph in forward.values()]
+    for graph, (fused, plain) in zip(fused_graphs, pairs):
+        assert fused[0].build().digest() == graph.build().digest() and plain[0].build().digest() == identity
         assert fused[2] == plain[2] and fused[2].schedule == "pingpong"
+    assert peer_quack.forward_shape("8B", 16384) == (16384, 28672, 4096)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("quack") is not None, reason="QuACK is installed here")
