@@ -16,7 +16,11 @@ Per kernel, from one launch after warm-up (cycles of each SM's clock, converted 
 - period: the time between two consecutive tiles' MMAs ending on an SM (both warp groups' tiles in order), the
   kernel's time per tile; split into mma (a tile's MMAs, from the moment both its warp group's previous epilogue and
   the other group's MMAs were done, to its own epilogue's start) and epilogue_bound (the tensor cores idle because
-  the warp group whose turn it was was still in its previous epilogue);
+  the warp group whose turn it was was still in its previous epilogue); epilogue_share (epilogue / period) and
+  handover (from one epilogue's end to the next one's start on the SM): ping-pong runs the two groups' epilogues
+  one at a time, so a share near 1 with a short handover is a kernel paced by its epilogues — a wait that
+  epilogue_bound does not see, as begin() is recorded after the epilogue order barrier and end() before the TMA
+  store drain;
 - load_lead: how long before a subtile's turn its tile inputs were issued by the load warp (negative: issued after
   the consumer began to wait).
 Results: epilogue_timeline_<gpu>.json (medians, µs) and a PNG of a few SMs' timelines.
@@ -122,12 +126,13 @@ def analyse(buf) -> dict:
     out["load_lead"] = statistics.median(lead) * us if lead else None
     out["loads_late"] = sum(1 for x in lead if x < 0) / len(lead) if lead else None
     # per SM: the tiles in the order their MMAs ended (epilogue starts), both warp groups
-    periods, mma, bound = [], [], []
+    periods, mma, bound, handover = [], [], [], []
     for rs in by_sm.values():
         seq = sorted((int(r[0]), int(r[1]), int(r[127])) for r in rs)
         last_end = {seq[0][2]: seq[0][1]}   # warp group -> its last epilogue's end
-        for (b0, _, _), (b1, e1, wg1) in itertools.pairwise(seq):
+        for (b0, e0, _), (b1, e1, wg1) in itertools.pairwise(seq):
             periods.append(b1 - b0)
+            handover.append(b1 - e0)
             ready = last_end.get(wg1, 0)   # the warp group's previous epilogue done
             start = max(b0, ready)
             mma.append(b1 - start)
@@ -135,7 +140,7 @@ def analyse(buf) -> dict:
             last_end[wg1] = e1
     if not periods:   # one tile per SM: no schedule to split
         out.update(dict.fromkeys(("period", "period_mean", "mma", "mma_mean", "epilogue_bound_mean",
-                                  "epilogue_bound_share")))
+                                  "epilogue_bound_share", "epilogue_share", "handover")))
         return out
     out["period"] = statistics.median(periods) * us
     out["period_mean"] = statistics.fmean(periods) * us
@@ -143,6 +148,11 @@ def analyse(buf) -> dict:
     out["mma_mean"] = statistics.fmean(mma) * us
     out["epilogue_bound_mean"] = statistics.fmean(bound) * us
     out["epilogue_bound_share"] = sum(bound) / sum(periods)
+    # ping-pong runs the two groups' epilogues one at a time: an epilogue share near 1 with a short handover (the next
+    # epilogue starting as the previous one ends) is a kernel paced by its epilogues, which epilogue_bound cannot see
+    # (begin() is recorded after the epilogue order barrier, end() before the TMA store drain)
+    out["epilogue_share"] = out["epilogue"] / out["period"]
+    out["handover"] = statistics.median(handover) * us
     return out
 
 
@@ -226,6 +236,7 @@ def main(argv=None) -> None:
         print(f"{g.model} {g.op} {g.M}x{g.N}x{g.K} [{cfg.tag}] timeline cost x{row['timeline_overhead']:.3f}; "
               f"{f['tiles']} tiles at {f['clock_ghz']:.2f} GHz", flush=True)
         for k in ("period", "period_mean", "mma", "mma_mean", "epilogue_bound_mean", "epilogue_bound_share",
+                  "epilogue_share", "handover",
                   "epilogue", "subtiles", *STEPS, "load_lead", "loads_late"):
             fv, qv = f.get(k), q.get(k)
             print(f"    {k:22s} fused {fv if fv is None else round(fv, 3)!s:>9}   plain "

@@ -64,8 +64,10 @@ def test_analysis_recovers_a_known_schedule():
     assert a["mma_mean"] == pytest.approx(10.0)
     assert a["period_mean"] == pytest.approx(11.0, rel=0.03)         # 12, 10, 12, 10 ... µs
     assert a["epilogue_bound_mean"] == pytest.approx(1.0, rel=0.03)  # 2 µs every other tile
+    assert a["epilogue_share"] == pytest.approx(1.2) and a["handover"] == pytest.approx(-2.0)   # a median tile: 10 µs
     hidden = tl.analyse(_schedule(20000, 16000))                      # an epilogue shorter than the MMAs
     assert hidden["period_mean"] == pytest.approx(10.0) and hidden["epilogue_bound_mean"] == 0
+    assert hidden["epilogue_share"] == pytest.approx(0.8) and hidden["handover"] == pytest.approx(2.0)
 
 
 def test_analysis_of_one_tile_per_sm_reads_the_clock_from_all_tiles():
