@@ -38,11 +38,7 @@ def forward_graphs() -> dict:
 
 def forward_config(graph, M: int, N: int, K: int):
     """The heuristic's config for a forward graph at (M, N, K), operands as nn.Linear stores them ("kk")."""
-    from coda_ext import tuning
-    from coda_ext.passes import lower
-
-    epilogue = tuning.Epilogue.of(lower(graph.build(), "bfloat16"))
-    return tuning.fit_swizzle(tuning.heuristic(M, N, K, tuning.DEFAULT_SMS, epilogue, "kk"), M, N)
+    return sweep_backward.graph_heuristic(graph, M, N, K, "kk")
 
 
 def forward_shape(model: str, tokens: int) -> tuple:
@@ -88,6 +84,17 @@ def quack_variants(A, B, z, tuned: bool) -> tuple:
     return out, dz
 
 
+def runs(fn, name: str) -> bool:
+    """Whether one call of a QuACK variant runs; where this QuACK spells its API otherwise, says so (the variant is
+    then left out, not timed)."""
+    try:
+        fn(0)
+    except (TypeError, KeyError, ValueError, RuntimeError, NotImplementedError) as e:
+        print(f"    {name}: failed ({type(e).__name__}: {e}); not timed", flush=True)
+        return False
+    return True
+
+
 def check(A, B, z, fn, dz, name: str) -> float | None:
     """Max |dz − reference| / max |reference| of one QuACK call (fp32 reference): the peer computes what we time.
     None where the call fails (its message printed): that variant is then not timed."""
@@ -99,11 +106,7 @@ def check(A, B, z, fn, dz, name: str) -> float | None:
     dg = acc * u * s * (1 + g * (1 - s))
     du = acc * g * s
     dz.fill_(float("nan"))
-    try:
-        fn(0)
-    except (TypeError, KeyError, ValueError, RuntimeError, NotImplementedError) as e:   # an API this QuACK
-        # spells otherwise: report, leave the variant out
-        print(f"    {name}: failed ({type(e).__name__}: {e}); not timed", flush=True)
+    if not runs(fn, name):
         return None
     ref = torch.stack((dg, du), dim=-1).reshape(dz.shape)
     err = float((dz.float() - ref).abs().max() / ref.abs().max())
@@ -125,8 +128,6 @@ def report(row: dict) -> None:
 def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: bool) -> dict:
     """The forward SwiGLU at (M, N = 2F, K = d): cuBLAS (F.linear), coda_ext's graphs and their plain twins, QuACK's
     gemm_act with and without z; QuACK's y checked against an fp32 reference."""
-    import sys
-
     import torch
     import torch.nn.functional as F
     from quack import gemm_interface as qi
@@ -157,10 +158,7 @@ def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: boo
     errors = {}
     for name, fn in quack.items():
         y.fill_(float("nan"))
-        try:
-            fn(0)
-        except (TypeError, KeyError, ValueError, RuntimeError, NotImplementedError) as e:
-            print(f"    {name}: failed ({type(e).__name__}: {e}); not timed", file=sys.stderr, flush=True)
+        if not runs(fn, name):
             continue
         errors[name] = float((y.float() - ref).abs().max() / ref.abs().max())
         print(f"    {name}: y max error {errors[name]:.2e} of max |y|", flush=True)

@@ -103,14 +103,18 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
 
 def heuristic_config(g):
     """The config "auto" picks for row g (its shape, epilogue and operand layout), as the ready op would."""
+    return graph_heuristic(g.graph(), g.M, g.N, g.K, g.major)
+
+
+def graph_heuristic(graph, M: int, N: int, K: int, major: str):
+    """The heuristic's config for `graph` (a builder Graph) at (M, N, K) with operands laid out as `major`."""
     import dataclasses
 
     from coda_ext import tuning
     from coda_ext.passes import lower
 
-    epilogue = tuning.Epilogue.of(lower(g.graph().build(), "bfloat16"))
-    cfg = tuning.fit_swizzle(tuning.heuristic(g.M, g.N, g.K, tuning.DEFAULT_SMS, epilogue, g.major), g.M, g.N)
-    return dataclasses.replace(cfg, major=g.major)
+    epilogue = tuning.Epilogue.of(lower(graph.build(), "bfloat16"))
+    return dataclasses.replace(tuning.heuristic(M, N, K, tuning.DEFAULT_SMS, epilogue, major), major=major)
 
 
 def _configs(K, major: str) -> list:
