@@ -6,7 +6,7 @@ per-round ratios.
 
     pip install quack-kernels nvidia-cutlass-dsl[cu13]     # the peer (not a coda_ext dependency)
     python -m coda_ext prebuild benchmarks/peer_quack.py -j 16
-    python -m benchmarks.peer_quack [--models 1B 8B] [--reps 20] [--sustained]
+    python -m benchmarks.peer_quack [--models 1B 8B] [--reps 20] [--sustained] [--plain]
 
 Backward: acc = dy @ W_down (M × F, K = d): A = dy (M, d), B = W_down (d, F) as torch stores it (F contiguous); z
 the saved (M, 2F) interleaved gate/up. Forward: acc = x @ W_gate_upᵀ (M × 2F, K = d), W (2F, d) as torch stores it.
@@ -59,7 +59,7 @@ def build_items(models=("1B", "8B"), tokens: int = 16384) -> list:
         for graph in forward_graphs().values():
             cfg = forward_config(graph, *forward_shape(model, tokens))
             items += [(graph, "bfloat16", cfg), (graphs.identity(), "bfloat16", cfg)]
-    return items
+    return items + plain_items(models, tokens)
 
 
 def quack_variants(A, B, z, tuned: bool) -> tuple:
@@ -167,6 +167,85 @@ def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: boo
             "variants": summary(timer(variants, reps))}
 
 
+#: (tile, cluster, swizzle, raster) in which the plain GEMMs run side by side: QuACK's SM90 default (ping-pong
+#: 128 x 192 in 2 x 1 clusters, swizzle 8, its tiles walked along N; coda_ext also at CUTLASS's heuristic raster and
+#: swizzle 2, whose grid CUTLASS's scheduler pads less), 128 x 192 1 x 1 (the 8B forward's) along N, and the
+#: ping-pong 128 x 128 1 x 1 the backward epilogues use
+PLAIN_CONFIGS = (((128, 192), (2, 1), 8, "along_n"), ((128, 192), (2, 1), 8, "heuristic"),
+                 ((128, 192), (2, 1), 2, "heuristic"), ((128, 192), (1, 1), 8, "along_n"),
+                 ((128, 128), (1, 1), 8, "heuristic"))
+
+
+def plain_shapes(models, tokens: int) -> list:
+    """(model, M, N, K) of the forward SwiGLU GEMMs and the dSwiGLU's GEMM (as K-major operands)."""
+    out = []
+    for model in models:
+        m = sweep_backward.MODELS[model]
+        out += [(model, tokens, 2 * m["F"], m["d"]), (model, tokens, m["F"], m["d"])]
+    return out
+
+
+def plain_items(models=("1B", "8B"), tokens: int = 16384) -> list:
+    """coda_ext's plain GEMMs of the plain rows: the identity graph in each PLAIN_CONFIGS config and in the
+    heuristic's."""
+    from coda_ext import KernelConfig, graphs
+
+    items = []
+    for _, M, N, K in plain_shapes(models, tokens):
+        items.append((graphs.identity(), "bfloat16", sweep_backward.graph_heuristic(graphs.identity(), M, N, K, "kk")))
+        items += [(graphs.identity(), "bfloat16", KernelConfig(tile=(*t, 64), cluster=c, schedule="pingpong",
+                                                                swizzle=s, raster=r)) for t, c, s, r in PLAIN_CONFIGS]
+    return items
+
+
+def plain_row(model: str, M: int, N: int, K: int, timer, reps: int) -> dict:
+    """The bare GEMM D = x Wᵀ at (M, N, K): cuBLAS, QuACK's `gemm` in its default config and in each PLAIN_CONFIGS
+    config, coda_ext's identity graph in the heuristic's config and in the same PLAIN_CONFIGS, each in the fitted
+    grid and in CUTLASS's padded one; every QuACK output checked against cuBLAS's."""
+    import dataclasses
+
+    import torch
+    import torch.nn.functional as F
+    from quack import gemm_interface as qi
+    from quack.gemm_config import GemmConfig
+
+    import coda_ext as ce
+    from coda_ext import KernelConfig, graphs
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    W = (torch.randn(N, K, generator=gen, device="cuda") / K ** 0.5).to(torch.bfloat16)
+    ref = F.linear(x, W).float()
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    variants = {"cublas": lambda i: F.linear(x, W)}
+    quack = {"quack_default": lambda i: qi.gemm(x, W.t(), out=out, tuned=False)}
+    cfgs = {"coda_heuristic": sweep_backward.graph_heuristic(graphs.identity(), M, N, K, "kk")}
+    for (tm, tn), (cm, cn), sw, raster in PLAIN_CONFIGS:
+        tag = f"{tm}x{tn}_{cm}x{cn}"
+        if "quack_" + tag not in quack:   # QuACK's own swizzle (8) and raster
+            qc = GemmConfig(tile_m=tm, tile_n=tn, cluster_m=cm, cluster_n=cn, pingpong=True, max_swizzle_size=8,
+                            is_dynamic_persistent=False)
+            quack["quack_" + tag] = lambda i, qc=qc: qi.gemm_tuned.fn(x, W.t(), out, config=qc)
+        cfg = KernelConfig(tile=(tm, tn, 64), cluster=(cm, cn), schedule="pingpong", swizzle=sw, raster=raster)
+        name = f"coda_{tag}_s{sw}" + ("" if raster == "heuristic" else f"_{raster}")
+        cfgs[name] = cfg
+        cfgs[name + "_padded"] = dataclasses.replace(cfg, grid="padded")   # CUTLASS's grid
+    errors = {}
+    for name, fn in quack.items():
+        out.fill_(float("nan"))
+        if not runs(fn, name):
+            continue
+        errors[name] = float((out.float() - ref).abs().max() / ref.abs().max())
+        print(f"    {name}: max error {errors[name]:.2e} of max |D| against cuBLAS", flush=True)
+        variants[name] = fn
+    for name, cfg in cfgs.items():
+        op = ce.compile(graphs.identity(), "bfloat16", cfg)
+        variants[name] = lambda i, op=op: op(x, W)
+    return {"op": "plain", "model": model, "M": M, "N": N, "K": K,
+            "coda_config": {k: c.tag for k, c in cfgs.items()}, "quack_errors": errors,
+            "variants": summary(timer(variants, reps))}
+
+
 def main(argv=None) -> None:
     import torch
 
@@ -181,6 +260,8 @@ def main(argv=None) -> None:
     p.add_argument("--sustained", action="store_true", help="time at the GPU's sustained (power-limited) clocks")
     p.add_argument("--tuned", action="store_true", help="QuACK's autotuned config instead of its default")
     p.add_argument("--no-forward", action="store_true", help="the dSwiGLU rows only")
+    p.add_argument("--plain", action="store_true",
+                   help="the bare GEMMs of these shapes only: cuBLAS, QuACK's and coda_ext's in the same configs")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     try:
@@ -193,7 +274,11 @@ def main(argv=None) -> None:
         env["cutlass_dsl"] = importlib.metadata.version("nvidia-cutlass-dsl")
     doc = {"env": env, "sustained": args.sustained, "quack_tuned": args.tuned, "rows": []}
     timer = common.time_sustained if args.sustained else common.time_interleaved
-    for g in rows(args.models, args.tokens):
+    if args.plain:
+        for shape in plain_shapes(args.models, args.tokens):
+            doc["rows"].append(plain_row(*shape, timer, args.reps))
+            report(doc["rows"][-1])
+    for g in ([] if args.plain else rows(args.models, args.tokens)):
         M, N, K = g.M, g.N, g.K
         gen = torch.Generator(device="cuda").manual_seed(0)
         A = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
@@ -213,11 +298,11 @@ def main(argv=None) -> None:
                "quack_errors": errors, "variants": summary(timer(variants, args.reps))}
         doc["rows"].append(row)
         report(row)
-    if not args.no_forward:
+    if not (args.no_forward or args.plain):
         for model in args.models:
             doc["rows"].append(forward_row(model, *forward_shape(model, args.tokens), timer, args.reps, args.tuned))
             report(doc["rows"][-1])
-    stem = "peer_quack" + ("_sustained" if args.sustained else "") + ("_tuned" if args.tuned else "")
+    stem = "peer_quack" + "".join(f"_{k}" for k in ("plain", "sustained", "tuned") if getattr(args, k))
     print(f"wrote {common.write_json(args.out or common.results_path(stem, gpu=env['gpu']), doc)}")
 
 

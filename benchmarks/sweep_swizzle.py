@@ -1,9 +1,10 @@
 """The plain GEMM (identity epilogue) under every swizzle and raster order of the persistent tile scheduler,
-in N-major and K-major W, at shapes whose tile counts a swizzle does not divide: CUTLASS rounds the M and N
-tile counts up to multiples of the swizzle, and the padded tiles take their turns in the grid
-(tuning.scheduled_tiles; the heuristic's swizzle is fitted to the shape, tuning.fit_swizzle).
+in N-major and K-major W, at shapes whose tile counts a swizzle does not divide, in both grids: CUTLASS's
+("padded": the M and N tile counts rounded up to multiples of the swizzle, the padded tiles taking their turns)
+and the fitted one (only the count across the raster direction rounded up; csrc/kernels/fitted_grid.cuh;
+tuning.scheduled_tiles; the heuristic's swizzle is fitted to the shape, tuning.fit_swizzle).
 
-    python -m benchmarks.sweep_swizzle [--shapes 16384,768,3072 ...] [--reps 8]
+    python -m benchmarks.sweep_swizzle [--shapes 16384,768,3072 ...] [--reps 8] [--grids fitted padded]
 
 Each config is timed interleaved with cuBLAS (A @ W of the same layout; median of per-round ratios).
 Swizzle and raster are launch arguments: one kernel per base config and layout. Results (--out):
@@ -35,9 +36,9 @@ def build_items() -> list:
             for m in ("kk", "kn")]
 
 
-def sweep(shape: tuple[int, int, int], reps: int) -> dict:
-    """{variant: summary}: cuBLAS in both layouts, then "<base>_<major>_s<swizzle>_<raster>" for every base in
-    N-major W under every swizzle and raster, and in K-major W at its default launch (swizzle 4)."""
+def sweep(shape: tuple[int, int, int], reps: int, grids=("fitted", "padded")) -> dict:
+    """{variant: summary}: cuBLAS in both layouts, then "<base>_<major>_s<swizzle>_<raster>[_padded]" for every
+    base in N-major W under every swizzle, raster and grid, and in K-major W at its default launch (swizzle 4)."""
     import torch
 
     from coda_ext import graphs
@@ -50,11 +51,12 @@ def sweep(shape: tuple[int, int, int], reps: int) -> dict:
     fns = {"cublas_kn": lambda i: A @ w_kn, "cublas_kk": lambda i: A @ w_kk.t()}
     for name, base in BASES.items():
         for major, w in (("kn", w_kn.t()), ("kk", w_kk)):
-            launches = [(s, r) for s in SWIZZLES for r in RASTERS] if major == "kn" else [(4, "heuristic")]
-            for s, r in launches:
+            launches = ([(s, r, g) for s in SWIZZLES for r in RASTERS for g in grids] if major == "kn"
+                        else [(4, "heuristic", g) for g in grids])
+            for s, r, g in launches:
                 op = ce.compile(graphs.identity(), "bfloat16",
-                                dataclasses.replace(base, major=major, swizzle=s, raster=r))
-                fns[f"{name}_{major}_s{s}_{r}"] = lambda i, op=op, w=w: op(A, w)
+                                dataclasses.replace(base, major=major, swizzle=s, raster=r, grid=g))
+                fns[f"{name}_{major}_s{s}_{r}" + ("" if g == "fitted" else f"_{g}")] = lambda i, op=op, w=w: op(A, w)
     return summarize(time_interleaved(fns, reps), "cublas_kn")
 
 
@@ -62,13 +64,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="+", default=[",".join(map(str, s)) for s in SHAPES], help="M,N,K ...")
     p.add_argument("--reps", type=int, default=8)
+    p.add_argument("--grids", nargs="+", default=["fitted", "padded"], choices=["fitted", "padded"])
     p.add_argument("--out", default=None, help="results JSON (default: sweep_swizzle_<gpu>.json in results/)")
     args = p.parse_args(argv)
     ce.prebuild(build_items())
     doc = {"env": gpu_info(), "reps": args.reps, "results": {}}
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split(","))
-        res = doc["results"]["x".join(map(str, shape))] = sweep(shape, args.reps)
+        res = doc["results"]["x".join(map(str, shape))] = sweep(shape, args.reps, args.grids)
         print(f"== {'x'.join(map(str, shape))}", flush=True)
         for k, v in sorted(res.items(), key=lambda kv: kv[1]["median_ms"]):
             print(f"   {k:30s} {v['median_ms'] * 1e3:7.1f} us {v['median_ratio_to_cublas']:6.3f}", flush=True)

@@ -23,6 +23,7 @@
 #include "sm90_cutlass.cuh"
 #include "config.cuh"
 #include "finalize.cuh"
+#include "fitted_grid.cuh"
 #include "sm90_cooperative_handoff.cuh"
 #include "sm90_pingpong_overlap.cuh"
 #include "wide_swizzle.cuh"
@@ -161,8 +162,8 @@ struct EpilogueGemm {
     args.hw_info.sm_count = sm_count(L.sm_count);
     using Raster = cutlass::gemm::kernel::detail::RasterOrderOptions;
     args.scheduler.max_swizzle_size = L.max_swizzle > 0 ? L.max_swizzle : 1;
-    args.scheduler.raster_order = L.raster_order == 1 ? Raster::AlongM
-                                  : L.raster_order == 2 ? Raster::AlongN : Raster::Heuristic;
+    int32_t const raster = L.raster_order & kRasterMask;
+    args.scheduler.raster_order = raster == 1 ? Raster::AlongM : raster == 2 ? Raster::AlongN : Raster::Heuristic;
     return args;
   }
 
@@ -281,12 +282,14 @@ struct EpilogueGemm {
     if (status != cutlass::Status::kSuccess)
       return fail(CODA_ERROR_INITIALIZE, "CUTLASS initialize failed", cutlassGetStatusString(status));
     typename Kernel::Params params = Kernel::to_underlying_arguments(args, gemm_ws ? base : nullptr);
-    if (L.max_swizzle >= kWideSwizzle) {   // CUTLASS caps the swizzle at 8 (wide_swizzle.cuh)
+    {
       constexpr int64_t kTileM = cute::size<0>(typename Cfg::TileShape{}), kTileN = cute::size<1>(typename Cfg::TileShape{});
       constexpr int64_t kCm = cute::size<0>(typename Cfg::ClusterShape{}), kCn = cute::size<1>(typename Cfg::ClusterShape{});
       int64_t const ctas_m = (L.M + kTileM * kCm - 1) / (kTileM * kCm) * kCm;
       int64_t const ctas_n = (L.N + kTileN * kCn - 1) / (kTileN * kCn) * kCn;
-      widen_swizzle(params.scheduler, uint32_t(ctas_m), uint32_t(ctas_n), 1u);
+      // CUTLASS caps the swizzle at 8 (wide_swizzle.cuh), and pads the grid along the raster (fitted_grid.cuh)
+      if (L.max_swizzle >= kWideSwizzle) widen_swizzle(params.scheduler, uint32_t(ctas_m), uint32_t(ctas_n), 1u);
+      if (!(L.raster_order & kPaddedGrid)) fit_grid(params.scheduler, uint32_t(ctas_m), uint32_t(ctas_n), 1u);
     }
     cudaError_t cuda_status = launch(params, stream);
     cudaError_t last = cudaGetLastError();  // read (and clear) in every case

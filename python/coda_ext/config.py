@@ -31,6 +31,11 @@ MAJORS = ("kk", "kn", "mk", "mn")
 _TAG_PREFIX = {"cooperative": "coop", "pingpong": "ping", "streamk": "sk", "overlap": "ppo", "overlap_ordered": "ppoo",
                "handoff": "hoff"}
 RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
+#: The persistent scheduler's grid of tiles (a launch argument; CodaLaunch.raster_order's bit 4): "fitted" (the real
+#: tile count along the raster direction; across it, whole bands of `swizzle` clusters: csrc/kernels/fitted_grid.cuh)
+#: or "padded" (CUTLASS's own, both counts rounded up to whole bands: the padded tiles run their mainloop for
+#: nothing; kept for comparison).
+GRIDS = {"fitted": 0, "padded": 4}
 #: How the epilogue reads its M x N tile inputs: "tma" (the producer warp's TMA loads into shared memory,
 #: read back per subtile) or "direct" (each thread's elements straight from global memory into registers,
 #: a subtile ahead; no shared memory: csrc/epilogues/direct_tile_load.hpp).
@@ -58,13 +63,25 @@ MAX_EPILOGUE_STAGES = 8
 def applied_swizzle(swizzle: int, ctas_m: int, ctas_n: int) -> int:
     """The swizzle CUTLASS's SM90 persistent tile scheduler applies for a requested one over ctas_m x ctas_n
     CTAs (each count in whole clusters): lowered to 4, 2, 1 while the smaller count is under 6, 3, 2
-    (get_log_swizzle_size), and 16 (csrc/kernels/wide_swizzle.cuh, past CUTLASS's cap) to 8 under 12. It then
-    rounds both counts up to multiples of it (tuning.scheduled_tiles)."""
+    (get_log_swizzle_size), and 16 (csrc/kernels/wide_swizzle.cuh, past CUTLASS's cap) to 8 under 12. The
+    count across the raster direction is then rounded up to a multiple of it (tuning.scheduled_tiles)."""
     short = min(ctas_m, ctas_n)
     for applied, need in ((16, 12), (8, 6), (4, 3), (2, 2)):
         if swizzle >= applied and short >= need:
             return applied
     return 1
+
+
+def applied_raster(raster: str, swizzle: int, ctas_m: int, ctas_n: int, cluster: tuple[int, int]) -> str:
+    """The raster order ("along_m" | "along_n") the scheduler walks for a requested one over ctas_m x ctas_n CTAs
+    (each rounded up to whole clusters): "heuristic" is along M when there are more N than M CTAs once both are
+    rounded up to whole bands of swizzle x cluster, else along N (get_rasterization_order), decided at CUTLASS's
+    own swizzle (at most 8; wide_swizzle.cuh keeps the order for 16)."""
+    if raster != "heuristic":
+        return raster
+    s = applied_swizzle(min(swizzle, 8), ctas_m, ctas_n)
+    cm, cn = cluster
+    return "along_m" if -(-ctas_n // (s * cn)) * s * cn > -(-ctas_m // (s * cm)) * s * cm else "along_n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +109,8 @@ class KernelConfig:
     epilogue_cache = "normal" | "evict_first" | "prefetch": the L2 policy of its TMA tile loads and stores
     (EPILOGUE_CACHE).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
-    csrc/kernels/wide_swizzle.cuh, and not for stream-K) and raster (heuristic, along_m, along_n)
-    of the persistent tile scheduler.
+    csrc/kernels/wide_swizzle.cuh, and not for stream-K), raster (heuristic, along_m, along_n) and grid
+    ("fitted" | "padded", GRIDS) of the persistent tile scheduler.
     """
 
     tile: tuple[int, int, int] = (128, 256, 64)
@@ -102,6 +119,7 @@ class KernelConfig:
     epilogue_tile: tuple[int, int] | None = None
     swizzle: int = 1
     raster: str = "heuristic"
+    grid: str = "fitted"
     major: str = "kk"
     epilogue_stages: tuple[int, int] | None = None
     tile_loads: str = "tma"
@@ -153,6 +171,8 @@ class KernelConfig:
                                    "overlap or handoff); the stream-K scheduler swizzles 8 at most: use swizzle=8")
         if self.raster not in RASTER_ORDERS:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
+        if self.grid not in GRIDS:
+            raise UnsupportedError(f"KernelConfig: grid must be one of {list(GRIDS)}, got {self.grid!r}")
         if self.tile_loads not in TILE_LOADS:
             raise UnsupportedError(f"KernelConfig: tile_loads must be one of {TILE_LOADS}, got {self.tile_loads!r}")
         if not isinstance(self.timeline, bool):
@@ -177,9 +197,9 @@ class KernelConfig:
 
     @property
     def kernel(self) -> KernelConfig:
-        """This config with its launch arguments (swizzle, raster) at their defaults: configs with the same
+        """This config with its launch arguments (swizzle, raster, grid) at their defaults: configs with the same
         kernel build one binary and differ only in how it is launched."""
-        return dataclasses.replace(self, swizzle=1, raster="heuristic")
+        return dataclasses.replace(self, swizzle=1, raster="heuristic", grid="fitted")
 
     @property
     def tag(self) -> str:
@@ -192,6 +212,8 @@ class KernelConfig:
             tag += f"_s{self.swizzle}"
         if self.raster != "heuristic":
             tag += f"_{self.raster}"
+        if self.grid != "fitted":
+            tag += f"_{self.grid}"
         if self.major != "kk":
             tag += f"_{self.major}"
         if self.epilogue_stages:

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from .config import DEFAULT_CONFIG, KernelConfig, applied_swizzle
+from .config import DEFAULT_CONFIG, KernelConfig, applied_raster, applied_swizzle
 from .jit.cache import locked
 from .jit.paths import cache_root
 
@@ -41,8 +41,11 @@ SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <=
 #: Ping-pong 128x192 (the wgmma N of 192 keeps both warp groups' accumulators in registers): M >= 4096,
 #: K <= 4096, N >= 6144 (benchmarks/results/sweep_192_h100.json). Swizzle 4 at N > 16384, else 8; pair
 #: graphs (SwiGLU) at N <= 16384 in clusters of two.
-TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=4)
-TALL_192_S8 = dataclasses.replace(TALL_192, swizzle=8)
+#: 128x192 ping-pong at N > 16384: swizzle 8 rastered along N (bands of 8 M tiles swept across N, as the peer walks
+#: its tiles): 0.958x cuBLAS at 16384x28672x4096 against 0.976x at swizzle 4 along M (H200, plain GEMM, fitted grid,
+#: benchmarks/results/peer_quack_plain_h200.json)
+TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")
+TALL_192_S8 = dataclasses.replace(TALL_192, raster="heuristic")
 TALL_192_PAIRS = KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8)
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
 #: PINGPONG whose two warp groups' epilogues may run at the same time (csrc/kernels/sm90_pingpong_overlap.cuh):
@@ -206,19 +209,23 @@ MAX_SWIZZLE_PADDING = 0.05
 
 
 def scheduled_tiles(config: KernelConfig, M: int, N: int) -> int:
-    """The tiles CUTLASS's SM90 persistent scheduler walks for an M x N output in `config`: the tile counts in
-    whole clusters, then each rounded up to a multiple of the swizzle it applies (config.applied_swizzle) times
-    the cluster's extent. The padded tiles take their turns like
-    real ones: 16384 x 768 in 128 x 128 tiles is 6 N tiles, swizzle 4 makes it 8, and the plain GEMM
-    (x768x3072, N-major W) took 1.79x cuBLAS against 1.01x with swizzle 2 (H200, one run,
-    benchmarks/results/sweep_swizzle_h200.json)."""
+    """The tiles the SM90 persistent scheduler walks for an M x N output in `config`: the tile counts in whole
+    clusters; across the raster direction (config.applied_raster) rounded up to a multiple of the swizzle it
+    applies (config.applied_swizzle) times the cluster's extent, whole bands; along it, as they are
+    (csrc/kernels/fitted_grid.cuh; with grid="padded", CUTLASS's own grid, both counts rounded up). The padded
+    tiles take their turns like real ones: 16384 x 768 in 128 x 128 tiles is 6 N tiles, swizzle 4 made it 8 in
+    CUTLASS's grid, and the plain GEMM (x768x3072, N-major W) took 1.79x cuBLAS against 1.01x with swizzle 2
+    (H200, one run, benchmarks/results/sweep_swizzle_h200.json)."""
     def up(n: int, k: int) -> int:
         return -(-n // k) * k
 
     (tm, tn, _), (cm, cn) = config.tile, config.cluster
     bm, bn = up(up(M, tm) // tm, cm), up(up(N, tn) // tn, cn)
     s = applied_swizzle(config.swizzle, bm, bn)
-    return up(bm, cm * s) * up(bn, cn * s)
+    pm, pn = up(bm, cm * s), up(bn, cn * s)
+    if config.grid == "padded":
+        return pm * pn
+    return pm * bn if applied_raster(config.raster, config.swizzle, bm, bn, config.cluster) == "along_n" else bm * pn
 
 
 def fit_swizzle(config: KernelConfig, M: int, N: int) -> KernelConfig:

@@ -57,8 +57,8 @@ COLRED = tuning.Epilogue(col_reduce=True)
     (16384, 2048, 8192, "LARGE_TALL", "LARGE_TALL", "LARGE_TALL", "LARGE_TALL"),
     (16384, 6144, 4096, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
     (16384, 16384, 2048, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
-    # 43 N tiles of 192: swizzle 8 would pad them to 48, 4 to 44 (fit_swizzle)
-    (8192, 8192, 4096, "TALL_192", "TALL_192", "TALL_192", "LARGE_TALL"),
+    # 43 N tiles of 192: swizzle 8 padded them to 48 in CUTLASS's grid; walked along N the fitted grid pads none
+    (8192, 8192, 4096, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
     # the rules below the 128x192 one (a graph whose epilogue a 128x192 tile does not fit)
     # a wave or so, and M <= 128
     (1024, 28672, 4096, "LARGE", "LARGE", "LARGE", "LARGE"),
@@ -173,13 +173,12 @@ def test_a_column_reduction_over_a_short_k():
     128x256 2x1 N-major (BERT's: 190 against 200 and 202 us; sweep_fusion_gelu_h200.json); a longer K keeps
     cooperative 128x256, and an epilogue that leaves 128x256 fewer than three stages ping-pong 128x128."""
     assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED) == tuning.OVERLAP
-    assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED, major="kn") == tuning.LARGE   # swizzle 4: fitted
+    # 12 N tiles of 256 along the raster: the fitted grid pads none under swizzle 8 (CUTLASS's padded them to 16)
+    assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED, major="kn") == tuning.LARGE_TALL
     assert tuning.heuristic(12608, 3072, 768, epilogue=COLRED, major="kn") == tuning.LARGE   # ViT-B/16's rows
-    # LARGE_TALL with swizzle 4: 12 N tiles of 256, which swizzle 8 pads to 16
-    assert tuning.heuristic(16384, 3072, 2048, epilogue=COLRED, major="kn") == tuning.LARGE
+    assert tuning.heuristic(16384, 3072, 2048, epilogue=COLRED, major="kn") == tuning.LARGE_TALL
     tight = dataclasses.replace(COLRED, large_stages=2)
-    assert tuning.heuristic(16384, 768, 768, epilogue=tight, major="kn") == \
-        dataclasses.replace(tuning.PINGPONG, swizzle=2)   # 6 N tiles: swizzle 4 would pad them to 8
+    assert tuning.heuristic(16384, 768, 768, epilogue=tight, major="kn") == tuning.PINGPONG   # 6 N tiles along N
 
 
 def test_auto_uses_the_graph_epilogue():
@@ -407,26 +406,38 @@ def test_wave_fill_counts_the_exact_rows_not_their_bucket():
     assert op.config_for(4096, 2048, 16384, 132).tile == tuning.MEDIUM.tile   # a full bucket: as before
 
 
-@pytest.mark.parametrize("tile,cluster,swizzle,M,N,want", [
-    ((128, 128, 64), (1, 1), 4, 16384, 768, 128 * 8),    # 6 N tiles padded to 8 (BERT's 768-wide dX GEMMs)
-    ((128, 128, 64), (1, 1), 8, 16384, 768, 128 * 8),
-    ((128, 128, 64), (1, 1), 2, 16384, 768, 128 * 6),
-    ((128, 192, 64), (1, 1), 8, 16384, 768, 128 * 4),    # 4 N tiles: CUTLASS lowers swizzle 8 to 4 under 6
-    ((128, 192, 64), (1, 1), 8, 16384, 2048, 128 * 16),  # 11 N tiles padded to 16
-    ((128, 192, 64), (2, 1), 8, 16384, 16384, 128 * 88),  # 86 N tiles: 88
-    ((128, 256, 64), (2, 1), 8, 1024, 28672, 16 * 112),  # 8 M tiles in 2x1 clusters padded to 16
-    ((64, 128, 64), (1, 1), 1, 100, 4096, 2 * 32),
+@pytest.mark.parametrize("tile,cluster,swizzle,M,N,padded,fitted", [
+    ((128, 128, 64), (1, 1), 4, 16384, 768, 128 * 8, 128 * 6),    # 6 N tiles padded to 8 (BERT's 768-wide dX)
+    ((128, 128, 64), (1, 1), 8, 16384, 768, 128 * 8, 128 * 6),
+    ((128, 128, 64), (1, 1), 2, 16384, 768, 128 * 6, 128 * 6),
+    ((128, 192, 64), (1, 1), 8, 16384, 768, 128 * 4, 128 * 4),    # 4 N tiles: CUTLASS lowers swizzle 8 to 4 under 6
+    ((128, 192, 64), (1, 1), 8, 16384, 2048, 128 * 16, 128 * 11),  # 11 N tiles padded to 16; along N: 11
+    ((128, 192, 64), (2, 1), 8, 16384, 16384, 128 * 88, 128 * 86),  # 86 N tiles: 88; along N: 86
+    ((128, 256, 64), (2, 1), 8, 1024, 28672, 16 * 112, 8 * 112),  # 8 M tiles padded to 16; along M: 8
+    ((64, 128, 64), (1, 1), 1, 100, 4096, 2 * 32, 2 * 32),
     # swizzle 16 (csrc/kernels/wide_swizzle.cuh): from 12 CTAs on the shorter side, 8 below
-    ((128, 128, 64), (1, 1), 16, 16384, 8192, 128 * 64),
-    ((128, 128, 64), (1, 1), 16, 16384, 14336, 128 * 112),   # 112 N tiles: a multiple of 16
-    ((128, 128, 64), (1, 1), 16, 2000, 3080, 16 * 32),        # 16 x 25 tiles: 16 x 32
-    ((128, 128, 64), (1, 1), 16, 1400, 3080, 16 * 32),        # 11 M tiles: CUTLASS's 8, 16 x 32
-    ((128, 128, 64), (2, 1), 16, 16384, 8192, 128 * 64),
-    ((128, 128, 64), (2, 1), 16, 1600, 2120, 32 * 32),        # 14 x 17 CTAs in 2x1 clusters: 32 x 32
+    ((128, 128, 64), (1, 1), 16, 16384, 8192, 128 * 64, 128 * 64),
+    ((128, 128, 64), (1, 1), 16, 16384, 14336, 128 * 112, 128 * 112),   # 112 N tiles: a multiple of 16
+    ((128, 128, 64), (1, 1), 16, 2000, 3080, 16 * 32, 16 * 32),        # 16 x 25 tiles: 16 x 32, along M
+    ((128, 128, 64), (1, 1), 16, 1400, 3080, 16 * 32, 11 * 32),        # 11 M tiles: CUTLASS's 8, along M
+    ((128, 128, 64), (2, 1), 16, 16384, 8192, 128 * 64, 128 * 64),
+    ((128, 128, 64), (2, 1), 16, 1600, 2120, 32 * 32, 14 * 32),        # 14 x 17 CTAs in 2x1 clusters, along M
 ])
-def test_scheduled_tiles_as_cutlass_pads_the_grid(tile, cluster, swizzle, M, N, want):
-    assert tuning.scheduled_tiles(ce.KernelConfig(tile, cluster, "pingpong" if tile[1] == 192 or tile[0] == 64
-                                                  else "cooperative", swizzle=swizzle), M, N) == want
+def test_scheduled_tiles(tile, cluster, swizzle, M, N, padded, fitted):
+    """CUTLASS's grid (grid="padded") rounds both tile counts up to whole bands; the fitted grid
+    (csrc/kernels/fitted_grid.cuh) only the count across the raster direction."""
+    cfg = ce.KernelConfig(tile, cluster, "pingpong" if tile[1] == 192 or tile[0] == 64 else "cooperative",
+                          swizzle=swizzle)
+    assert tuning.scheduled_tiles(dataclasses.replace(cfg, grid="padded"), M, N) == padded
+    assert tuning.scheduled_tiles(cfg, M, N) == fitted
+
+
+def test_grid_is_a_launch_argument():
+    cfg = ce.KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8)
+    padded = dataclasses.replace(cfg, grid="padded")
+    assert padded.tag == cfg.tag + "_padded" and padded.kernel == cfg.kernel
+    with pytest.raises(ce.UnsupportedError, match="grid must be one of"):
+        dataclasses.replace(cfg, grid="tight")
 
 
 def test_swizzle_16_for_the_persistent_schedules_only():
@@ -443,20 +454,26 @@ def test_swizzle_16_for_the_persistent_schedules_only():
         ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=32)
     assert [applied_swizzle(16, m, 64) for m in (64, 12, 11, 6, 5, 3, 2, 1)] == [16, 16, 8, 8, 4, 4, 2, 1]
     assert applied_swizzle(8, 64, 64) == 8
-    # fit_swizzle halves 16 like any other: 13 M tiles padded to 16 pad the grid by 23 %
+    # fit_swizzle halves 16 like any other: 13 M tiles across the raster padded to 16 pad the grid by 23 %
     wide = ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=16)
-    assert tuning.fit_swizzle(wide, 1664, 16384).swizzle < 16
+    assert tuning.fit_swizzle(wide, 1664, 1664).swizzle < 16
+    assert tuning.fit_swizzle(wide, 1664, 16384).swizzle == 16   # along M: the 13 M tiles are not padded
     assert tuning.fit_swizzle(wide, 16384, 8192).swizzle == 16
 
 
 def test_fit_swizzle():
     """The heuristic halves a swizzle that pads the persistent grid by more than MAX_SWIZZLE_PADDING (a launch
-    argument: the same kernel). Regression: BERT's 16384 x 768 dX GEMMs ran swizzle 4 over 6 N tiles of 128
-    (padded to 8) at 1.79x cuBLAS; swizzle 2 1.01x (H200)."""
+    argument: the same kernel); in the fitted grid only the count across the raster direction is padded. ViT-B/16's
+    12608 rows are 100 CTAs in 2 x 1 clusters across it: swizzle 8 pads them to 112 (12 %), 4 to 104. Regression:
+    BERT's 16384 x 768 dX GEMMs ran swizzle 4 over 6 N tiles of 128 padded to 8 in CUTLASS's grid at 1.79x cuBLAS
+    (swizzle 2 1.01x, H200); along the raster, the fitted grid walks the 6 as they are."""
+    assert tuning.heuristic(12608, 3072, 768, epilogue=tuning.Epilogue(col_reduce=True), major="kn").swizzle == 4
     for K, e in ((3072, tuning.Epilogue(tile_load=True)), (768, tuning.Epilogue(tile_load=True))):
         got = tuning.heuristic(16384, 768, K, epilogue=e, major="kn")
-        assert got.tile[:2] == (128, 128) and got.swizzle == 2, got.tag
-    assert tuning.fit_swizzle(tuning.TALL_192_S8, 16384, 2048).swizzle == 1   # 11 tiles: 12 still pads 9 %
+        assert got.tile[:2] == (128, 128) and tuning.scheduled_tiles(got, 16384, 768) == 128 * 6, got.tag
+        assert tuning.fit_swizzle(dataclasses.replace(got, swizzle=4, grid="padded"), 16384, 768).swizzle == 2
+    assert tuning.fit_swizzle(tuning.TALL_192_S8, 16384, 2048) is tuning.TALL_192_S8   # 11 N tiles along N
+    assert tuning.fit_swizzle(dataclasses.replace(tuning.TALL_192_S8, grid="padded"), 16384, 2048).swizzle == 1
     assert tuning.fit_swizzle(tuning.TALL_192_S8, 16384, 6144) is tuning.TALL_192_S8
     assert tuning.fit_swizzle(tuning.TALL_192_PAIRS, 16384, 16384) is tuning.TALL_192_PAIRS   # 2.3 %
 
@@ -494,7 +511,7 @@ def test_short_k_epilogues_take_the_overlap_schedule():
     mainloop stages or two fewer than PINGPONG (it holds the epilogue's storage twice)."""
     for epilogue in (POINTWISE, TILE, COLRED):
         assert tuning.heuristic(16384, 3072, 768, epilogue=epilogue, major="kn") == \
-            (tuning.OVERLAP if epilogue != COLRED else tuning.LARGE)
+            (tuning.OVERLAP if epilogue != COLRED else tuning.LARGE_TALL)
         assert tuning.heuristic(4096, 4096, 256, epilogue=epilogue) == tuning.OVERLAP
         assert tuning.heuristic(4096, 4096, 2048, epilogue=epilogue).schedule != "overlap"
         assert tuning.OVERLAP in tuning.heuristic_configs(epilogue)

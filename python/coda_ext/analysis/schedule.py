@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import KernelConfig, applied_swizzle
+from ..config import KernelConfig, applied_raster, applied_swizzle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +50,9 @@ def schedule(M: int, N: int, K: int, config: KernelConfig, dtype_bytes: int, l2_
     tm, tn, _ = config.tile
     cm, cn = config.cluster
     tiles_m, tiles_n = -(-M // tm), -(-N // tn)
-    sw = applied_swizzle(config.swizzle, -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn)
-    raster = config.raster
-    if raster == "heuristic":   # decided at CUTLASS's own swizzle (at most 8; wide_swizzle.cuh keeps it for 16)
-        s8 = applied_swizzle(min(config.swizzle, 8), -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn)
-        r8_m, r8_n = -(-tiles_m // (s8 * cm)) * s8 * cm, -(-tiles_n // (s8 * cn)) * s8 * cn
-        raster = "along_m" if r8_n > r8_m else "along_n"
+    ctas_m, ctas_n = -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn
+    sw = applied_swizzle(config.swizzle, ctas_m, ctas_n)
+    raster = applied_raster(config.raster, config.swizzle, ctas_m, ctas_n, config.cluster)
     def stays(nbytes):
         return nbytes <= l2_bytes / 2
     if raster == "along_n":

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import RASTER_ORDERS, KernelConfig
+from ..config import GRIDS, RASTER_ORDERS, KernelConfig
 from ..errors import LaunchError
 from ..graph import ir
 from ..graph.interpret import Outputs
@@ -167,7 +167,8 @@ class CompiledOp(GraphOp):
             stream = _raw_stream(device)
             try:
                 load_binding().launch(self._run, self._workspace, A, W, D, tensors, lds, values,
-                                      self.config.swizzle, RASTER_ORDERS[self.config.raster], self.sm_count,
+                                      self.config.swizzle,
+                                      RASTER_ORDERS[self.config.raster] | GRIDS[self.config.grid], self.sm_count,
                                       stream)
             except RuntimeError as e:
                 raise LaunchError(f"{self!r}: {e}") from e
