@@ -169,11 +169,11 @@ def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: boo
 
 #: (tile, cluster, swizzle, raster) in which the plain GEMMs run side by side: QuACK's SM90 default (ping-pong
 #: 128 x 192 in 2 x 1 clusters, swizzle 8, its tiles walked along N; coda_ext also at CUTLASS's heuristic raster and
-#: swizzle 2, whose grid CUTLASS's scheduler pads less), 128 x 192 1 x 1 (the 8B forward's) along N, and the
-#: ping-pong 128 x 128 1 x 1 the backward epilogues use
+#: swizzle 2, whose grid CUTLASS's scheduler pads less), 128 x 192 1 x 1 (the 8B forward's) along N and at
+#: swizzle 4 (TALL_192 before it took swizzle 8 along N), and the ping-pong 128 x 128 1 x 1 the backward epilogues use
 PLAIN_CONFIGS = (((128, 192), (2, 1), 8, "along_n"), ((128, 192), (2, 1), 8, "heuristic"),
                  ((128, 192), (2, 1), 2, "heuristic"), ((128, 192), (1, 1), 8, "along_n"),
-                 ((128, 128), (1, 1), 8, "heuristic"))
+                 ((128, 192), (1, 1), 4, "heuristic"), ((128, 128), (1, 1), 8, "heuristic"))
 
 
 def plain_shapes(models, tokens: int) -> list:
@@ -262,6 +262,8 @@ def main(argv=None) -> None:
     p.add_argument("--no-forward", action="store_true", help="the dSwiGLU rows only")
     p.add_argument("--plain", action="store_true",
                    help="the bare GEMMs of these shapes only: cuBLAS, QuACK's and coda_ext's in the same configs")
+    p.add_argument("--plain-shapes", nargs="+", default=None, metavar="M,N,K",
+                   help="with --plain: these shapes instead of the models' (e.g. an LM head's 4096,128256,2048)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     try:
@@ -275,7 +277,9 @@ def main(argv=None) -> None:
     doc = {"env": env, "sustained": args.sustained, "quack_tuned": args.tuned, "rows": []}
     timer = common.time_sustained if args.sustained else common.time_interleaved
     if args.plain:
-        for shape in plain_shapes(args.models, args.tokens):
+        shapes = ([("custom", *map(int, t.split(","))) for t in args.plain_shapes] if args.plain_shapes
+                  else plain_shapes(args.models, args.tokens))
+        for shape in shapes:
             doc["rows"].append(plain_row(*shape, timer, args.reps))
             report(doc["rows"][-1])
     for g in ([] if args.plain else rows(args.models, args.tokens)):
