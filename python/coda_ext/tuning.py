@@ -41,18 +41,24 @@ SKINNY = KernelConfig((64, 128, 64), (1, 1), "pingpong")                  # M <=
 #: Ping-pong 128x192 (the wgmma N of 192 keeps both warp groups' accumulators in registers): M >= 4096,
 #: K <= 4096, N >= 6144 (benchmarks/results/sweep_192_h100.json). Swizzle 4 at N > 16384, else 8; pair
 #: graphs (SwiGLU) at N <= 16384 in clusters of two.
-#: 128x192 ping-pong at N > 16384: swizzle 8 rastered along N (bands of 8 M tiles swept across N, as the peer walks
-#: its tiles): 0.958x cuBLAS at 16384x28672x4096 against 0.976x at swizzle 4 along M (H200, plain GEMM, fitted grid,
-#: benchmarks/results/peer_quack_plain_h200.json)
-TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")
-TALL_192_S8 = dataclasses.replace(TALL_192, raster="heuristic")
+TALL_192 = KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=4)
+TALL_192_S8 = dataclasses.replace(TALL_192, swizzle=8)
+#: TALL_192 where A does not fit in half of L2 (A_IN_L2_BYTES): swizzle 8 rastered along N, bands of 8 M tiles swept
+#: across N (as the peer walks its tiles), W read once per band and A once, where CUTLASS's raster along M re-read A
+#: once per 4-tile band of N: 0.958x cuBLAS at 16384x28672x4096 against 0.976x; where A stays in L2 (an LM head
+#: chunk, 4096x128256x2048) the raster along M reads each operand once and stays (0.940x against 0.946x; H200, plain
+#: GEMM, fitted grid, benchmarks/results/peer_quack_plain_h200.json, peer_quack_plain_lmhead_h200.json)
+TALL_192_ALONG_N = dataclasses.replace(TALL_192, swizzle=8, raster="along_n")
 TALL_192_PAIRS = KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8)
+#: Half of an H100's or H200's 50 MB L2: an operand this size or smaller stays there while the other one streams.
+A_IN_L2_BYTES = 25 << 20
 COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
 #: PINGPONG whose two warp groups' epilogues may run at the same time (csrc/kernels/sm90_pingpong_overlap.cuh):
 #: where PINGPONG is chosen over K <= SHORT_K with an epilogue to run (see heuristic)
 OVERLAP = dataclasses.replace(PINGPONG, schedule="overlap")
 HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, WIDE, MEDIUM,
-                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_PAIRS, OVERLAP)
+                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_ALONG_N,
+                                               TALL_192_PAIRS, OVERLAP)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
@@ -192,7 +198,7 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
     if (-(-M // 128) >= 32 and K <= 4096 and (N >= 6144 or narrow) and major == "kk" and not epilogue.col_reduce
             and epilogue.tall_192):
         if N > 16384:
-            return TALL_192
+            return TALL_192_ALONG_N if M * K * 2 > A_IN_L2_BYTES else TALL_192
         return TALL_192_PAIRS if epilogue.pairs else TALL_192_S8
     choice = _by_shape(M, N, K, sms, epilogue, major)
     if choice == PINGPONG and K <= SHORT_K and not epilogue.plain and _overlap_fits(epilogue):
@@ -262,8 +268,9 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     op may compile)."""
     tall = ()
     if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
-        tall = (TALL_192, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
-    skip = ((TALL_192, TALL_192_S8, TALL_192_PAIRS) + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
+        tall = (TALL_192, TALL_192_ALONG_N, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
+    skip = ((TALL_192, TALL_192_S8, TALL_192_ALONG_N, TALL_192_PAIRS)
+            + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
             + ((OVERLAP,) if epilogue.plain or not _overlap_fits(epilogue) else ()))
     return tuple(c for c in HEURISTIC_CONFIGS if c not in skip) + tall
 

@@ -164,7 +164,7 @@ def test_gpu_table_and_config_choice():
     with pytest.raises(ValueError, match="unknown GPU"):
         gpu_spec("A100")
     m = io_model(bench_graphs.bias_silu(), "bfloat16", (16384, 28672, 4096), config="auto")
-    assert m.config == tuning.heuristic(16384, 28672, 4096, 132, tuning.Epilogue()) == tuning.TALL_192
+    assert m.config == tuning.heuristic(16384, 28672, 4096, 132, tuning.Epilogue()) == tuning.TALL_192_ALONG_N
     with pytest.raises(ValueError, match="config"):
         io_model(bench_graphs.bias_silu(), "bfloat16", (128, 128, 128), config="tune")
     with pytest.raises(ValueError, match="shape"):

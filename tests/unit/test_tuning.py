@@ -51,8 +51,9 @@ COLRED = tuning.Epilogue(col_reduce=True)
 
 @pytest.mark.parametrize("M,N,K,plain,pointwise,tile,colred", [
     # the issue's shapes: many tiles
-    (16384, 28672, 4096, "TALL_192", "TALL_192", "TALL_192", "LARGE_TALL"),
-    (8192, 128256, 4096, "TALL_192", "TALL_192", "TALL_192", "LARGE_TALL"),
+    (16384, 28672, 4096, "TALL_192_ALONG_N", "TALL_192_ALONG_N", "TALL_192_ALONG_N", "LARGE_TALL"),
+    (8192, 128256, 4096, "TALL_192_ALONG_N", "TALL_192_ALONG_N", "TALL_192_ALONG_N", "LARGE_TALL"),
+    (4096, 128256, 2048, "TALL_192", "TALL_192", "TALL_192", "LARGE_TALL"),   # A (16 MiB) stays in L2
     (16384, 4096, 14336, "LARGE_TALL", "LARGE_TALL", "LARGE_TALL", "LARGE_TALL"),
     (16384, 2048, 8192, "LARGE_TALL", "LARGE_TALL", "LARGE_TALL", "LARGE_TALL"),
     (16384, 6144, 4096, "TALL_192_S8", "TALL_192_S8", "TALL_192_S8", "LARGE_TALL"),
@@ -100,7 +101,7 @@ def test_the_192_tile_rule():
     """Ping-pong 128x192 at M >= 4096, K <= 4096, N >= 6144, K-major operands, no column reduction:
     swizzle 4 above N = 16384, else 8; pair graphs at N <= 16384 in 2x1 clusters."""
     pairs = tuning.Epilogue(pairs=True)
-    assert tuning.heuristic(16384, 28672, 4096, epilogue=pairs) == tuning.TALL_192
+    assert tuning.heuristic(16384, 28672, 4096, epilogue=pairs) == tuning.TALL_192_ALONG_N
     assert tuning.heuristic(16384, 16384, 2048, epilogue=pairs) == tuning.TALL_192_PAIRS
     assert tuning.heuristic(16384, 16384, 2048, epilogue=POINTWISE).swizzle == 8
     assert tuning.heuristic(4096, 6144, 4096, epilogue=POINTWISE) == tuning.TALL_192_S8
@@ -193,7 +194,7 @@ def test_auto_uses_the_graph_epilogue():
     pointwise = TunedOp(_graph(), "bfloat16", tune=False)
     assert flags(pointwise.epilogue) == flags(POINTWISE) and pointwise.config_for(16384, 6144, 4096) == \
         tuning.TALL_192_S8
-    assert pointwise.config_for(16384, 28672, 4096) == tuning.TALL_192
+    assert pointwise.config_for(16384, 28672, 4096) == tuning.TALL_192_ALONG_N
 
 
 def test_prebuild_expands_auto_and_tune():
