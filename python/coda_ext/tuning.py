@@ -269,6 +269,8 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     tall = ()
     if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
         tall = (TALL_192, TALL_192_ALONG_N, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
+    elif epilogue.pair_loads and epilogue.tall_192:   # the pair-tile epilogue over K >= 4096 (_by_shape)
+        tall = (TALL_192_S8,)
     skip = ((TALL_192, TALL_192_S8, TALL_192_ALONG_N, TALL_192_PAIRS)
             + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
             + ((OVERLAP,) if epilogue.plain or not _overlap_fits(epilogue) else ()))
@@ -298,7 +300,14 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) 
             return WIDE if tiles_m >= 32 and not (epilogue.plain or epilogue.tile_load) else LARGE
         if K > 4096 or (epilogue.plain and major == "kk"):
             return LARGE
-        return PINGPONG_PAIR_LOADS if epilogue.pair_loads and tiles_m >= 32 else PINGPONG
+        if epilogue.pair_loads and tiles_m >= 32:
+            # over K >= 4096, 128x192 tiles where they fit the pair-tile epilogue (dSwiGLU): half again the FLOPs per
+            # operand byte now that the scheduler walks no padded tiles (14336 columns are 75 tiles of 192, which
+            # swizzle 8 had padded to 80): the 8B dSwiGLU (16384x14336x4096) 1.043x cuBLAS against 1.084x; over
+            # K = 2048 (1B) 1.245-1.263x against 1.220x, its epilogue pacing the kernel there (H200,
+            # benchmarks/results/sweep_backward_fitted_h200.json)
+            return TALL_192_S8 if K >= 4096 and epilogue.tall_192 else PINGPONG_PAIR_LOADS
+        return PINGPONG
     return MEDIUM
 
 

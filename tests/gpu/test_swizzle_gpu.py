@@ -4,8 +4,8 @@
 A swizzle only changes which persistent CTA takes which tile, so every output is bit-identical to the same
 kernel's at swizzle 8 and 1 (each tile's MMA order, epilogue math and per-tile reduction partials are the
 tile's own): the dSwiGLU epilogue (a pair tile load, two stores, row sums) and the plain GEMM read N-major as
-the backward runs them, in ping-pong 128 x 128 (1 x 1, 2 x 1 and 1 x 2 clusters), cooperative and the overlap
-schedule, both rasters, at shapes with 12 CTAs or more on the shorter side (16 taken) and fewer (8 or less
+the backward runs them, in ping-pong 128 x 128 (1 x 1, 2 x 1 and 1 x 2 clusters) and 128 x 192, cooperative and
+the overlap schedule, both rasters, at shapes with 12 CTAs or more on the shorter side (16 taken) and fewer (8 or less
 taken), none a tile multiple, with a few persistent CTAs and the whole GPU. Then the numerics rule at the widest
 shape. The fitted grid changes which CTA takes which tile too: bit-identical to CUTLASS's padded grid at every
 swizzle and raster, every element written.
@@ -32,7 +32,8 @@ CONFIGS = (ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", major="kn"),
            ce.KernelConfig((128, 128, 64), (2, 1), "pingpong", major="kn"),
            ce.KernelConfig((128, 128, 64), (1, 2), "pingpong", major="kn"),
            ce.KernelConfig((128, 128, 64), (1, 1), "cooperative", major="kn"),
-           ce.KernelConfig((128, 128, 64), (1, 1), "overlap", major="kn"))
+           ce.KernelConfig((128, 128, 64), (1, 1), "overlap", major="kn"),
+           ce.KernelConfig((128, 192, 64), (1, 1), "pingpong", major="kn"))   # "auto"'s dSwiGLU over K >= 4096
 #: (M, N, K, persistent CTAs, 0: one per SM): 13 x 17 CTAs of 128 x 128 and 1 x 2 of them (16 needs 12 a side)
 SHAPES = [(1600, 2120, 200, 3), (1600, 2120, 200, 0), (2000, 3080, 72, 5), (200, 264, 136, 2)]
 
@@ -63,7 +64,7 @@ def test_swizzle_16_is_bit_identical_to_8_and_1(ops, name, cfg, M, N, K, ctas):
     op = ops[(name, cfg.tag)]
     A, W, inputs = rand.op_inputs(op, M, N, K, rand.generator("swizzle16", name, M, N, device="cuda"))
     cm, cn = cfg.cluster
-    tiles_m, tiles_n = -(-M // 128), -(-N // 128)
+    tiles_m, tiles_n = -(-M // cfg.tile[0]), -(-N // cfg.tile[1])
     ctas_m, ctas_n = -(-tiles_m // cm) * cm, -(-tiles_n // cn) * cn   # CTAs in whole clusters
     for raster in ("along_m", "along_n"):
         want = launch(op, dataclasses.replace(cfg, swizzle=8, raster=raster), A, W, inputs, M, N, ctas)

@@ -191,6 +191,7 @@ def test_no_graph_the_project_builds_is_refused_for_shared_memory():
     for m in ops.MODULES:
         for build, args, major in m.BUILDS:
             op = TunedOp(build(*args), "bfloat16", tune=True, major=major)
-            assert len(op.candidates) >= len(tuning.CANDIDATES) - 3
+            tall = sum(c.tile[:2] == (128, 192) for c in tuning.CANDIDATES)   # kept where the epilogue fits them
+            assert len(op.candidates) >= len(tuning.CANDIDATES) - tall
             for c in op.candidates + (dataclasses.replace(ce.DEFAULT_CONFIG, major=major),):
                 ce.kernel_source(build(*args), "bfloat16", c)
