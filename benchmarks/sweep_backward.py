@@ -241,7 +241,11 @@ def main(argv=None) -> None:
                    "benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …)")
     args = p.parse_args(argv)
 
+    import coda_ext as ce
+
     env = common.gpu_info()
+    # every kernel of the rows and configs asked for, in parallel (each would otherwise build on its first call)
+    ce.prebuild(build_items(tuple(args.models), args.tokens, tuple(args.ops), tuple(args.configs)))
     doc = {"env": env, "timing": "sustained" if args.sustained else "interleaved", "rows": []}
     for g in rows(args.models, args.tokens, args.ops):
         res = sweep(g, args.reps, tuple(args.configs), args.sustained)
