@@ -114,6 +114,20 @@ def check(A, B, z, fn, dz, name: str) -> float | None:
     return err
 
 
+def keep_checked(fns: dict, out, ref, message: str, variants: dict) -> dict:
+    """{name: max |out - ref| / max |ref|} of each QuACK call that runs (out NaN-poisoned before it, the error
+    printed with `message`); those calls join `variants`, the ones that fail are left out (runs says why)."""
+    errors = {}
+    for name, fn in fns.items():
+        out.fill_(float("nan"))
+        if not runs(fn, name):
+            continue
+        errors[name] = float((out.float() - ref).abs().max() / ref.abs().max())
+        print(f"    {name}: " + message.format(errors[name]), flush=True)
+        variants[name] = fn
+    return errors
+
+
 def summary(times: dict) -> dict:
     base = times["cublas"]
     return {k: {"ms": statistics.median(v), "ratio_to_cublas": statistics.median(t / b for t, b in zip(v, base))}
@@ -155,14 +169,7 @@ def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: boo
                                               tuned=tuned)}
     acc = x.float() @ W.float().t()
     ref = F.silu(acc[:, 0::2]) * acc[:, 1::2]
-    errors = {}
-    for name, fn in quack.items():
-        y.fill_(float("nan"))
-        if not runs(fn, name):
-            continue
-        errors[name] = float((y.float() - ref).abs().max() / ref.abs().max())
-        print(f"    {name}: y max error {errors[name]:.2e} of max |y|", flush=True)
-        variants[name] = fn
+    errors = keep_checked(quack, y, ref, "y max error {:.2e} of max |y|", variants)
     return {"op": "swiglu", "model": model, "M": M, "N": N, "K": K, "coda_config": configs, "quack_errors": errors,
             "variants": summary(timer(variants, reps))}
 
@@ -230,14 +237,7 @@ def plain_row(model: str, M: int, N: int, K: int, timer, reps: int) -> dict:
         name = f"coda_{tag}_s{sw}" + ("" if raster == "heuristic" else f"_{raster}")
         cfgs[name] = cfg
         cfgs[name + "_padded"] = dataclasses.replace(cfg, grid="padded")   # CUTLASS's grid
-    errors = {}
-    for name, fn in quack.items():
-        out.fill_(float("nan"))
-        if not runs(fn, name):
-            continue
-        errors[name] = float((out.float() - ref).abs().max() / ref.abs().max())
-        print(f"    {name}: max error {errors[name]:.2e} of max |D| against cuBLAS", flush=True)
-        variants[name] = fn
+    errors = keep_checked(quack, out, ref, "max error {:.2e} of max |D| against cuBLAS", variants)
     for name, cfg in cfgs.items():
         op = ce.compile(graphs.identity(), "bfloat16", cfg)
         variants[name] = lambda i, op=op: op(x, W)
