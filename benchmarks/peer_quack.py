@@ -41,6 +41,13 @@ def forward_config(graph, M: int, N: int, K: int):
     return sweep_backward.graph_heuristic(graph, M, N, K, "kk")
 
 
+def other_gated_store(cfg):
+    """cfg with the gated pair output written the other way (KernelConfig.gated_store), timed beside it."""
+    import dataclasses
+
+    return dataclasses.replace(cfg, gated_store="registers" if cfg.gated_store == "tma" else "tma")
+
+
 def forward_shape(model: str, tokens: int) -> tuple:
     m = sweep_backward.MODELS[model]
     return tokens, 2 * m["F"], m["d"]
@@ -58,7 +65,8 @@ def build_items(models=("1B", "8B"), tokens: int = 16384) -> list:
     for model in models:
         for graph in forward_graphs().values():
             cfg = forward_config(graph, *forward_shape(model, tokens))
-            items += [(graph, "bfloat16", cfg), (graphs.identity(), "bfloat16", cfg)]
+            items += [(graph, "bfloat16", cfg), (graph, "bfloat16", other_gated_store(cfg)),
+                      (graphs.identity(), "bfloat16", cfg)]
     return items + plain_items(models, tokens)
 
 
@@ -139,12 +147,12 @@ def report(row: dict) -> None:
         f"{k} {x['ms']:.3f} ms x{x['ratio_to_cublas']:.3f}" for k, x in row["variants"].items()), flush=True)
 
 
-def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: bool) -> dict:
-    """The forward SwiGLU at (M, N = 2F, K = d): cuBLAS (F.linear), coda_ext's graphs and their plain twins, QuACK's
-    gemm_act with and without z; QuACK's y checked against an fp32 reference."""
+def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: bool, peer: bool = True) -> dict:
+    """The forward SwiGLU at (M, N = 2F, K = d): cuBLAS (F.linear), coda_ext's graphs, each also with its gated output
+    written the other way ("_gt_registers" / "_gt_tma": KernelConfig.gated_store), and their plain twins; with
+    `peer`, QuACK's gemm_act with and without z, its y checked against an fp32 reference."""
     import torch
     import torch.nn.functional as F
-    from quack import gemm_interface as qi
 
     import coda_ext as ce
     from coda_ext import graphs
@@ -158,9 +166,17 @@ def forward_row(model: str, M: int, N: int, K: int, timer, reps: int, tuned: boo
         cfg = forward_config(graph, M, N, K)
         fused, plain = ce.compile(graph, "bfloat16", cfg), ce.compile(graphs.identity(), "bfloat16", cfg)
         fa, pa = rand.op_inputs(fused, M, N, K, gen), rand.op_inputs(plain, M, N, K, gen)
+        other = ce.compile(graph, "bfloat16", other_gated_store(cfg))
+        oa = rand.op_inputs(other, M, N, K, gen)
         variants[name] = lambda i, op=fused, a=fa: op(a[0], a[1], **a[2])
+        variants[f"{name}_gt_{other.config.gated_store}"] = lambda i, op=other, a=oa: op(a[0], a[1], **a[2])
         variants[name + "_plain"] = lambda i, op=plain, a=pa: op(a[0], a[1], **a[2])
         configs[name] = cfg.tag
+    if not peer:
+        return {"op": "swiglu", "model": model, "M": M, "N": N, "K": K, "coda_config": configs,
+                "variants": summary(timer(variants, reps))}
+    from quack import gemm_interface as qi
+
     z = torch.empty(M, N, dtype=x.dtype, device=x.device)
     y = torch.empty(M, N // 2, dtype=x.dtype, device=x.device)
     quack = {"quack_z_y": lambda i: qi.gemm_act(x, W.t(), activation="swiglu", preact_out=z, postact_out=y,
@@ -264,16 +280,23 @@ def main(argv=None) -> None:
                    help="the bare GEMMs of these shapes only: cuBLAS, QuACK's and coda_ext's in the same configs")
     p.add_argument("--plain-shapes", nargs="+", default=None, metavar="M,N,K",
                    help="with --plain: these shapes instead of the models' (e.g. an LM head's 4096,128256,2048)")
+    p.add_argument("--no-peer", action="store_true",
+                   help="the forward rows without QuACK (coda_ext, its plain twins and cuBLAS; QuACK not needed)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    try:
-        import quack
-    except ImportError as e:
-        raise SystemExit(f"peer_quack needs QuACK: pip install quack-kernels 'nvidia-cutlass-dsl[cu13]' ({e})") from e
-    env = common.gpu_info()
-    env["quack"] = getattr(quack, "__version__", "?")
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        env["cutlass_dsl"] = importlib.metadata.version("nvidia-cutlass-dsl")
+    if args.no_peer and (args.plain or args.no_forward):
+        p.error("--no-peer times the forward rows only: leave out --plain and --no-forward")
+    peer = {}
+    if not args.no_peer:
+        try:
+            import quack
+        except ImportError as e:
+            raise SystemExit(f"peer_quack needs QuACK: pip install quack-kernels 'nvidia-cutlass-dsl[cu13]' ({e}); "
+                             "--no-peer times the forward rows without it") from e
+        peer["quack"] = getattr(quack, "__version__", "?")
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            peer["cutlass_dsl"] = importlib.metadata.version("nvidia-cutlass-dsl")
+    env = {**common.gpu_info(), **peer}
     doc = {"env": env, "sustained": args.sustained, "quack_tuned": args.tuned, "rows": []}
     timer = common.time_sustained if args.sustained else common.time_interleaved
     if args.plain:
@@ -282,7 +305,7 @@ def main(argv=None) -> None:
         for shape in shapes:
             doc["rows"].append(plain_row(*shape, timer, args.reps))
             report(doc["rows"][-1])
-    for g in ([] if args.plain else rows(args.models, args.tokens)):
+    for g in ([] if args.plain or args.no_peer else rows(args.models, args.tokens)):
         M, N, K = g.M, g.N, g.K
         gen = torch.Generator(device="cuda").manual_seed(0)
         A = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
@@ -304,9 +327,10 @@ def main(argv=None) -> None:
         report(row)
     if not (args.no_forward or args.plain):
         for model in args.models:
-            doc["rows"].append(forward_row(model, *forward_shape(model, args.tokens), timer, args.reps, args.tuned))
+            doc["rows"].append(forward_row(model, *forward_shape(model, args.tokens), timer, args.reps, args.tuned,
+                                           peer=not args.no_peer))
             report(doc["rows"][-1])
-    stem = "peer_quack" + "".join(f"_{k}" for k in ("plain", "sustained", "tuned") if getattr(args, k))
+    stem = "peer_quack" + "".join(f"_{k}" for k in ("plain", "sustained", "tuned", "no_peer") if getattr(args, k))
     print(f"wrote {common.write_json(args.out or common.results_path(stem, gpu=env['gpu']), doc)}")
 
 

@@ -9,20 +9,30 @@ from benchmarks import peer_quack
 
 
 def test_build_items_are_each_fused_graph_and_its_plain_twin_in_one_config():
+    """The dSwiGLU rows: the fused graph and its plain twin in one config; the forward rows: the fused graph, the same
+    with its gated output written the other way (gated_store), and the plain twin; then the plain rows."""
+    import dataclasses
+
     from coda_ext import graphs
 
     plain = peer_quack.plain_items()
     items = peer_quack.build_items()
     rows = peer_quack.rows()
     forward = peer_quack.forward_graphs()
-    assert len(rows) == 2 and len(items) == 2 * len(rows) + 2 * 2 * len(forward) + len(plain)
+    n_back = 2 * len(rows)
+    assert len(rows) == 2 and len(items) == n_back + 3 * 2 * len(forward) + len(plain)
     assert [(i[1], i[2]) for i in items[-len(plain):]] == [(i[1], i[2]) for i in plain]
     identity = graphs.identity().build().digest()
-    pairs = list(zip(items[:-len(plain)][0::2], items[:-len(plain)][1::2]))
-    fused_graphs = [g.graph() for g in rows] + [graph for _ in ("1B", "8B") for graph in forward.values()]
-    for graph, (fused, plain) in zip(fused_graphs, pairs):
-        assert fused[0].build().digest() == graph.build().digest() and plain[0].build().digest() == identity
-        assert fused[2] == plain[2] and fused[2].schedule == "pingpong"
+    for g, fused, twin in zip(rows, items[:n_back:2], items[1:n_back:2]):
+        assert fused[0].build().digest() == g.graph().build().digest() and twin[0].build().digest() == identity
+        assert fused[2] == twin[2] and fused[2].schedule == "pingpong"
+    fwd = items[n_back:-len(plain)]
+    for graph, (fused, other, twin) in zip([gr for _ in ("1B", "8B") for gr in forward.values()],
+                                           zip(fwd[0::3], fwd[1::3], fwd[2::3])):
+        assert fused[0].build().digest() == graph.build().digest() == other[0].build().digest()
+        assert twin[0].build().digest() == identity and fused[2] == twin[2] and fused[2].schedule == "pingpong"
+        assert other[2] == dataclasses.replace(fused[2], gated_store={"tma": "registers", "registers": "tma"}[
+            fused[2].gated_store])
     assert peer_quack.forward_shape("8B", 16384) == (16384, 28672, 4096)
 
 

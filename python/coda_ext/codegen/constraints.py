@@ -79,8 +79,8 @@ def epilogue_buffers(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> dic
     """Bytes of the epilogue's shared memory at the stages CUTLASS gives its buffers (or the config's
     epilogue_stages): D's staging buffer, TMA-loaded tiles, TMA-stored outputs (pair tiles and pair stores:
     32-bit), each row vector's TILE_N slice (rounded up to SMEM_ALIGN), and SMEM_ALIGN for barriers and
-    padding. Tiles read directly (KernelConfig.tile_loads="direct") and tiles written directly
-    (KernelConfig.tile_stores="direct") take none."""
+    padding; the gated pair output's half-width stages with KernelConfig.gated_store="tma". Tiles read directly
+    (KernelConfig.tile_loads="direct") and tiles written directly (KernelConfig.tile_stores="direct") take none."""
     tm, tn, _ = config.tile
     em, en = epilogue_tile(config)
     subtiles = (tm // em) * (tn // en)
@@ -100,6 +100,8 @@ def epilogue_buffers(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> dic
             parts[f"pair tile {n.name!r}"] = stages_c * sub * 4
         elif n.kind == "pair_store":
             parts[f"pair store {n.name!r}"] = stages_d * sub * 4
+        elif n.kind == "pair_gated_store" and config.gated_store == "tma":   # half width
+            parts[f"gated store {n.name!r}"] = stages_d * sub // 2 * _BYTES[n.attr("dtype") or dtype]
         elif n.kind == "row_vector":  # CUTLASS's row broadcast stages its CTA_N slice in shared memory
             parts[f"row vector {n.name!r}"] = _align(tn * _BYTES[n.attr("dtype") or dtype])
     parts["barriers and padding"] = SMEM_ALIGN

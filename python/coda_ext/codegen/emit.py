@@ -46,17 +46,20 @@ def float_literal(x: float) -> str:
 
 
 def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False, staggered_pairs: bool = False,
-               epilogue_cache: str = "normal", direct_stores: bool = False) -> str:
+               epilogue_cache: str = "normal", direct_stores: bool = False, gated_tma: bool = False) -> str:
     """The wrapper type (nodes.hpp) implementing one IR node: its kind's C++ name (kinds.py) with the
     template arguments its attributes give; tile inputs read straight into registers with direct_loads
     (KernelConfig.tile_loads), tile outputs written from registers with direct_stores (KernelConfig.tile_stores,
     csrc/epilogues/variants/direct_store.hpp), pair tiles and pair stores through staggered shared-memory
     accesses with staggered_pairs (KernelConfig.pair_smem); TMA tile loads and stores with the L2 evict-first
     hint, or tile loads prefetched into L2 (csrc/epilogues/variants/l2_prefetch.hpp), by epilogue_cache
-    (KernelConfig.epilogue_cache)."""
+    (KernelConfig.epilogue_cache); the gated pair output staged in shared memory and TMA-stored with gated_tma
+    (KernelConfig.gated_store, csrc/epilogues/variants/pair_gated_tma_store.hpp)."""
     if direct_stores and node.kind in ("store", "pair_store"):   # 32-bit elements for the pairs
         return f"TileStoreDirect<Cfg, {'float' if node.kind == 'pair_store' else CPP_TYPES[node.attr('dtype')]}>"
     alias = _node_alias(node, check_oob, direct_loads, staggered_pairs)
+    if gated_tma and node.kind == "pair_gated_store":
+        return alias.replace("PairGatedStore<", "PairGatedStoreTma<", 1)
     tma_load = node.kind in ("tile", "pair_tile") and not direct_loads
     if epilogue_cache == "evict_first" and tma_load:
         return f"EvictFirstLoad<{alias}>"
@@ -67,11 +70,14 @@ def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False
     return alias
 
 
-def variant_headers(config: KernelConfig) -> list[str]:
+def variant_headers(config: KernelConfig, graph: ir.GraphIR | None = None) -> list[str]:
     """The variant headers (csrc/epilogues/variants/) a config's kernel needs, included by the emitted source after
-    the kernel templates (their bytes enter the keys of the kernels that include them only)."""
+    the kernel templates (their bytes enter the keys of the kernels that include them only). The gated TMA store's
+    only where `graph` has a gated pair output, so the config leaves other graphs' kernels as they are."""
+    gated = config.gated_store == "tma" and graph is not None and bool(graph.find("pair_gated_store"))
     return ((["epilogues/variants/direct_store.hpp"] if config.tile_stores == "direct" else []) +
             (["epilogues/variants/l2_prefetch.hpp"] if config.epilogue_cache == "prefetch" else []) +
+            (["epilogues/variants/pair_gated_tma_store.hpp"] if gated else []) +
             (["epilogues/variants/timeline.hpp"] if config.timeline else []))
 
 
@@ -144,7 +150,7 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
         check = op.node < 0 or node.kind not in ("row_reduce", "col_reduce") or \
             reduction_needs_bounds_check(graph, op.node)
         alias = node_alias(node, check, config.tile_loads == "direct", config.pair_smem == "staggered",
-                           config.epilogue_cache, config.tile_stores == "direct")
+                           config.epilogue_cache, config.tile_stores == "direct", config.gated_store == "tma")
         if config.timeline and node.kind == "accumulator" and not timeline_done:   # the first one records
             alias, timeline_done = "TimelineAccumulator", True
         aliases.append((f"using n{o} = {alias};", what))
@@ -180,7 +186,7 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
         epi += ", {}, {}".format(*config.epilogue_stages)
     return _TEMPLATE.substitute(
         prelude=NO_PDL_PRELUDE if config.schedule in NO_PDL_SCHEDULES else "",
-        variants="\n".join(f'#include "{h}"' for h in variant_headers(config)),
+        variants="\n".join(f'#include "{h}"' for h in variant_headers(config, graph)),
         digest=graph.digest(),
         mode="tree" if p.is_tree else "topological",
         listing="\n".join(f"//   {line}" for line in graph.text().splitlines()),
