@@ -4,7 +4,7 @@
 //   %1 = output(%0; name='out')
 //   %2 = pair_gated_store(%0; act='silu', dtype='bfloat16', name='y')
 #include "kernels/epilogue_gemm.cuh"
-
+#include "epilogues/variants/pair_gated_tma_store.hpp"
 namespace coda_generated {
 using namespace coda::epi;
 using coda::kernels::ReduceAxis;
@@ -13,8 +13,8 @@ using coda::kernels::ReduceCombine;
 using Cfg = coda::kernels::Config<cutlass::bfloat16_t, cutlass::bfloat16_t, 128, 128, 64, 1, 1, coda::kernels::Pingpong>;
 
 // Visitor nodes, one per op.
-using n0 = Accumulator;                                             // %0 accumulator
-using n1 = PairGatedStore<Cfg, cutlass::bfloat16_t, scalar::Silu>;  // %2 pair_gated_store 'y'
+using n0 = Accumulator;                                                // %0 accumulator
+using n1 = PairGatedStoreTma<Cfg, cutlass::bfloat16_t, scalar::Silu>;  // %2 pair_gated_store 'y'
 
 // The fusion.
 using t1 = fusion::Sm90EVT<n1::Node, n0::Node>;

@@ -9,7 +9,7 @@
 //   %2 = mul(%0, %1)
 //   %3 = pair_gated_store(%2; act='silu', dtype='bfloat16', name='y')
 #include "kernels/epilogue_gemm.cuh"
-
+#include "epilogues/variants/pair_gated_tma_store.hpp"
 namespace coda_linear_swiglu_bf16 {
 using namespace coda::epi;
 using coda::kernels::ReduceAxis;
@@ -18,10 +18,10 @@ using coda::kernels::ReduceCombine;
 using Cfg = coda::kernels::Config<cutlass::bfloat16_t, void, 64, 256, 64, 1, 1, coda::kernels::Pingpong>;
 
 // Visitor nodes, one per op.
-using n0 = ColVector<Cfg, float>;                                   // %0 col_vector 'rstd'
-using n1 = Accumulator;                                             // %1 accumulator
-using n2 = Compute<Cfg, Mul>;                                       // %2 mul
-using n3 = PairGatedStore<Cfg, cutlass::bfloat16_t, scalar::Silu>;  // %3 pair_gated_store 'y'
+using n0 = ColVector<Cfg, float>;                                      // %0 col_vector 'rstd'
+using n1 = Accumulator;                                                // %1 accumulator
+using n2 = Compute<Cfg, Mul>;                                          // %2 mul
+using n3 = PairGatedStoreTma<Cfg, cutlass::bfloat16_t, scalar::Silu>;  // %3 pair_gated_store 'y'
 
 // The fusion.
 using t2 = fusion::Sm90EVT<n2::Node, n0::Node, n1::Node>;

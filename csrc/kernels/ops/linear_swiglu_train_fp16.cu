@@ -10,7 +10,7 @@
 //   %3 = output(%2; name='z')
 //   %4 = pair_gated_store(%2; act='silu', dtype='float16', name='y')
 #include "kernels/epilogue_gemm.cuh"
-
+#include "epilogues/variants/pair_gated_tma_store.hpp"
 namespace coda_linear_swiglu_train_fp16 {
 using namespace coda::epi;
 using coda::kernels::ReduceAxis;
@@ -19,10 +19,10 @@ using coda::kernels::ReduceCombine;
 using Cfg = coda::kernels::Config<cutlass::half_t, cutlass::half_t, 64, 256, 64, 1, 1, coda::kernels::Pingpong>;
 
 // Visitor nodes, one per op.
-using n0 = ColVector<Cfg, float>;                               // %0 col_vector 'rstd'
-using n1 = Accumulator;                                         // %1 accumulator
-using n2 = Compute<Cfg, Mul>;                                   // %2 mul
-using n3 = PairGatedStore<Cfg, cutlass::half_t, scalar::Silu>;  // %4 pair_gated_store 'y'
+using n0 = ColVector<Cfg, float>;                                  // %0 col_vector 'rstd'
+using n1 = Accumulator;                                            // %1 accumulator
+using n2 = Compute<Cfg, Mul>;                                      // %2 mul
+using n3 = PairGatedStoreTma<Cfg, cutlass::half_t, scalar::Silu>;  // %4 pair_gated_store 'y'
 
 // The fusion.
 using t2 = fusion::Sm90EVT<n2::Node, n0::Node, n1::Node>;
