@@ -5,7 +5,9 @@ from registers (csrc/epilogues/pair_gated_store.hpp).
 Every output equals the register-writing kernel's of the same config bit for bit (the same values, only the path to
 global memory differs), at shapes that are no tile multiple with a few persistent CTAs (each runs many tiles) and
 with the whole GPU; and is within the numerics rule against the fp64 interpreter. Half-width rows of a multiple of
-8 elements (16 bytes) go through TMA; the others (N / 2 = 516, 1548) are written from registers by the same kernel.
+8 elements (16 bytes) go through TMA; the others (N / 2 = 516, 1548) are written from registers by the same kernel,
+as are rows in a padded stride whose length is not a multiple of 16 bytes (regression: TMA wrote the last 16-byte
+piece of each 100-element row whole, into the padding).
 Graphs: the training forward (rstd-scaled, z and y), y alone (no main output D) and the unscaled z and y. Epilogue
 collectives: CUTLASS's ping-pong in 128 x 128 and 128 x 192 tiles (1 x 1 and 2 x 1 clusters) and cooperative
 128 x 256, and the project's overlap and handoff kernels.
@@ -72,3 +74,27 @@ def test_tma_gated_store_is_bit_identical_to_registers_and_within_the_rule(ops, 
     got = run(op, A, W, inputs, M, N, sms)
     assert_same_bits(got, want, label)   # an element left unwritten (NaN-poisoned) differs too
     check_against_reference(op, GRAPHS[name](), A, W, inputs, got, label)
+
+
+#: (M, N, K, row padding): TMA with rows in a padded, 16-byte aligned stride (N / 2 = 1032 in 1040); and registers for
+#: rows of 100 and 196 elements in strides of 104 and 208, where TMA wrote each row's last 16-byte piece whole
+PADDED = [(300, 2064, 136, 8), (77, 200, 136, 4), (300, 392, 136, 12)]
+
+
+@pytest.mark.parametrize("M,N,K,pad", PADDED, ids=[f"{m}x{n}x{k}_pad{p}" for m, n, k, p in PADDED])
+def test_gated_store_leaves_the_row_padding_alone(ops, M, N, K, pad):
+    import torch
+
+    from tests.helpers import checks
+
+    for cfg in ("ping", "tall192_2x1"):
+        base, op = ops[("train", cfg, "registers")], ops[("train", cfg, "tma")]
+        A, W, inputs = rand.op_inputs(base, M, N, K, rand.generator("gated-pad", M, N, K, pad, device="cuda"))
+        want = run(base, A, W, inputs, M, N, 0)
+        out = checks.nan_outputs(op, M, N)
+        buf = torch.full((M, N // 2 + pad), float("nan"), dtype=out["y"].dtype, device="cuda")
+        out["y"] = buf[:, : N // 2]
+        got = op(A, W, out=out, **inputs)
+        torch.cuda.synchronize()
+        assert_same_bits(got, want, f"{cfg}/{M}x{N}x{K}/pad{pad}")
+        assert torch.isnan(buf[:, N // 2:]).all(), f"{cfg}/{M}x{N}x{K}/pad{pad}: the gated store wrote into the padding"

@@ -11,8 +11,10 @@
 // The collective's store loop gives the order: visit() computes the outputs, postreduce() writes the stage,
 // the collective fences and syncs the warp group, tma_store() issues the copy, the store pipeline's acquire keeps
 // a stage from being written again before its copy has read it. TMA clips rows and columns past the problem.
-// TMA needs 16-byte aligned rows: an output whose pointer or leading stride is not is written from registers as
-// before (decided on the host, one uniform branch per subtile).
+// TMA needs 16-byte aligned rows, and its stores write whole 16-byte pieces at the end of a row (measured: a
+// 100-element bf16 row in a 104-element stride had its 4 padding elements written): an output whose pointer,
+// leading stride or row length (N / 2 elements) is not a multiple of 16 bytes is written from registers as
+// before (decided on the host, one uniform branch per subtile), so nothing past a row is ever written.
 //
 // A variant header (csrc/epilogues/variants/): included by the emitted source of the kernels that use it only,
 // after the kernel templates, so a change here re-keys those kernels alone (coda_ext.jit.cache.variant_digest).
@@ -62,9 +64,10 @@ struct Sm90PairGatedTmaStore : Sm90PlainNode<Sm90PairGatedStoreArguments<Element
     bool use_tma = false;
   };
 
-  // TMA stores need a 16-byte aligned base and leading stride.
-  static bool tma_aligned(Arguments const& args) {
-    return reinterpret_cast<uintptr_t>(args.ptr_out) % 16 == 0 && (args.ld_out * int64_t(sizeof(Element))) % 16 == 0;
+  // TMA stores need a 16-byte aligned base and leading stride, and a row of whole 16-byte pieces (see above).
+  static bool tma_aligned(Arguments const& args, int64_t out_cols) {
+    auto bytes16 = [](int64_t elements) { return (elements * int64_t(sizeof(Element))) % 16 == 0; };
+    return reinterpret_cast<uintptr_t>(args.ptr_out) % 16 == 0 && bytes16(args.ld_out) && bytes16(out_cols);
   }
 
   template <class ProblemShape>
@@ -72,7 +75,7 @@ struct Sm90PairGatedTmaStore : Sm90PlainNode<Sm90PairGatedStoreArguments<Element
     auto [M, N, K, L] = cute::append<4>(problem_shape, 1);
     Params params;
     params.registers = args;
-    params.use_tma = tma_aligned(args);
+    params.use_tma = tma_aligned(args, int64_t(N) / 2);
     if (params.use_tma) {
       auto out = cute::make_tensor(args.ptr_out, cute::make_layout(cute::make_shape(int32_t(M), int32_t(N) / 2, int32_t(L)),
                                                                    StrideOut{args.ld_out, cute::_1{}, int64_t(0)}));
