@@ -9,8 +9,9 @@ with the whole GPU; and is within the numerics rule against the fp64 interpreter
 as are rows in a padded stride whose length is not a multiple of 16 bytes (regression: TMA wrote the last 16-byte
 piece of each 100-element row whole, into the padding).
 Graphs: the training forward (rstd-scaled, z and y), y alone (no main output D) and the unscaled z and y. Epilogue
-collectives: CUTLASS's ping-pong in 128 x 128 and 128 x 192 tiles (1 x 1 and 2 x 1 clusters) and cooperative
-128 x 256, and the project's overlap and handoff kernels.
+collectives: CUTLASS's ping-pong in 128 x 128 and 128 x 192 tiles (1 x 1 and 2 x 1 clusters; 128 x 128 also in
+64 x 64 subtiles, whose fragments the node writes to shared memory element by element) and cooperative 128 x 256,
+and the project's overlap and handoff kernels.
 
     python -m coda_ext prebuild tests/gpu/test_gated_store_gpu.py
     python -m pytest -x -q tests/gpu/test_gated_store_gpu.py
@@ -33,6 +34,8 @@ GRAPHS = {"train": lambda: forward.linear_swiglu(True, True), "y_only": lambda: 
 CONFIGS = {"ping": ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4),
            "tall192": ce.KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=8, raster="along_n"),
            "tall192_2x1": ce.KernelConfig((128, 192, 64), (2, 1), "pingpong", swizzle=8),
+           # 64 x 64 subtiles: 16 pairs a thread, written to the stage one element at a time (not the quad transpose)
+           "ping_e64x64": ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=4, epilogue_tile=(64, 64)),
            "coop": ce.KernelConfig((128, 256, 64), (2, 1), "cooperative", swizzle=4),
            "overlap": ce.KernelConfig((128, 128, 64), (1, 1), "overlap", swizzle=4),
            "handoff": ce.KernelConfig((128, 128, 64), (2, 1), "handoff", swizzle=8)}
