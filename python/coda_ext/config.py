@@ -48,7 +48,8 @@ TILE_STORES = ("tma", "direct")
 #: How the epilogue writes the half-width output of a gated pair activation (pair_gated_store: SwiGLU's y): "tma"
 #: (staged in shared memory, EPI_M x EPI_N / 2 per store stage, one TMA store per subtile in D's commit group:
 #: csrc/epilogues/variants/pair_gated_tma_store.hpp; an output whose base, leading stride or row length is not a
-#: multiple of 16 bytes is written from registers: TMA stores write a row's last 16-byte piece whole) or
+#: multiple of 16 bytes is written from registers: TMA stores write a row's last 16-byte piece whole; where its stages
+#: would cost the mainloop one of its first three stages the kernel takes "registers": constraints.fit_gated_store) or
 #: "registers" (8-byte global stores after a transpose inside each quad of lanes: csrc/epilogues/pair_gated_store.hpp).
 #: The TMA store took the forward SwiGLU from 0.992x to 0.978x cuBLAS (y only) and 1.018x to 1.004x (z and y) at
 #: 16384x16384x2048, 0.974x to 0.964x and 0.973x to 0.965x at 16384x28672x4096,

@@ -62,7 +62,7 @@ def test_compile_swiglu_kernel_sm90a(tmp_path, monkeypatch):
     paths.nvcc_version.cache_clear()
 
     source = ce.emit_source(_swiglu(), "bfloat16")
-    assert "PairGatedStore<Cfg, cutlass::bfloat16_t, scalar::Silu>" in source
+    assert "PairGatedStoreTma<Cfg, cutlass::bfloat16_t, scalar::Silu>" in source   # gated_store="tma", the default
 
     lib = nvcc.build(source, "swiglu bf16 (unit test)", quiet=True)
     entry = cache.entry_dir(cache.cache_key(source))

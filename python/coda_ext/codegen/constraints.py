@@ -62,6 +62,26 @@ def fit_config(graph: ir.GraphIR, config: KernelConfig) -> KernelConfig:
     return config
 
 
+#: The mainloop stages below which a gated output's TMA stage (gated_store="tma") gives way to register stores
+#: where those leave more (tuning.heuristic's floor: the RMSNorm backward's epilogue with a 2-stage mainloop ran at
+#: 1.65x cuBLAS, with 5 stages at 1.13-1.19x)
+GATED_STAGE_FLOOR = 3
+
+
+def fit_gated_store(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> KernelConfig:
+    """`config`, its gated pair outputs written from registers (gated_store="registers") where staging them for TMA
+    (the default) would leave the mainloop fewer than GATED_STAGE_FLOOR stages and registers leave it more (the
+    stage saves about a point of the store, a third mainloop stage far more): a graph that compiled beside register
+    stores keeps compiling, and the op's config says which store it runs."""
+    if config.gated_store != "tma" or not graph.find("pair_gated_store"):
+        return config
+    tma = mainloop_stages(graph, dtype, config)
+    registers = dataclasses.replace(config, gated_store="registers")
+    if tma >= GATED_STAGE_FLOOR or mainloop_stages(graph, dtype, registers) <= tma:
+        return config
+    return registers
+
+
 def epilogue_tile(config: KernelConfig) -> tuple[int, int]:
     """The epilogue subtile CUTLASS uses: the config's, else its choice for 16-bit D (N 32;
     M the schedule's: TILE_M for cooperative, 64 for ping-pong)."""

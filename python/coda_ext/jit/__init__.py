@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..codegen import emit
-from ..codegen.constraints import check_column_partials, check_shared_memory, fit_config
+from ..codegen.constraints import check_column_partials, check_shared_memory, fit_config, fit_gated_store
 from ..config import DEFAULT_CONFIG, KernelConfig
 from ..graph import ir
 from ..graph.builder import dtype_name
@@ -42,7 +42,7 @@ def kernel_source(graph: Any, dtype: Any = "bfloat16", config: KernelConfig | No
 
         raise UnsupportedError("GEMM operands must be torch.bfloat16 or torch.float16 (fp32 accumulate)")
     lowered = lower(g, d)
-    cfg = fit_config(lowered, config or DEFAULT_CONFIG)
+    cfg = fit_gated_store(lowered, d, fit_config(lowered, config or DEFAULT_CONFIG))
     check_shared_memory(lowered, d, cfg)
     check_column_partials(lowered, d, cfg)
     return KernelSource(g, lowered, d, cfg, emit(lowered, d, cfg))
