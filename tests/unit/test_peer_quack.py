@@ -53,3 +53,11 @@ def test_plain_items_are_the_identity_in_each_plain_config_and_the_heuristics():
     assert len(plain) == len(shapes) * (1 + len(peer_quack.PLAIN_CONFIGS))
     identity = graphs.identity().build().digest()
     assert all(g.build().digest() == identity and c.schedule == "pingpong" for g, _, c in plain)
+
+
+def test_no_peer_times_the_forward_rows_only():
+    """--no-peer (no QuACK needed) runs the forward rows alone: with --plain or --no-forward it says so before any GPU
+    work."""
+    for extra in (["--plain"], ["--no-forward"]):
+        with pytest.raises(SystemExit):
+            peer_quack.main(["--no-peer", *extra])
