@@ -2,8 +2,12 @@
 against the bare cuBLAS GEMM: the measurements behind the config heuristic (coda_ext/tuning.py).
 
     python -m benchmarks.sweep_configs [--cases identity,design] [--shapes llama | M,N,K ...]
-        [--swizzles 1,4,8] [--rasters heuristic,along_m,along_n] [--only TAG,...] [--reps 20]
-        [--out FILE.json] [--dry-run]
+        [--swizzles 1,4,8] [--rasters heuristic,along_m,along_n] [--only TAG,...]
+        [--epilogues auto,64x64,64x64/d3,d4] [--reps 20] [--out FILE.json] [--dry-run]
+
+--epilogues times each selected config also with other epilogue subtiles and TMA store stages (EPI_MxEPI_N, /dN or
+dN: N store stages, the load stages CUTLASS's 4; "auto": the config as it is); those kernels are built in parallel
+before the timing.
 
 --out defaults to sweep_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on (h100, h200, …).
 Kernels: `python -m coda_ext prebuild benchmarks/sweep_configs.py` builds the sweep ahead.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 import coda_ext as ce
@@ -48,11 +53,31 @@ def selected(only: str | None):
     return [c for c in SWEEP if not only or any(part in c.tag for part in only.split(","))]
 
 
+def epilogue_variants(configs, specs: str = "auto") -> list:
+    """Each config in each comma-separated epilogue spec: "auto" (as it is), "EPI_MxEPI_N" (the subtile), "dN" (N TMA
+    store stages, CUTLASS's 4 load stages) or both, "64x64/d3"; a spec the config cannot take is left out."""
+    out = []
+    for cfg in configs:
+        for spec in specs.split(","):
+            changes = {}
+            for part in spec.split("/"):
+                if part.startswith("d"):
+                    changes["epilogue_stages"] = (4, int(part[1:]))
+                elif part != "auto":
+                    changes["epilogue_tile"] = tuple(int(x) for x in part.split("x"))
+            try:
+                out.append(dataclasses.replace(cfg, **changes))
+            except ce.UnsupportedError as e:
+                print(f"{cfg.tag} {spec}: left out ({e})", file=sys.stderr)
+    return out
+
+
 def sweep_case(name: str, shapes, swizzles, reps: int, sweep=SWEEP, rasters=("heuristic",)) -> dict:
     import torch
     import torch.nn.functional as F
 
     graph = CASES[name][0]().build()
+    ce.prebuild([(graph, "bfloat16", cfg) for cfg in sweep], jobs=os.cpu_count())   # in parallel, not one by one
     # one kernel per compiled config; the swizzle variants load the same cached library
     configs = [dataclasses.replace(cfg, swizzle=s, raster=r) for cfg in sweep for s in swizzles for r in rasters]
     ops = {c.tag: ce.compile(graph, "bfloat16", c) for c in configs}
@@ -84,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rasters", default="heuristic", help="comma-separated: heuristic, along_m, along_n")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--only", default=None, help="comma-separated parts of config tags to keep, e.g. sk_,coop_128x256")
+    p.add_argument("--epilogues", default="auto", help="comma-separated epilogue subtiles / store stages to time each "
+                   "config in: auto, 64x64, d3, 64x64/d3")
     p.add_argument("--out", default=None, help="results JSON (default: sweep_<gpu>.json in benchmarks/results/, "
                    "<gpu> the GPU it runs on: h100, h200, …)")
     p.add_argument("--dry-run", action="store_true")
@@ -91,14 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     shapes = bench_graphs.parse_shapes(args.shapes)
     swizzles = [int(s) for s in args.swizzles.split(",")]
     names = [c for c in args.cases.split(",") if c]
+    sweep = epilogue_variants(selected(args.only), args.epilogues)
     if args.dry_run:
-        for cfg in selected(args.only):
+        for cfg in sweep:
             print(names, ", ".join(dataclasses.replace(cfg, swizzle=s).tag for s in swizzles))
         print(f"shapes: {shapes}")
         return 0
     env = common.gpu_info()
     rasters = args.rasters.split(",")
-    result = {name: sweep_case(name, shapes, swizzles, args.reps, selected(args.only), rasters) for name in names}
+    result = {name: sweep_case(name, shapes, swizzles, args.reps, sweep, rasters) for name in names}
     out = args.out or common.results_path("sweep", gpu=env["gpu"])
     out = common.write_json(out, {"env": env, "reps": args.reps, "results": result})
     print(f"wrote {out}")

@@ -277,6 +277,20 @@ def test_sweep_configs_takes_the_lm_head_logits_graph(capsys):
     assert "['lm_head_train'] ping_128x192x64_c2x1_s8" in out and "(2048, 128256, 2048)" in out
 
 
+def test_sweep_configs_times_other_epilogue_subtiles_and_store_stages(capsys):
+    """--epilogues: each selected config as it is, in 64 x 64 subtiles, with 3 store stages and both; a subtile the
+    schedule refuses is left out with the reason."""
+    from benchmarks import sweep_configs
+
+    assert sweep_configs.main(["--cases", "swiglu", "--shapes", "16384,16384,2048", "--only", "ping_128x192x64_c2x1",
+                               "--swizzles", "8", "--epilogues", "auto,64x64,d3,64x64/d3,128x64", "--dry-run"]) == 0
+    out = capsys.readouterr()
+    tags = [line.split("] ")[1] for line in out.out.splitlines() if line.startswith("['swiglu']")]
+    assert tags == ["ping_128x192x64_c2x1_s8", "ping_128x192x64_c2x1_e64x64_s8", "ping_128x192x64_c2x1_s8_ec4d3",
+                    "ping_128x192x64_c2x1_e64x64_s8_ec4d3"]
+    assert "128x64: left out" in out.err and "subtiles of 64 rows" in out.err
+
+
 def test_sustained_reaches_every_case_and_names_its_own_results(monkeypatch, tmp_path):
     """--sustained times each case at the GPU's power limit (bench_case(sustained=True)) and writes
     graphs_sustained_<gpu>.json, not the one-call-at-a-time results."""
