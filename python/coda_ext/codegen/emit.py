@@ -70,11 +70,11 @@ def node_alias(node: ir.Node, check_oob: bool = True, direct_loads: bool = False
     return alias
 
 
-def variant_headers(config: KernelConfig, graph: ir.GraphIR | None = None) -> list[str]:
-    """The variant headers (csrc/epilogues/variants/) a config's kernel needs, included by the emitted source after
-    the kernel templates (their bytes enter the keys of the kernels that include them only). The gated TMA store's
-    only where `graph` has a gated pair output, so the config leaves other graphs' kernels as they are."""
-    gated = config.gated_store == "tma" and graph is not None and bool(graph.find("pair_gated_store"))
+def variant_headers(config: KernelConfig, graph: ir.GraphIR) -> list[str]:
+    """The variant headers (csrc/epilogues/variants/) the kernel of `graph` in `config` needs, included by the emitted
+    source after the kernel templates (their bytes enter the keys of the kernels that include them only). The gated
+    TMA store's only where the graph has a gated pair output, so the config leaves other graphs' kernels as they are."""
+    gated = config.gated_store == "tma" and bool(graph.find("pair_gated_store"))
     return ((["epilogues/variants/direct_store.hpp"] if config.tile_stores == "direct" else []) +
             (["epilogues/variants/l2_prefetch.hpp"] if config.epilogue_cache == "prefetch" else []) +
             (["epilogues/variants/pair_gated_tma_store.hpp"] if gated else []) +
