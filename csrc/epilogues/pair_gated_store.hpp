@@ -20,6 +20,100 @@
 
 namespace coda::epi {
 
+// The results of a 32-column subtile (16 fragment slots, the outputs at the even ones) transposed inside each quad
+// of lanes, for 4-element vector stores. In the wgmma accumulator layout the 4 lanes of a quad share two rows
+// (r, r + 8) and lane q holds the outputs (r, 4j + q), j = 0..3, of a 16-output subtile row: after the transpose
+// lane q holds (r, 4q + k), k = 0..3.
+// Which fragment slot holds which output is decided at compile time: the coordinates are the thread's first one plus
+// a static layout, so every offset below folds to a constant (a layout other than wgmma's folds `layout_ok` to
+// false). At run time only the quad's arrangement is checked (two shuffles and a vote per subtile).
+template <class Element>
+struct QuadTranspose {
+  // Two elements from lane (this lane ^ mask), as one 32-bit shuffle for 16-bit elements.
+  CUTLASS_DEVICE static void exchange(Element& a, Element& b, int mask) {
+    if constexpr (sizeof(Element) == 2) {
+      cutlass::Array<Element, 2> pair;
+      pair[0] = a;
+      pair[1] = b;
+      uint32_t bits;
+      memcpy(&bits, &pair, 4);
+      bits = __shfl_xor_sync(0xffffffffu, bits, mask);
+      memcpy(&pair, &bits, 4);
+      a = pair[0];
+      b = pair[1];
+    } else {
+      static_assert(sizeof(Element) == 4, "pair outputs are 16- or 32-bit");
+      uint32_t x, y;
+      memcpy(&x, &a, 4);
+      memcpy(&y, &b, 4);
+      x = __shfl_xor_sync(0xffffffffu, x, mask);
+      y = __shfl_xor_sync(0xffffffffu, y, mask);
+      memcpy(&a, &x, 4);
+      memcpy(&b, &y, 4);
+    }
+  }
+
+  // Transposes the fragment `frag` at the (full-width) coordinates `coords` and calls store(v, top, lead_col, q):
+  // v[h][k] is the output (top + 8h, lead_col / 2 + 4q + k), where top is the fragment's first row, lead_col the
+  // first column of lane 0 of the quad and q this lane within it. False (store not called) where the fragment is
+  // not the wgmma layout, or the quad's lanes are not at consecutive column pairs of an 8-column group counted
+  // from col_origin.
+  template <class Coords, class Frag, class Store>
+  CUTLASS_DEVICE static bool apply(Coords const& coords, Frag const& frag, int col_origin, Store&& store) {
+    // Offsets from element 0 (static), and the fragment's top-left corner relative to it.
+    int dr_min = 0, dc_min = 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 2; i < 16; i += 2) {
+      dr_min = cute::min(dr_min, int(cute::get<0>(coords(i))) - int(cute::get<0>(coords(0))));
+      dc_min = cute::min(dc_min, int(cute::get<1>(coords(i))) - int(cute::get<1>(coords(0))));
+    }
+    int const row0 = int(cute::get<0>(coords(0))) + dr_min;
+    int const col0 = int(cute::get<1>(coords(0))) + dc_min;
+    Element v[2][4];
+    bool layout_ok = true;
+    unsigned filled = 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < 16; i += 2) {
+      int dr = int(cute::get<0>(coords(i))) - int(cute::get<0>(coords(0))) - dr_min;   // static: 0 or 8
+      int dc = int(cute::get<1>(coords(i))) - int(cute::get<1>(coords(0))) - dc_min;   // static: 0, 8, 16, 24
+      bool here = (dr == 0 || dr == 8) && dc >= 0 && dc < 32 && (dc & 7) == 0;
+      layout_ok = layout_ok && here;
+      int slot = here ? (dr >> 3) * 4 + (dc >> 3) : 0;
+      filled |= 1u << slot;
+      v[slot >> 2][slot & 3] = frag(i);
+    }
+    if (!layout_ok || filled != 0xffu) {
+      return false;
+    }
+    int const lane = int(threadIdx.x) & 31;
+    int const q = lane & 3;
+    int const lead_row = __shfl_sync(0xffffffffu, row0, lane & ~3);
+    int const lead_col = __shfl_sync(0xffffffffu, col0, lane & ~3);
+    bool const quad_ok = row0 == lead_row && col0 == lead_col + 2 * q && ((lead_col - col_origin) & 7) == 0;
+    if (!__all_sync(0xffffffffu, quad_ok)) {
+      return false;
+    }
+    // 4 x 4 transpose per row in two butterfly steps. Step 1 (lanes q, q ^ 2): the lanes with q & 2 trade their
+    // slots 0, 1 for the partner's 2, 3. Step 2 (lanes q, q ^ 1): the odd lanes trade slots 0, 2 for the partner's
+    // 1, 3. Lane q then holds (r, 4q + k) in slot k.
+    bool const hi = (q & 2) != 0;
+    bool const odd = (q & 1) != 0;
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      Element a = hi ? v[h][0] : v[h][2];
+      Element b = hi ? v[h][1] : v[h][3];
+      exchange(a, b, 2);
+      if (hi) { v[h][0] = a; v[h][1] = b; } else { v[h][2] = a; v[h][3] = b; }
+      a = odd ? v[h][0] : v[h][1];
+      b = odd ? v[h][2] : v[h][3];
+      exchange(a, b, 1);
+      if (odd) { v[h][0] = a; v[h][2] = b; } else { v[h][1] = a; v[h][3] = b; }
+    }
+    store(v, row0, lead_col, q);
+    return true;
+  }
+};
+
 template <class Element>
 struct Sm90PairGatedStoreArguments {
   Element* ptr_out = nullptr;  // (M, N / 2), row-major
@@ -103,112 +197,35 @@ struct Sm90PairGatedStore : Sm90PlainNode<Sm90PairGatedStoreArguments<Element>> 
       }
     }
 
-    // Two elements from lane (this lane ^ mask), as one 32-bit shuffle for 16-bit elements.
-    CUTLASS_DEVICE static void exchange(Element& a, Element& b, int mask) {
-      if constexpr (sizeof(Element) == 2) {
-        cutlass::Array<Element, 2> pair;
-        pair[0] = a;
-        pair[1] = b;
-        uint32_t bits;
-        memcpy(&bits, &pair, 4);
-        bits = __shfl_xor_sync(0xffffffffu, bits, mask);
-        memcpy(&pair, &bits, 4);
-        a = pair[0];
-        b = pair[1];
-      } else {
-        static_assert(sizeof(Element) == 4, "pair outputs are 16- or 32-bit");
-        uint32_t x, y;
-        memcpy(&x, &a, 4);
-        memcpy(&y, &b, 4);
-        x = __shfl_xor_sync(0xffffffffu, x, mask);
-        y = __shfl_xor_sync(0xffffffffu, y, mask);
-        memcpy(&a, &x, 4);
-        memcpy(&b, &y, 4);
-      }
-    }
-
-    // Vector stores through a transpose inside each quad of lanes. In the wgmma accumulator
-    // layout the 4 lanes of a quad share two rows (r, r + 8) and lane q holds the outputs
-    // (r, 4j + q), j = 0..3, of a 16-output (32-column) subtile row: after the transpose lane q
-    // holds (r, 4q + k), k = 0..3, and writes them with one 4-element store.
-    // Which fragment slot holds which output is decided at compile time: the coordinates are the
-    // thread's first one plus a static layout, so every offset below folds to a constant (a layout
-    // other than wgmma's folds `layout_ok` to false and the subtile is stored element by element).
-    // At run time only the quad's arrangement is checked (two shuffles and a vote per subtile).
+    // Vector stores after the quad transpose (QuadTranspose): lane q of a quad writes the outputs (r, 4q .. 4q + 3)
+    // of its two rows r, r + 8 with one 4-element store each. False (nothing written) where the fragment is not the
+    // wgmma layout.
     template <class Coords>
     CUTLASS_DEVICE bool store_quad_transposed(Coords const& coords) {
-      // Offsets from element 0 (static), and the fragment's top-left corner relative to it.
-      int dr_min = 0, dc_min = 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 2; i < 16; i += 2) {
-        dr_min = cute::min(dr_min, int(cute::get<0>(coords(i))) - int(cute::get<0>(coords(0))));
-        dc_min = cute::min(dc_min, int(cute::get<1>(coords(i))) - int(cute::get<1>(coords(0))));
-      }
-      int const row0 = int(cute::get<0>(coords(0))) + dr_min;
-      int const col0 = int(cute::get<1>(coords(0))) + dc_min;
-      Element v[2][4];
-      bool layout_ok = true;
-      unsigned filled = 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < 16; i += 2) {
-        int dr = int(cute::get<0>(coords(i))) - int(cute::get<0>(coords(0))) - dr_min;   // static: 0 or 8
-        int dc = int(cute::get<1>(coords(i))) - int(cute::get<1>(coords(0))) - dc_min;   // static: 0, 8, 16, 24
-        bool here = (dr == 0 || dr == 8) && dc >= 0 && dc < 32 && (dc & 7) == 0;
-        layout_ok = layout_ok && here;
-        int slot = here ? (dr >> 3) * 4 + (dc >> 3) : 0;
-        filled |= 1u << slot;
-        v[slot >> 2][slot & 3] = tC_rOut(i);
-      }
-      if (!layout_ok || filled != 0xffu) {
-        return false;
-      }
-      int lane = int(threadIdx.x) & 31;
-      int q = lane & 3;
-      int lead_row = __shfl_sync(0xffffffffu, row0, lane & ~3);
-      int lead_col = __shfl_sync(0xffffffffu, col0, lane & ~3);
-      bool quad_ok = row0 == lead_row && col0 == lead_col + 2 * q && (lead_col & 7) == 0;
-      if (!__all_sync(0xffffffffu, quad_ok)) {
-        return false;
-      }
-      // 4 x 4 transpose per row in two butterfly steps. Step 1 (lanes q, q ^ 2): the lanes with
-      // q & 2 trade their slots 0, 1 for the partner's 2, 3. Step 2 (lanes q, q ^ 1): the odd lanes
-      // trade slots 0, 2 for the partner's 1, 3. Lane q then holds (r, 4q + k) in slot k.
-      bool hi = (q & 2) != 0;
-      bool odd = (q & 1) != 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        Element a = hi ? v[r][0] : v[r][2];
-        Element b = hi ? v[r][1] : v[r][3];
-        exchange(a, b, 2);
-        if (hi) { v[r][0] = a; v[r][1] = b; } else { v[r][2] = a; v[r][3] = b; }
-        a = odd ? v[r][0] : v[r][1];
-        b = odd ? v[r][2] : v[r][3];
-        exchange(a, b, 1);
-        if (odd) { v[r][0] = a; v[r][2] = b; } else { v[r][1] = a; v[r][3] = b; }
-      }
-      Element* ptr = params_ptr->ptr_out;
-      int64_t ld = params_ptr->ld_out;
-      int out_cols = cute::get<1>(shape_mn) >> 1;
-      int oc = (lead_col >> 1) + 4 * q;
-      bool vector_ok = (ld % 4 == 0) && (reinterpret_cast<uintptr_t>(ptr) % (4 * sizeof(Element)) == 0);
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        int row = row0 + 8 * r;
-        if (row >= cute::get<0>(shape_mn)) continue;
-        Element* dst = ptr + int64_t(row) * ld + oc;
-        if (vector_ok && oc + 3 < out_cols) {
-          cutlass::AlignedArray<Element, 4> vec;
-          CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < 4; ++k) vec[k] = v[r][k];
-          *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dst) = vec;
-        } else {
-          CUTLASS_PRAGMA_UNROLL
-          for (int k = 0; k < 4; ++k) {
-            if (oc + k < out_cols) dst[k] = v[r][k];
+      return QuadTranspose<Element>::apply(coords, tC_rOut, 0, [&](Element (&v)[2][4], int row0, int lead_col, int q) {
+        Element* ptr = params_ptr->ptr_out;
+        int64_t ld = params_ptr->ld_out;
+        int out_cols = cute::get<1>(shape_mn) >> 1;
+        int oc = (lead_col >> 1) + 4 * q;
+        bool vector_ok = (ld % 4 == 0) && (reinterpret_cast<uintptr_t>(ptr) % (4 * sizeof(Element)) == 0);
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          int row = row0 + 8 * r;
+          if (row >= cute::get<0>(shape_mn)) continue;
+          Element* dst = ptr + int64_t(row) * ld + oc;
+          if (vector_ok && oc + 3 < out_cols) {
+            cutlass::AlignedArray<Element, 4> vec;
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < 4; ++k) vec[k] = v[r][k];
+            *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dst) = vec;
+          } else {
+            CUTLASS_PRAGMA_UNROLL
+            for (int k = 0; k < 4; ++k) {
+              if (oc + k < out_cols) dst[k] = v[r][k];
+            }
           }
         }
-      }
-      return true;
+      });
     }
   };
 

@@ -136,66 +136,23 @@ struct Sm90PairGatedTmaStore : Sm90PlainNode<Sm90PairGatedStoreArguments<Element
       }
     }
 
-    // The quad transpose of Registers' vector stores (pair_gated_store.hpp: the layout argument is there), into
-    // the stage: lane q of a quad writes the outputs (r, 4q .. 4q + 3) of its two rows r, r + 8 with one
-    // 4-element store each. False (nothing written) where the fragment is not the wgmma layout.
+    // The quad transpose (QuadTranspose, pair_gated_store.hpp) into the stage: lane q of a quad writes the outputs
+    // (r, 4q .. 4q + 3) of its two rows r, r + 8 with one 4-element store each. False (nothing written) where the
+    // fragment is not the wgmma layout.
     template <class Coords>
     CUTLASS_DEVICE bool stage_quad_transposed(Coords const& coords, Element* stage, int row0, int col0) {
-      int dr_min = 0, dc_min = 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 2; i < 16; i += 2) {
-        dr_min = cute::min(dr_min, int(cute::get<0>(coords(i))) - int(cute::get<0>(coords(0))));
-        dc_min = cute::min(dc_min, int(cute::get<1>(coords(i))) - int(cute::get<1>(coords(0))));
-      }
-      int const top = int(cute::get<0>(coords(0))) + dr_min;
-      int const left = int(cute::get<1>(coords(0))) + dc_min;
-      Element v[2][4];
-      bool layout_ok = true;
-      unsigned filled = 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < 16; i += 2) {
-        int dr = int(cute::get<0>(coords(i))) - int(cute::get<0>(coords(0))) - dr_min;   // static: 0 or 8
-        int dc = int(cute::get<1>(coords(i))) - int(cute::get<1>(coords(0))) - dc_min;   // static: 0, 8, 16, 24
-        bool here = (dr == 0 || dr == 8) && dc >= 0 && dc < 32 && (dc & 7) == 0;
-        layout_ok = layout_ok && here;
-        int slot = here ? (dr >> 3) * 4 + (dc >> 3) : 0;
-        filled |= 1u << slot;
-        v[slot >> 2][slot & 3] = this->tC_rOut(i);
-      }
-      if (!layout_ok || filled != 0xffu) {
-        return false;
-      }
-      int const lane = int(threadIdx.x) & 31;
-      int const q = lane & 3;
-      int const lead_top = __shfl_sync(0xffffffffu, top, lane & ~3);
-      int const lead_left = __shfl_sync(0xffffffffu, left, lane & ~3);
-      bool const quad_ok = top == lead_top && left == lead_left + 2 * q && ((lead_left - col0) & 7) == 0;
-      if (!__all_sync(0xffffffffu, quad_ok)) {
-        return false;
-      }
-      bool const hi = (q & 2) != 0;   // the two butterfly steps of Registers' transpose
-      bool const odd = (q & 1) != 0;
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        Element a = hi ? v[h][0] : v[h][2];
-        Element b = hi ? v[h][1] : v[h][3];
-        Base::exchange(a, b, 2);
-        if (hi) { v[h][0] = a; v[h][1] = b; } else { v[h][2] = a; v[h][3] = b; }
-        a = odd ? v[h][0] : v[h][1];
-        b = odd ? v[h][2] : v[h][3];
-        Base::exchange(a, b, 1);
-        if (odd) { v[h][0] = a; v[h][2] = b; } else { v[h][1] = a; v[h][3] = b; }
-      }
-      int const r = top - row0;
-      int const c = ((lead_left - col0) >> 1) + 4 * q;
-      CUTLASS_PRAGMA_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        cutlass::AlignedArray<Element, 4> vec;
+      return QuadTranspose<Element>::apply(coords, this->tC_rOut, col0,
+                                           [&](Element (&v)[2][4], int top, int lead_col, int q) {
+        int const r = top - row0;
+        int const c = ((lead_col - col0) >> 1) + 4 * q;
         CUTLASS_PRAGMA_UNROLL
-        for (int k = 0; k < 4; ++k) vec[k] = v[h][k];
-        *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(stage + (r + 8 * h) * kHalfN + c) = vec;
-      }
-      return true;
+        for (int h = 0; h < 2; ++h) {
+          cutlass::AlignedArray<Element, 4> vec;
+          CUTLASS_PRAGMA_UNROLL
+          for (int k = 0; k < 4; ++k) vec[k] = v[h][k];
+          *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(stage + (r + 8 * h) * kHalfN + c) = vec;
+        }
+      });
     }
 
     CUTLASS_DEVICE void tma_store(int epi_m, int epi_n, int store_iteration, bool issue_tma_store) {
