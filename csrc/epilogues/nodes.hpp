@@ -20,6 +20,7 @@
 #include "coordinates.hpp"
 #include "direct_tile_load.hpp"
 #include "evict_first.hpp"
+#include "last_tile.hpp"
 #include "pair_gated_store.hpp"
 #include "row_lse_partials.hpp"
 #include "segment_reduce.hpp"

@@ -197,6 +197,12 @@ struct EpilogueGemm {
     }
   }
 
+  static constexpr bool kFinishesInKernel = epi::finishes_reductions<Fusion>::value;
+  static constexpr int64_t kTileM = cute::size<0>(typename Cfg::TileShape{});
+  static constexpr int64_t kTileN = cute::size<1>(typename Cfg::TileShape{});
+
+  // The partial buffers, then (a fusion that can finish its reductions itself) one 64-bit counter per M-tile
+  // and one per N-tile (last_tile.hpp).
   static size_t partials_bytes(ReductionList const& reductions, int64_t M, int64_t N) {
     size_t bytes = 0;
     for (int i = 0; i < reductions.count; ++i) {
@@ -204,7 +210,17 @@ struct EpilogueGemm {
       partial_extent<Cfg>(reductions.items[i], M, N, length, count);
       bytes += align_up(size_t(length * count) * sizeof(float));
     }
+    if (kFinishesInKernel && reductions.count > 0) bytes += align_up(size_t(tile_counters(M, N)) * sizeof(uint64_t));
     return bytes;
+  }
+  static int64_t tile_counters(int64_t M, int64_t N) { return (M + kTileM - 1) / kTileM + (N + kTileN - 1) / kTileN; }
+
+  // Whether this launch finishes its reductions in the kernel: CodaLaunch.raster_order's finalize bits
+  // (KernelConfig.finalize), "auto" where M is at most kFinishInKernelMaxM.
+  static bool finishes_in_kernel(CodaLaunch const& L, ReductionList const& reductions) {
+    if (!kFinishesInKernel || reductions.count == 0) return false;
+    int32_t const mode = L.raster_order & kFinalizeMask;
+    return mode == kFinalizeInKernel || (mode == kFinalizeAuto && L.M <= kFinishInKernelMaxM);
   }
 
   static size_t gemm_workspace_bytes(CodaLaunch const& L) {
@@ -275,7 +291,34 @@ struct EpilogueGemm {
       offset += align_up(size_t(length * count) * sizeof(float));
     }
 
-    Arguments args = gemm_arguments(L, make_fusion(L, partials));
+    bool const in_kernel = finishes_in_kernel(L, reductions);
+    FinalizeBatch batch{};
+    batch.n_items = reductions.count;
+    int64_t max_count = 0;
+    for (int i = 0; i < reductions.count; ++i) {
+      ReductionSpec const& r = reductions.items[i];
+      FinalizeItem& item = batch.items[i];
+      partial_extent<Cfg>(r, L.M, L.N, item.length, item.count);
+      item.partials = partials[i];
+      item.out = static_cast<float*>(L.slots[r.slot].ptr);
+      item.n_out = r.axis == ReduceAxis::Rows ? L.M : L.N;
+      item.combine = r.combine;
+      item.axis = r.axis;
+      max_count = item.count > max_count ? item.count : max_count;
+    }
+
+    FusionArguments fusion = make_fusion(L, partials);
+    if constexpr (kFinishesInKernel) {
+      if (in_kernel) {
+        epi::FinishReductionsArguments& finish = fusion.op_1;  // Sm90EVT<finishing node, body>: (body, node)
+        finish.batch = batch;
+        finish.slices = finalize_slices(max_count);
+        finish.epoch = next_epoch();
+        finish.row_counters = reinterpret_cast<unsigned long long*>(base + offset);
+        finish.col_counters = finish.row_counters + (L.M + kTileM - 1) / kTileM;
+      }
+    }
+    Arguments args = gemm_arguments(L, fusion);
     if (!implementable(args))
       return fail(CODA_ERROR_CAN_IMPLEMENT, "CUTLASS can_implement rejected the problem", nullptr);
     cutlass::Status status = Kernel::initialize_workspace(args, gemm_ws ? base : nullptr, stream, nullptr);
@@ -283,7 +326,6 @@ struct EpilogueGemm {
       return fail(CODA_ERROR_INITIALIZE, "CUTLASS initialize failed", cutlassGetStatusString(status));
     typename Kernel::Params params = Kernel::to_underlying_arguments(args, gemm_ws ? base : nullptr);
     {
-      constexpr int64_t kTileM = cute::size<0>(typename Cfg::TileShape{}), kTileN = cute::size<1>(typename Cfg::TileShape{});
       constexpr int64_t kCm = cute::size<0>(typename Cfg::ClusterShape{}), kCn = cute::size<1>(typename Cfg::ClusterShape{});
       int64_t const ctas_m = (L.M + kTileM * kCm - 1) / (kTileM * kCm) * kCm;
       int64_t const ctas_n = (L.N + kTileN * kCn - 1) / (kTileN * kCn) * kCn;
@@ -297,17 +339,7 @@ struct EpilogueGemm {
     if (cuda_status != cudaSuccess)
       return fail(CODA_ERROR_LAUNCH, "GEMM launch failed", cudaGetErrorString(cuda_status));
 
-    FinalizeBatch batch{};
-    batch.n_items = reductions.count;
-    for (int i = 0; i < reductions.count; ++i) {
-      ReductionSpec const& r = reductions.items[i];
-      FinalizeItem& item = batch.items[i];
-      partial_extent<Cfg>(r, L.M, L.N, item.length, item.count);
-      item.partials = partials[i];
-      item.out = static_cast<float*>(L.slots[r.slot].ptr);
-      item.n_out = r.axis == ReduceAxis::Rows ? L.M : L.N;
-      item.combine = r.combine;
-    }
+    if (in_kernel) return CODA_OK;
     cuda_status = launch_finalize(batch, stream);
     if (cuda_status != cudaSuccess)
       return fail(CODA_ERROR_LAUNCH, "reduction finalize launch failed", cudaGetErrorString(cuda_status));

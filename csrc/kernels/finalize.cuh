@@ -13,6 +13,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <atomic>
+
 namespace coda::kernels {
 
 enum class ReduceAxis : int { Rows = 0, Cols = 1 };       // Rows: length M; Cols: length N
@@ -27,7 +29,28 @@ struct FinalizeItem {
   int64_t length;
   int64_t count;
   ReduceCombine combine;
+  ReduceAxis axis;  // which tiles a vector element's partials come from (finished in the kernel: last_tile.hpp)
 };
+
+// Where a launch finishes its reductions: CodaLaunch.raster_order's bits 3-4 (KernelConfig.finalize).
+// "auto": in the GEMM (epilogues/last_tile.hpp) where M <= kFinishInKernelMaxM, else a finalize launch.
+constexpr int32_t kFinalizeMask = 24;
+constexpr int32_t kFinalizeAuto = 0;
+constexpr int32_t kFinalizeLaunch = 8;
+constexpr int32_t kFinalizeInKernel = 16;
+constexpr int64_t kFinishInKernelMaxM = 2048;
+
+// A fresh nonzero 40-bit tag for the tile counters of one launch (epilogues/last_tile.hpp).
+inline uint64_t next_epoch() {
+  static std::atomic<uint64_t> launches{0};  // one sequence per kernel library, offset by where it is loaded
+  uint64_t z = reinterpret_cast<uintptr_t>(&launches) +
+               (launches.fetch_add(1, std::memory_order_relaxed) + 1) * 0x9E3779B97F4A7C15ull;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  z &= (1ull << 40) - 1;
+  return z == 0 ? 1 : z;
+}
 
 constexpr int kMaxFinalizeItems = 8;
 struct FinalizeBatch {
@@ -86,6 +109,36 @@ static __global__ void finalize_partials_kernel(FinalizeBatch batch) {
     for (int s = 1; s < slices; ++s) r = combine_partial(c, r, folded[s][threadIdx.x]);
     item.out[i] = r;
   }
+}
+
+// The fold of output i's partials in the order finalize_partials_kernel takes with `slices` threads per output:
+// partial j goes to accumulator (j % slices, (j / slices) % 4) in index order; each slice's four are folded
+// pairwise, then the slices in order. One thread, the same bits: the in-kernel finish (last_tile.hpp) uses it.
+// Loads bypass L1 (other CTAs wrote the partials during this launch).
+__device__ __forceinline__ float fold_partials(FinalizeItem const& item, int64_t i, int slices) {
+  ReduceCombine c = item.combine;
+  float identity = c == ReduceCombine::Sum ? 0.0f : -INFINITY;
+  float const* p = item.partials + i;
+  float r = identity;
+  for (int s = 0; s < slices; ++s) {
+    float acc[4] = {identity, identity, identity, identity};
+    int64_t j = s;
+    for (; j + 3 * slices < item.count; j += 4 * slices) {
+      float v0 = __ldcg(p + j * item.length), v1 = __ldcg(p + (j + slices) * item.length);
+      float v2 = __ldcg(p + (j + 2 * slices) * item.length), v3 = __ldcg(p + (j + 3 * slices) * item.length);
+      acc[0] = combine_partial(c, acc[0], v0);
+      acc[1] = combine_partial(c, acc[1], v1);
+      acc[2] = combine_partial(c, acc[2], v2);
+      acc[3] = combine_partial(c, acc[3], v3);
+    }
+    #pragma unroll
+    for (int k = 0; k < 3; ++k, j += slices) {
+      if (j < item.count) acc[k] = combine_partial(c, acc[k], __ldcg(p + j * item.length));
+    }
+    float folded = combine_partial(c, combine_partial(c, acc[0], acc[1]), combine_partial(c, acc[2], acc[3]));
+    r = s == 0 ? folded : combine_partial(c, r, folded);
+  }
+  return r;
 }
 
 // Threads per output index: enough that each loads at most kFinalizeLoadsPerThread partials

@@ -36,6 +36,14 @@ RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
 #: or "padded" (CUTLASS's own, both counts rounded up to whole bands: the padded tiles run their mainloop for
 #: nothing; kept for comparison).
 GRIDS = {"fitted": 0, "padded": 4}
+#: Where a graph's reductions (row_reduce, col_reduce: fp32 partials per tile) are finished (a launch argument;
+#: CodaLaunch.raster_order's bits 3-4): "kernel" (inside the GEMM: the last tile of each row or column of tiles folds
+#: them, csrc/epilogues/last_tile.hpp), "launch" (a finalize kernel launched after the GEMM,
+#: csrc/kernels/finalize.cuh) or "auto" (in the kernel where M is at most FINISH_IN_KERNEL_MAX_M). Both give the
+#: same bits.
+FINALIZES = {"auto": 0, "launch": 8, "kernel": 16}
+#: "auto"'s bound on M for finishing the reductions in the kernel (kFinishInKernelMaxM of csrc/kernels/finalize.cuh).
+FINISH_IN_KERNEL_MAX_M = 2048
 #: How the epilogue reads its M x N tile inputs: "tma" (the producer warp's TMA loads into shared memory,
 #: read back per subtile) or "direct" (each thread's elements straight from global memory into registers,
 #: a subtile ahead; no shared memory: csrc/epilogues/direct_tile_load.hpp).
@@ -121,7 +129,8 @@ class KernelConfig:
     (EPILOGUE_CACHE).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
     csrc/kernels/wide_swizzle.cuh, and not for stream-K), raster (heuristic, along_m, along_n) and grid
-    ("fitted" | "padded", GRIDS) of the persistent tile scheduler.
+    ("fitted" | "padded", GRIDS) of the persistent tile scheduler, and where the reductions are finished
+    (finalize: "auto" | "kernel" | "launch", FINALIZES).
     """
 
     tile: tuple[int, int, int] = (128, 256, 64)
@@ -131,6 +140,7 @@ class KernelConfig:
     swizzle: int = 1
     raster: str = "heuristic"
     grid: str = "fitted"
+    finalize: str = "auto"
     major: str = "kk"
     epilogue_stages: tuple[int, int] | None = None
     tile_loads: str = "tma"
@@ -185,6 +195,8 @@ class KernelConfig:
             raise UnsupportedError(f"KernelConfig: raster must be one of {list(RASTER_ORDERS)}, got {self.raster!r}")
         if self.grid not in GRIDS:
             raise UnsupportedError(f"KernelConfig: grid must be one of {list(GRIDS)}, got {self.grid!r}")
+        if self.finalize not in FINALIZES:
+            raise UnsupportedError(f"KernelConfig: finalize must be one of {list(FINALIZES)}, got {self.finalize!r}")
         if self.tile_loads not in TILE_LOADS:
             raise UnsupportedError(f"KernelConfig: tile_loads must be one of {TILE_LOADS}, got {self.tile_loads!r}")
         if not isinstance(self.timeline, bool):
@@ -211,9 +223,9 @@ class KernelConfig:
 
     @property
     def kernel(self) -> KernelConfig:
-        """This config with its launch arguments (swizzle, raster, grid) at their defaults: configs with the same
-        kernel build one binary and differ only in how it is launched."""
-        return dataclasses.replace(self, swizzle=1, raster="heuristic", grid="fitted")
+        """This config with its launch arguments (swizzle, raster, grid, finalize) at their defaults: configs with the
+        same kernel build one binary and differ only in how it is launched."""
+        return dataclasses.replace(self, swizzle=1, raster="heuristic", grid="fitted", finalize="auto")
 
     @property
     def tag(self) -> str:
@@ -228,6 +240,8 @@ class KernelConfig:
             tag += f"_{self.raster}"
         if self.grid != "fitted":
             tag += f"_{self.grid}"
+        if self.finalize != "auto":
+            tag += f"_fin_{self.finalize}"
         if self.major != "kk":
             tag += f"_{self.major}"
         if self.epilogue_stages:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import GRIDS, RASTER_ORDERS, KernelConfig
+from ..config import FINALIZES, GRIDS, RASTER_ORDERS, KernelConfig
 from ..errors import LaunchError
 from ..graph import ir
 from ..graph.interpret import Outputs
@@ -166,10 +166,10 @@ class CompiledOp(GraphOp):
         with torch.cuda.device(device) if device.index != torch.cuda.current_device() else _SAME_DEVICE:
             stream = _raw_stream(device)
             try:
-                load_binding().launch(self._run, self._workspace, A, W, D, tensors, lds, values,
-                                      self.config.swizzle,
-                                      RASTER_ORDERS[self.config.raster] | GRIDS[self.config.grid], self.sm_count,
-                                      stream)
+                cfg = self.config
+                load_binding().launch(self._run, self._workspace, A, W, D, tensors, lds, values, cfg.swizzle,
+                                      RASTER_ORDERS[cfg.raster] | GRIDS[cfg.grid] | FINALIZES[cfg.finalize],
+                                      self.sm_count, stream)
             except RuntimeError as e:
                 raise LaunchError(f"{self!r}: {e}") from e
         result = Outputs()
