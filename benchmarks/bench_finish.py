@@ -62,17 +62,16 @@ def measure(label: str, g: str, args: tuple, M: int, N: int, K: int, reps: int) 
     fns = {"cublas": lambda i: dense[i][0] @ dense[i][1]}
     for w, op in ops.items():
         fns[w] = lambda i, op=op: op(sets[i][0], sets[i][1], **sets[i][2])
-    for w in ops:   # both give the same bits (tests/gpu/test_finish_in_kernel_gpu.py): checked here too
-        fns[w](0)
+    a, b = fns["launch"](0), fns["kernel"](0)   # the reduced vectors of both, as tests/gpu/test_finish_in_kernel_gpu.py
     torch.cuda.synchronize()
-    a, b = ops["launch"](sets[0][0], sets[0][1], **sets[0][2]), ops["kernel"](sets[0][0], sets[0][1], **sets[0][2])
-    same = all(torch.equal(a[k].nan_to_num(), b[k].nan_to_num()) for k in a)
+    diff = max(((a[k].float() - b[k].float()).abs().max() / b[k].float().abs().max().clamp_min(1e-30)).item()
+               for k in a if a[k].dim() == 1)
     s = summarize(time_interleaved(fns, reps), "cublas")
     ratio = s["kernel"]["median_ms"] / s["launch"]["median_ms"]
     print(f"{label:36s} M={M:6d} N={N:6d} K={K:6d} {cfg.tag:36s} cublas {s['cublas']['median_ms'] * 1e3:8.1f} us  "
           f"launch {s['launch']['median_ratio_to_cublas']:.3f}  kernel {s['kernel']['median_ratio_to_cublas']:.3f}  "
-          f"kernel/launch {ratio:.3f}  same bits {same}", flush=True)
-    return {"row": label, "graph": g, "M": M, "N": N, "K": K, "config": cfg.tag, "same_bits": same,
+          f"kernel/launch {ratio:.3f}  vector diff {diff:.1e}", flush=True)
+    return {"row": label, "graph": g, "M": M, "N": N, "K": K, "config": cfg.tag, "max_vector_diff": diff,
             "kernel_over_launch": ratio, "variants": s}
 
 
@@ -94,7 +93,7 @@ def plot(doc: dict, path) -> None:
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, rotation=70, fontsize=7)
     ax.set_ylabel("time / bare cuBLAS GEMM (median of ratios)")
-    ax.set_title(f"Reductions finished in the GEMM or by a launch ({doc['gpu']['name']}, {doc['commit']})")
+    ax.set_title(f"Reductions finished in the GEMM or by a launch ({doc['gpu']['gpu']}, {doc['commit']})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,14 +1,15 @@
 // coda/epilogues/last_tile.hpp — reductions finished inside the GEMM: the CTA whose tile is the
 // last of its row (or column) of tiles to write its partials folds them into the output vector,
-// instead of a finalize launch after the GEMM (kernels::launch_finalize). Small M is where that
-// launch costs most: a 10–25 µs GEMM at 128 rows.
+// instead of a finalize launch after the GEMM (kernels::launch_finalize).
 //
 // A CUTLASS SM90 visitor node put at the root of a fusion whose graph has reductions
 // (FinishReductions below); it passes its input through. Its reduce() runs after every other node's
-// on the tile's last subtile, when their partials are written: the tile's epilogue threads fence and
-// meet, one of them counts the tile in, and where it was the last of its row (column) of tiles the
-// threads fold that block of the output vector from the partials, in the finalize kernel's order
-// (kernels::fold_partials: the same bits).
+// on the tile's last subtile, when their partials are written: the tile's epilogue threads meet, one
+// of them releases their writes and counts the tile in (CUTLASS's GenericBarrier pattern: a barrier,
+// then one thread's gpu-scope fence and atomic), and where it was the last of its row (column) of
+// tiles it acquires the others' and the threads fold that block of the output vector, one output a
+// thread: four interleaved accumulators over the partials in index order, 32 loads in flight, then
+// (a0 + a1) + (a2 + a3) — a fixed order (deterministic), not the finalize kernel's (a few ulp apart).
 //
 // The counters live in the launch's workspace, whose contents are not cleared between launches:
 // each holds (epoch << 24) | tiles counted, and a count carried under another epoch is read as 0.
@@ -27,15 +28,16 @@ namespace coda::epi {
 
 struct FinishReductionsArguments {
   kernels::FinalizeBatch batch{};               // the reductions to finish; n_items 0: none here
-  int slices = 1;                               // the finalize kernel's threads per output (its fold order)
   uint64_t epoch = 0;                           // this launch's, nonzero, < 2^40
   unsigned long long* row_counters = nullptr;   // one per M-tile (row reductions)
   unsigned long long* col_counters = nullptr;   // one per N-tile (column reductions)
 };
 
-// Counts one tile into `counter`; true for the tile that makes it `expected` (the counter is then 0 again).
+// Counts one tile into `counter` (after a gpu-scope fence: the CTA's writes before it are released);
+// true for the tile that makes it `expected`, the counter then 0 again and the other tiles' writes acquired.
 __device__ __forceinline__ bool count_tile_in(unsigned long long* counter, uint64_t epoch, int expected) {
   constexpr unsigned long long kCountMask = (1ull << 24) - 1;
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
   unsigned long long old = *reinterpret_cast<unsigned long long volatile*>(counter);
   unsigned long long counted;
   while (true) {
@@ -46,7 +48,26 @@ __device__ __forceinline__ bool count_tile_in(unsigned long long* counter, uint6
   }
   if (counted + 1 != static_cast<unsigned long long>(expected)) return false;
   atomicExch(counter, 0ull);
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
   return true;
+}
+
+// Output i of a reduction from its partials (written by other CTAs during this launch: loads bypass L1).
+__device__ __forceinline__ float fold_in_kernel(kernels::FinalizeItem const& item, int64_t i) {
+  constexpr int kBatch = 32;
+  kernels::ReduceCombine c = item.combine;
+  float identity = c == kernels::ReduceCombine::Sum ? 0.0f : -INFINITY;
+  float const* p = item.partials + i;
+  float acc[4] = {identity, identity, identity, identity};
+  for (int64_t base = 0; base < item.count; base += kBatch) {
+    float v[kBatch];
+    CUTLASS_PRAGMA_UNROLL
+    for (int t = 0; t < kBatch; ++t) v[t] = base + t < item.count ? __ldcg(p + (base + t) * item.length) : identity;
+    CUTLASS_PRAGMA_UNROLL
+    for (int t = 0; t < kBatch; ++t) acc[t & 3] = kernels::combine_partial(c, acc[t & 3], v[t]);
+  }
+  float lo = kernels::combine_partial(c, acc[0], acc[1]), hi = kernels::combine_partial(c, acc[2], acc[3]);
+  return kernels::combine_partial(c, lo, hi);
 }
 
 template <class CtaTileShapeMNK>
@@ -84,8 +105,7 @@ struct Sm90FinishReductions : Sm90PlainNode<FinishReductionsArguments> {
         cols |= p.batch.items[k].axis == kernels::ReduceAxis::Cols;
       }
       int* last = reinterpret_cast<int*>(raw_pointer_cast(smem_buffer.data()));
-      __threadfence();  // this tile's partials, written by every thread, before it is counted
-      sync_fn();
+      sync_fn();  // every thread's partials written
       if (thread_idx == 0) {
         int flags = 0;
         if (rows && count_tile_in(p.row_counters + m_tile, p.epoch, (N + TileN - 1) / TileN)) flags |= 1;
@@ -96,7 +116,6 @@ struct Sm90FinishReductions : Sm90PlainNode<FinishReductionsArguments> {
       int flags = *last;
       sync_fn();  // the buffer is this subtile's store buffer: free it for the copy of D
       if (flags == 0) return;
-      __threadfence();  // the other tiles' partials, counted before this one, are read after
       for (int k = 0; k < p.batch.n_items; ++k) {
         kernels::FinalizeItem const& item = p.batch.items[k];
         bool row = item.axis == kernels::ReduceAxis::Rows;
@@ -104,7 +123,7 @@ struct Sm90FinishReductions : Sm90PlainNode<FinishReductionsArguments> {
         int64_t first = row ? int64_t(m_tile) * TileM : int64_t(n_tile) * TileN;
         int64_t end = first + (row ? TileM : TileN);
         end = end < item.n_out ? end : item.n_out;
-        for (int64_t i = first + thread_idx; i < end; i += Threads) item.out[i] = kernels::fold_partials(item, i, p.slices);
+        for (int64_t i = first + thread_idx; i < end; i += Threads) item.out[i] = fold_in_kernel(item, i);
       }
     }
   };

@@ -85,8 +85,12 @@ struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
       return frg_input;
     }
 
-    CUTLASS_DEVICE void end() {
+    // On the tile's last subtile (not in end(): a fusion's finishing node counts the tile in after every node's
+    // reduce, last_tile.hpp).
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int, int, bool is_last_iteration, VTensor) {
       using namespace cute;
+      if (!is_last_iteration) return;
       constexpr int TileM = size<0>(CtaTileShapeMNK{});
       constexpr int TileN = size<1>(CtaTileShapeMNK{});
       // A tile wholly beyond the problem (the scheduler pads the grid) has no partials.

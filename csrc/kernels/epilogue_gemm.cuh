@@ -294,7 +294,6 @@ struct EpilogueGemm {
     bool const in_kernel = finishes_in_kernel(L, reductions);
     FinalizeBatch batch{};
     batch.n_items = reductions.count;
-    int64_t max_count = 0;
     for (int i = 0; i < reductions.count; ++i) {
       ReductionSpec const& r = reductions.items[i];
       FinalizeItem& item = batch.items[i];
@@ -304,7 +303,6 @@ struct EpilogueGemm {
       item.n_out = r.axis == ReduceAxis::Rows ? L.M : L.N;
       item.combine = r.combine;
       item.axis = r.axis;
-      max_count = item.count > max_count ? item.count : max_count;
     }
 
     FusionArguments fusion = make_fusion(L, partials);
@@ -312,7 +310,6 @@ struct EpilogueGemm {
       if (in_kernel) {
         epi::FinishReductionsArguments& finish = fusion.op_1;  // Sm90EVT<finishing node, body>: (body, node)
         finish.batch = batch;
-        finish.slices = finalize_slices(max_count);
         finish.epoch = next_epoch();
         finish.row_counters = reinterpret_cast<unsigned long long*>(base + offset);
         finish.col_counters = finish.row_counters + (L.M + kTileM - 1) / kTileM;

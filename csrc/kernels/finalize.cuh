@@ -111,36 +111,6 @@ static __global__ void finalize_partials_kernel(FinalizeBatch batch) {
   }
 }
 
-// The fold of output i's partials in the order finalize_partials_kernel takes with `slices` threads per output:
-// partial j goes to accumulator (j % slices, (j / slices) % 4) in index order; each slice's four are folded
-// pairwise, then the slices in order. One thread, the same bits: the in-kernel finish (last_tile.hpp) uses it.
-// Loads bypass L1 (other CTAs wrote the partials during this launch).
-__device__ __forceinline__ float fold_partials(FinalizeItem const& item, int64_t i, int slices) {
-  ReduceCombine c = item.combine;
-  float identity = c == ReduceCombine::Sum ? 0.0f : -INFINITY;
-  float const* p = item.partials + i;
-  float r = identity;
-  for (int s = 0; s < slices; ++s) {
-    float acc[4] = {identity, identity, identity, identity};
-    int64_t j = s;
-    for (; j + 3 * slices < item.count; j += 4 * slices) {
-      float v0 = __ldcg(p + j * item.length), v1 = __ldcg(p + (j + slices) * item.length);
-      float v2 = __ldcg(p + (j + 2 * slices) * item.length), v3 = __ldcg(p + (j + 3 * slices) * item.length);
-      acc[0] = combine_partial(c, acc[0], v0);
-      acc[1] = combine_partial(c, acc[1], v1);
-      acc[2] = combine_partial(c, acc[2], v2);
-      acc[3] = combine_partial(c, acc[3], v3);
-    }
-    #pragma unroll
-    for (int k = 0; k < 3; ++k, j += slices) {
-      if (j < item.count) acc[k] = combine_partial(c, acc[k], __ldcg(p + j * item.length));
-    }
-    float folded = combine_partial(c, combine_partial(c, acc[0], acc[1]), combine_partial(c, acc[2], acc[3]));
-    r = s == 0 ? folded : combine_partial(c, r, folded);
-  }
-  return r;
-}
-
 // Threads per output index: enough that each loads at most kFinalizeLoadsPerThread partials
 // (up to kFinalizeMaxSlices), a power of two.
 inline int finalize_slices(int64_t max_count) {
