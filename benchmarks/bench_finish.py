@@ -1,10 +1,10 @@
 """Where a graph's reductions are finished: inside the GEMM by the last tile of each row (column) of tiles
-(KernelConfig(finalize="kernel"), csrc/epilogues/last_tile.hpp) or by a finalize launch after it ("launch",
-csrc/kernels/finalize.cuh); "auto" takes the kernel at M <= config.FINISH_IN_KERNEL_MAX_M.
+(KernelConfig(finalize="kernel"), csrc/epilogues/last_tile.hpp) or by a finalize launch after it ("launch", the
+default: csrc/kernels/finalize.cuh).
 
 The ready ops' GEMMs with reductions at the Llama shapes (the RMSNorm statistic of linear + residual + norm, the
 dSwiGLU's row sum, the RMSNorm backward's column sums, the LM head's log-sum-exp) at inference and training row counts,
-each in the heuristic's config ("auto") launched both ways, interleaved with the bare cuBLAS GEMM of its shape
+each in the heuristic's config ("auto"), built both ways, interleaved with the bare cuBLAS GEMM of its shape
 (median of per-round ratios; L2 flushed before every call, as bench_fused_ops times).
 
     python -m coda_ext prebuild benchmarks/bench_finish.py -j 16
@@ -36,15 +36,16 @@ def graph(name: str, args: tuple):
 
 
 def row_config(name: str, args: tuple, M: int, N: int, K: int):
-    """The heuristic's config for the row ("auto"'s first choice), finalize left to the launch."""
+    """The heuristic's config for the row ("auto"'s first choice)."""
     import coda_ext as ce
 
     return ce.compile(graph(name, args), "bfloat16", "auto").config_for(M, N, K)
 
 
 def build_items(ms=MS) -> list:
-    """Every kernel the benchmark launches (the finalize choice is a launch argument: one kernel per row)."""
-    return [(graph(g, a), "bfloat16", row_config(g, a, M, N, K)) for _, g, a, N, K in ROWS for M in ms]
+    """Every kernel the benchmark launches: each row's config, finished both ways."""
+    return [(graph(g, a), "bfloat16", dataclasses.replace(row_config(g, a, M, N, K), finalize=w))
+            for _, g, a, N, K in ROWS for M in ms for w in ("launch", "kernel")]
 
 
 def measure(label: str, g: str, args: tuple, M: int, N: int, K: int, reps: int) -> dict:

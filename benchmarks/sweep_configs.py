@@ -36,12 +36,16 @@ SWEEP = (
     K((128, 128, 64), (1, 1), "streamk"), K((128, 256, 64), (1, 1), "streamk"),
     K((64, 128, 64), (1, 1), "pingpong"), K((128, 128, 64), (1, 1), "cooperative"),
     K((128, 192, 64), (1, 1), "pingpong"), K((128, 192, 64), (2, 1), "pingpong"),
-    K((128, 192, 64), (1, 2), "pingpong"),
+    K((128, 192, 64), (1, 2), "pingpong"), K((128, 128, 64), (1, 1), "overlap"),
 )
 SWEEP_CASES = ("identity", "design")
 #: Graphs swept beside the goal graphs: the training LM head's logits GEMM (exp(logits) stored, Σ exp per row;
 #: ops.lm_head_ce.train_graph unscaled), at its 2048-row chunks: --cases lm_head_train --shapes 2048,128256,2048
-CASES = {**graphs.CASES, "lm_head_train": (lambda: coda_graphs.lm_head_cross_entropy_train(False), None)}
+#: and the ready ops whose epilogues miss at the training shapes: linear + residual + norm statistic (--shapes
+#: 16384,2048,2048 16384,4096,4096) and QKV + RoPE (1B: head_dim 64, 16384,3072,2048).
+CASES = {**graphs.CASES, "lm_head_train": (lambda: coda_graphs.lm_head_cross_entropy_train(False), None),
+         "residual_norm": (coda_graphs.linear_residual_norm, None),
+         "qkv_rope": (lambda: coda_graphs.qkv_rope(False, False, 64), None)}
 
 
 def build_items(case_names=SWEEP_CASES):

@@ -2,8 +2,11 @@
 // last of its row (or column) of tiles to write its partials folds them into the output vector,
 // instead of a finalize launch after the GEMM (kernels::launch_finalize).
 //
-// A CUTLASS SM90 visitor node put at the root of a fusion whose graph has reductions
-// (FinishReductions below); it passes its input through. Its reduce() runs after every other node's
+// KernelConfig(finalize="kernel"): a CUTLASS SM90 visitor node put at the root of a fusion whose graph
+// has reductions (FinishReductions below); it passes its input through. Measured slower than the
+// finalize launch at every shape tried (1.01-2.4x at 128-4096 rows on an H200: the count's
+// compare-and-swap contends where all tiles end together, and every tile's epilogue waits on it),
+// so not the default; kept for comparison. Its reduce() runs after every other node's
 // on the tile's last subtile, when their partials are written: the tile's epilogue threads meet, one
 // of them releases their writes and counts the tile in (CUTLASS's GenericBarrier pattern: a barrier,
 // then one thread's gpu-scope fence and atomic), and where it was the last of its row (column) of
@@ -15,7 +18,6 @@
 // each holds (epoch << 24) | tiles counted, and a count carried under another epoch is read as 0.
 // The host gives every launch a fresh nonzero 40-bit epoch, and the last tile puts its counter back
 // to 0, so a CUDA graph's replays (one epoch, one workspace) start from 0 too.
-// FinishReductionsArguments::batch.n_items == 0 (the default) leaves the partials to the launch.
 #pragma once
 
 #include <cute/tensor.hpp>

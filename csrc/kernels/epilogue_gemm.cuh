@@ -215,14 +215,6 @@ struct EpilogueGemm {
   }
   static int64_t tile_counters(int64_t M, int64_t N) { return (M + kTileM - 1) / kTileM + (N + kTileN - 1) / kTileN; }
 
-  // Whether this launch finishes its reductions in the kernel: CodaLaunch.raster_order's finalize bits
-  // (KernelConfig.finalize), "auto" where M is at most kFinishInKernelMaxM.
-  static bool finishes_in_kernel(CodaLaunch const& L, ReductionList const& reductions) {
-    if (!kFinishesInKernel || reductions.count == 0) return false;
-    int32_t const mode = L.raster_order & kFinalizeMask;
-    return mode == kFinalizeInKernel || (mode == kFinalizeAuto && L.M <= kFinishInKernelMaxM);
-  }
-
   static size_t gemm_workspace_bytes(CodaLaunch const& L) {
     return align_up(Kernel::get_workspace_size(gemm_arguments(L, FusionArguments{})));
   }
@@ -291,7 +283,7 @@ struct EpilogueGemm {
       offset += align_up(size_t(length * count) * sizeof(float));
     }
 
-    bool const in_kernel = finishes_in_kernel(L, reductions);
+    bool const in_kernel = kFinishesInKernel && reductions.count > 0;   // KernelConfig(finalize="kernel")
     FinalizeBatch batch{};
     batch.n_items = reductions.count;
     for (int i = 0; i < reductions.count; ++i) {
@@ -307,7 +299,7 @@ struct EpilogueGemm {
 
     FusionArguments fusion = make_fusion(L, partials);
     if constexpr (kFinishesInKernel) {
-      if (in_kernel) {
+      if (in_kernel) {   // else the partials are finished by the launch below
         epi::FinishReductionsArguments& finish = fusion.op_1;  // Sm90EVT<finishing node, body>: (body, node)
         finish.batch = batch;
         finish.epoch = next_epoch();

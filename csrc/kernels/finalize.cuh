@@ -32,14 +32,6 @@ struct FinalizeItem {
   ReduceAxis axis;  // which tiles a vector element's partials come from (finished in the kernel: last_tile.hpp)
 };
 
-// Where a launch finishes its reductions: CodaLaunch.raster_order's bits 3-4 (KernelConfig.finalize).
-// "auto": in the GEMM (epilogues/last_tile.hpp) where M <= kFinishInKernelMaxM, else a finalize launch.
-constexpr int32_t kFinalizeMask = 24;
-constexpr int32_t kFinalizeAuto = 0;
-constexpr int32_t kFinalizeLaunch = 8;
-constexpr int32_t kFinalizeInKernel = 16;
-constexpr int64_t kFinishInKernelMaxM = 2048;
-
 // A fresh nonzero 40-bit tag for the tile counters of one launch (epilogues/last_tile.hpp).
 inline uint64_t next_epoch() {
   static std::atomic<uint64_t> launches{0};  // one sequence per kernel library, offset by where it is loaded

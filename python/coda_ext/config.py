@@ -36,14 +36,13 @@ RASTER_ORDERS = {"heuristic": 0, "along_m": 1, "along_n": 2}
 #: or "padded" (CUTLASS's own, both counts rounded up to whole bands: the padded tiles run their mainloop for
 #: nothing; kept for comparison).
 GRIDS = {"fitted": 0, "padded": 4}
-#: Where a graph's reductions (row_reduce, col_reduce: fp32 partials per tile) are finished (a launch argument;
-#: CodaLaunch.raster_order's bits 3-4): "kernel" (inside the GEMM: the last tile of each row or column of tiles folds
-#: them, csrc/epilogues/last_tile.hpp), "launch" (a finalize kernel launched after the GEMM,
-#: csrc/kernels/finalize.cuh) or "auto" (in the kernel where M is at most FINISH_IN_KERNEL_MAX_M). Both give the
-#: same bits.
-FINALIZES = {"auto": 0, "launch": 8, "kernel": 16}
-#: "auto"'s bound on M for finishing the reductions in the kernel (kFinishInKernelMaxM of csrc/kernels/finalize.cuh).
-FINISH_IN_KERNEL_MAX_M = 2048
+#: Where a graph's reductions (row_reduce, col_reduce: fp32 partials per tile) are finished: "launch" (a finalize
+#: kernel launched after the GEMM as its programmatic dependent, csrc/kernels/finalize.cuh) or "kernel" (inside the
+#: GEMM: the last tile of each row or column of tiles counts itself in and folds them, csrc/epilogues/last_tile.hpp).
+#: "kernel" was slower at every shape measured, 1.01-2.4x the launch's time at 128-4096 rows (the tile count's atomic
+#: contended where all tiles end together, and fences in every tile's epilogue; H200,
+#: benchmarks/results/finish_h200.json): kept as a config for comparison.
+FINALIZES = ("launch", "kernel")
 #: How the epilogue reads its M x N tile inputs: "tma" (the producer warp's TMA loads into shared memory,
 #: read back per subtile) or "direct" (each thread's elements straight from global memory into registers,
 #: a subtile ahead; no shared memory: csrc/epilogues/direct_tile_load.hpp).
@@ -126,11 +125,10 @@ class KernelConfig:
     csrc/epilogues/variants/timeline.hpp, read by benchmarks/epilogue_timeline.py); pair_smem = "vector" |
     "staggered": how it accesses its 32-bit pair tiles and pair stores in shared memory (PAIR_SMEM);
     epilogue_cache = "normal" | "evict_first" | "prefetch": the L2 policy of its TMA tile loads and stores
-    (EPILOGUE_CACHE).
+    (EPILOGUE_CACHE); finalize = "launch" | "kernel": where its reductions are finished (FINALIZES).
     Launch arguments only (no recompile): swizzle (1, 2, 4, 8, 16; 16 is past CUTLASS's own cap,
     csrc/kernels/wide_swizzle.cuh, and not for stream-K), raster (heuristic, along_m, along_n) and grid
-    ("fitted" | "padded", GRIDS) of the persistent tile scheduler, and where the reductions are finished
-    (finalize: "auto" | "kernel" | "launch", FINALIZES).
+    ("fitted" | "padded", GRIDS) of the persistent tile scheduler.
     """
 
     tile: tuple[int, int, int] = (128, 256, 64)
@@ -140,7 +138,7 @@ class KernelConfig:
     swizzle: int = 1
     raster: str = "heuristic"
     grid: str = "fitted"
-    finalize: str = "auto"
+    finalize: str = "launch"
     major: str = "kk"
     epilogue_stages: tuple[int, int] | None = None
     tile_loads: str = "tma"
@@ -196,7 +194,7 @@ class KernelConfig:
         if self.grid not in GRIDS:
             raise UnsupportedError(f"KernelConfig: grid must be one of {list(GRIDS)}, got {self.grid!r}")
         if self.finalize not in FINALIZES:
-            raise UnsupportedError(f"KernelConfig: finalize must be one of {list(FINALIZES)}, got {self.finalize!r}")
+            raise UnsupportedError(f"KernelConfig: finalize must be one of {FINALIZES}, got {self.finalize!r}")
         if self.tile_loads not in TILE_LOADS:
             raise UnsupportedError(f"KernelConfig: tile_loads must be one of {TILE_LOADS}, got {self.tile_loads!r}")
         if not isinstance(self.timeline, bool):
@@ -223,9 +221,9 @@ class KernelConfig:
 
     @property
     def kernel(self) -> KernelConfig:
-        """This config with its launch arguments (swizzle, raster, grid, finalize) at their defaults: configs with the
-        same kernel build one binary and differ only in how it is launched."""
-        return dataclasses.replace(self, swizzle=1, raster="heuristic", grid="fitted", finalize="auto")
+        """This config with its launch arguments (swizzle, raster, grid) at their defaults: configs with the same
+        kernel build one binary and differ only in how it is launched."""
+        return dataclasses.replace(self, swizzle=1, raster="heuristic", grid="fitted")
 
     @property
     def tag(self) -> str:
@@ -240,8 +238,8 @@ class KernelConfig:
             tag += f"_{self.raster}"
         if self.grid != "fitted":
             tag += f"_{self.grid}"
-        if self.finalize != "auto":
-            tag += f"_fin_{self.finalize}"
+        if self.finalize != "launch":
+            tag += "_fk"
         if self.major != "kk":
             tag += f"_{self.major}"
         if self.epilogue_stages:

@@ -35,13 +35,12 @@ using n10 = Compute<Cfg, KeepFirst>;         // root: D, then side outputs
 
 // The fusion.
 using Edges = cute::tuple<cute::seq<>, cute::seq<>, cute::seq<0, 1>, cute::seq<>, cute::seq<2, 3>, cute::seq<4>, cute::seq<5, 4>, cute::seq<>, cute::seq<7, 4>, cute::seq<8>, cute::seq<6, 9>>;
-using FusionBody = fusion::Sm90TopologicalVisitor<float, Edges, n0::Node, n1::Node, n2::Node, n3::Node, n4::Node, n5::Node, n6::Node, n7::Node, n8::Node, n9::Node, n10::Node>;
-using Fusion = FinishReductions<Cfg, FusionBody>;  // its reductions finished in the kernel or by a launch
+using Fusion = fusion::Sm90TopologicalVisitor<float, Edges, n0::Node, n1::Node, n2::Node, n3::Node, n4::Node, n5::Node, n6::Node, n7::Node, n8::Node, n9::Node, n10::Node>;
 
 Fusion::Arguments fusion_arguments(CodaLaunch const& L, float* const* partials) {
   (void)L;
   (void)partials;
-  return Fusion::Arguments{FusionBody::Arguments{
+  return Fusion::Arguments{
       n0::value(L.slots[0]),
       n1::args(),
       n2::args(),
@@ -53,7 +52,7 @@ Fusion::Arguments fusion_arguments(CodaLaunch const& L, float* const* partials) 
       n8::args(),
       n9::args(partials[0], -INFINITY),
       n10::args()
-  }, {}};
+  };
 }
 
 // Reductions: (output slot, axis, how partials combine), in partial-buffer order.

@@ -38,8 +38,7 @@ typedef struct CodaLaunch {
   size_t workspace_bytes;
   int32_t sm_count;             /* 0: query the device */
   int32_t max_swizzle;          /* tile rasterization swizzle (1, 2, 4, 8, 16); 0: 1 */
-  int32_t raster_order;         /* 0: heuristic, 1: along M, 2: along N; | 4: the scheduler's padded grid;
-                                   | 8: reductions finished by a finalize launch, | 16: in the GEMM (else by M) */
+  int32_t raster_order;         /* 0: heuristic, 1: along M, 2: along N; | 4: the scheduler's padded grid */
 } CodaLaunch;
 
 /* Status codes, listed once: X(C constant, coda::StatusCode enumerator, value, name). coda_run

@@ -33,13 +33,12 @@ using n7 = Compute<Cfg, KeepFirst>;                          // root: D, then si
 
 // The fusion.
 using Edges = cute::tuple<cute::seq<>, cute::seq<>, cute::seq<0, 1>, cute::seq<2>, cute::seq<>, cute::seq<3, 4>, cute::seq<5>, cute::seq<3, 6>>;
-using FusionBody = fusion::Sm90TopologicalVisitor<float, Edges, n0::Node, n1::Node, n2::Node, n3::Node, n4::Node, n5::Node, n6::Node, n7::Node>;
-using Fusion = FinishReductions<Cfg, FusionBody>;  // its reductions finished in the kernel or by a launch
+using Fusion = fusion::Sm90TopologicalVisitor<float, Edges, n0::Node, n1::Node, n2::Node, n3::Node, n4::Node, n5::Node, n6::Node, n7::Node>;
 
 Fusion::Arguments fusion_arguments(CodaLaunch const& L, float* const* partials) {
   (void)L;
   (void)partials;
-  return Fusion::Arguments{FusionBody::Arguments{
+  return Fusion::Arguments{
       n0::args(L.slots[1]),
       n1::args(),
       n2::args(),
@@ -48,7 +47,7 @@ Fusion::Arguments fusion_arguments(CodaLaunch const& L, float* const* partials) 
       n5::args(),
       n6::args(L.slots[2]),
       n7::args()
-  }, {}};
+  };
 }
 
 // Reductions: (output slot, axis, how partials combine), in partial-buffer order.

@@ -165,7 +165,7 @@ def emit(graph: ir.GraphIR, dtype: str, config: KernelConfig) -> str:
         fusion, arg_lines = _tree(p, own_args)
     else:
         fusion, arg_lines = _topological(p, own_args)
-    if reductions:   # the kernel can finish them itself (csrc/epilogues/last_tile.hpp): its node at the root
+    if reductions and config.finalize == "kernel":   # finished by the kernel itself: csrc/epilogues/last_tile.hpp
         fusion, arg_lines = _finishing(fusion, arg_lines)
     has_d = bool(graph.find("output"))
     if not has_d:  # no main output: D is void, its staging buffer takes the operands' type
@@ -226,9 +226,8 @@ def _tree(p: Plan, own_args) -> tuple[list[str], list[str]]:
 
 def _finishing(types: list[str], args: list[str]) -> tuple[list[str], list[str]]:
     """The fusion with the node that finishes its reductions in the kernel at the root (FinishReductions), its
-    arguments the body's and that node's (left empty here: the kernel fills them in where it finishes them)."""
-    finishing = ("using Fusion = FinishReductions<Cfg, FusionBody>;  // its reductions finished in the kernel or "
-                 "by a launch")
+    arguments the body's and that node's (left empty here: EpilogueGemm::run fills them in)."""
+    finishing = "using Fusion = FinishReductions<Cfg, FusionBody>;  // reductions finished in the kernel"
     types = types[:-1] + [types[-1].replace("using Fusion = ", "using FusionBody = "), finishing]
     if args[-1].startswith("return ") and args[-1] != "};":   # a tree: `return a<root>;`
         return types, args[:-1] + [f"return Fusion::Arguments{{{args[-1][len('return '):-1]}, {{}}}};"]

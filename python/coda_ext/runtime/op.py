@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..config import FINALIZES, GRIDS, RASTER_ORDERS, KernelConfig
+from ..config import GRIDS, RASTER_ORDERS, KernelConfig
 from ..errors import LaunchError
 from ..graph import ir
 from ..graph.interpret import Outputs
@@ -168,7 +168,7 @@ class CompiledOp(GraphOp):
             try:
                 cfg = self.config
                 load_binding().launch(self._run, self._workspace, A, W, D, tensors, lds, values, cfg.swizzle,
-                                      RASTER_ORDERS[cfg.raster] | GRIDS[cfg.grid] | FINALIZES[cfg.finalize],
+                                      RASTER_ORDERS[cfg.raster] | GRIDS[cfg.grid],
                                       self.sm_count, stream)
             except RuntimeError as e:
                 raise LaunchError(f"{self!r}: {e}") from e
