@@ -66,6 +66,9 @@ CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
 DEFAULT_SMS = 132
 #: The most lowered nodes an epilogue may have for ping-pong 128x192 at N <= 1536 (see heuristic)
 LIGHT_NODES = 20
+#: The most lowered nodes an epilogue without a tile load may have for ping-pong 128x192 at 3072 <= N < 6144
+#: (see heuristic: measured on QKV + RoPE, 7 nodes, 9 with the RMSNorm row scale)
+ROPE_NODES = 10
 #: The longest K loop at which a ping-pong epilogue runs in the overlap schedule (see heuristic)
 SHORT_K = 1024
 MEMORY_FILE = "tuning.json"
@@ -168,7 +171,11 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       a residual and two row reductions) ran at 1.02-1.09x cuBLAS against 1.50-1.98x in ping-pong 128x128
       and 1.43-1.79x in cooperative 128x256; a 32-node epilogue (GELU and its derivative beside two row
       reductions) ran 1.76x slower in 128x192 than in 128x128 (H200, one run,
-      benchmarks/results/sweep_fusion_h200.json);
+      benchmarks/results/sweep_fusion_h200.json); and at 3072 <= N < 6144 where 192 divides N, over K >= 2048,
+      for an epilogue without a tile load of at most ROPE_NODES nodes: QKV + RoPE at Llama-1B's 16384x3072x2048
+      ran at 1.033-1.037x cuBLAS in 128x192 against 1.088-1.095x in 128x128 (and at 16384x2048x2048 1.066x against
+      1.085x); linear + residual + norm statistic (a tile load) was slower in 128x192 at both (1.106-1.152x against
+      1.078-1.099x: H200, one run, benchmarks/results/sweep_residual_qkv_h200.json);
     - a column reduction over K <= 1024 (a short mainloop: the epilogue is most of a tile's time) with
       both operands K-major in ping-pong 128x128, whose epilogue overlaps the other warp group's mainloop:
       GPT-2's GELU backward with the bias gradient (16384x3072x768, dy . gelu'(x) and its column sums)
@@ -195,7 +202,9 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
 
 def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) -> KernelConfig:
     narrow = N <= 1536 and N % 192 == 0 and epilogue.nodes <= LIGHT_NODES
-    if (-(-M // 128) >= 32 and K <= 4096 and (N >= 6144 or narrow) and major == "kk" and not epilogue.col_reduce
+    mid = (3072 <= N < 6144 and N % 192 == 0 and K >= 2048 and not epilogue.tile_load
+           and epilogue.nodes <= ROPE_NODES)
+    if (-(-M // 128) >= 32 and K <= 4096 and (N >= 6144 or narrow or mid) and major == "kk" and not epilogue.col_reduce
             and epilogue.tall_192):
         if N > 16384:
             return TALL_192_ALONG_N if M * K * 2 > A_IN_L2_BYTES else TALL_192

@@ -152,6 +152,20 @@ def test_epilogue_kind_of_a_graph():
     assert kind(lambda g, acc: (g.output(acc), g.col_reduce("c", acc, "sum"))) == COLRED
 
 
+def test_mid_n_takes_128x192_for_a_rope_sized_epilogue_without_tile_loads():
+    """3072 <= N < 6144 divisible by 192 (Llama-1B's QKV), K >= 2048, no tile load, at most ROPE_NODES lowered nodes:
+    ping-pong 128x192 (QKV + RoPE 1.033-1.037x cuBLAS against 1.088-1.095x, sweep_residual_qkv_h200.json); a tile
+    load (linear + residual + norm, slower there), a heavier epilogue, a short K or N that 192 does not divide keep
+    ping-pong 128x128."""
+    rope = dataclasses.replace(POINTWISE, nodes=9)
+    assert tuning.heuristic(16384, 3072, 2048, epilogue=rope) == tuning.TALL_192_S8
+    assert tuning.heuristic(16384, 4224, 2048, epilogue=rope) == tuning.TALL_192_S8
+    assert tuning.heuristic(16384, 3072, 2048, epilogue=dataclasses.replace(TILE, nodes=8)).tile[:2] == (128, 128)
+    assert tuning.heuristic(16384, 3072, 2048, epilogue=dataclasses.replace(POINTWISE, nodes=19)).tile[:2] == (128, 128)
+    assert tuning.heuristic(16384, 3072, 1024, epilogue=rope).tile[:2] != (128, 192)
+    assert tuning.heuristic(16384, 3200, 2048, epilogue=rope).tile[:2] != (128, 192)
+
+
 def test_narrow_n_takes_128x192_for_a_light_epilogue():
     """N <= 1536 divisible by 192 (BERT's 768), K-major, no column reduction, at most LIGHT_NODES lowered
     nodes: ping-pong 128x192 swizzle 8 (1.02-1.09x cuBLAS against 1.50-1.98x, sweep_fusion_h200.json); a
