@@ -291,6 +291,34 @@ def test_sweep_configs_times_other_epilogue_subtiles_and_store_stages(capsys):
     assert "128x64: left out" in out.err and "subtiles of 64 rows" in out.err
 
 
+def test_sweep_configs_takes_the_residual_norm_and_qkv_rope_graphs(capsys):
+    """The forward ops that miss at the 1B shapes sweep beside the goal graphs, the overlap schedule among the
+    configs."""
+    from benchmarks import sweep_configs
+
+    kinds = {n.kind for n in sweep_configs.CASES["qkv_rope"][0]().build().nodes}
+    assert "rotate_pairs" in kinds
+    assert any(n.kind == "row_reduce" for n in sweep_configs.CASES["residual_norm"][0]().build().nodes)
+    assert sweep_configs.main(["--cases", "residual_norm,qkv_rope", "--shapes", "16384,3072,2048", "--only",
+                               "ppo_128x128x64_c1x1,ping_128x192x64_c1x1", "--swizzles", "4", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "['residual_norm', 'qkv_rope'] ppo_128x128x64_c1x1_s4" in out
+    assert "['residual_norm', 'qkv_rope'] ping_128x192x64_c1x1_s4" in out
+
+
+def test_bench_finish_builds_each_row_both_ways(capsys):
+    """bench_finish: every row's heuristic config, with the reductions finished by a launch and in the kernel (two
+    kernels: finalize is compiled in); the dry run names them."""
+    from benchmarks import bench_finish
+
+    items = bench_finish.build_items([128])
+    assert len(items) == 2 * len(bench_finish.ROWS)
+    assert {cfg.finalize for _, _, cfg in items} == {"launch", "kernel"}
+    assert all(any(n.kind in ("row_reduce", "col_reduce") for n in g.build().nodes) for g, _, _ in items)
+    assert bench_finish.main(["--ms", "128", "--dry-run"]) == 0
+    assert "residual_norm_o 1B 128x2048x2048: ping_64x128x64_c1x1" in capsys.readouterr().out
+
+
 def test_sustained_reaches_every_case_and_names_its_own_results(monkeypatch, tmp_path):
     """--sustained times each case at the GPU's power limit (bench_case(sustained=True)) and writes
     graphs_sustained_<gpu>.json, not the one-call-at-a-time results."""
