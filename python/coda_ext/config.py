@@ -138,7 +138,6 @@ class KernelConfig:
     swizzle: int = 1
     raster: str = "heuristic"
     grid: str = "fitted"
-    finalize: str = "launch"
     major: str = "kk"
     epilogue_stages: tuple[int, int] | None = None
     tile_loads: str = "tma"
@@ -147,6 +146,7 @@ class KernelConfig:
     tile_stores: str = "tma"
     gated_store: str = "tma"
     timeline: bool = False
+    finalize: str = "launch"
 
     def __post_init__(self) -> None:
         tm, tn, tk = self.tile
