@@ -42,17 +42,21 @@ PLAIN = goals.PLAIN
 DEVICE = "cuda"
 
 
+def shapes(model) -> dict:
+    """op -> (N, K) of each forward op (but the LM head) at `model`'s sizes."""
+    c = MODELS[model]
+    d, F = c["d"], c["F"]
+    qn = (c["hq"] + 2 * c["hkv"]) * c["hd"]
+    return {"residual_norm_down": (d, F), "residual_norm_o": (d, d), "rms_linear_silu": (F, d),
+            "swiglu_y": (2 * F, d), "swiglu_train": (2 * F, d), "qkv_rope": (qn, d), "qkv_rope_qknorm": (qn, d)}
+
+
 def cases(models=tuple(MODELS), ms=MS, lm_head=True, ops=OPS):
     """(op, model, M, N, K) of every case."""
     out = []
     for m in models:
-        c = MODELS[m]
-        d, F = c["d"], c["F"]
-        qn = (c["hq"] + 2 * c["hkv"]) * c["hd"]
-        shapes = {"residual_norm_down": (d, F), "residual_norm_o": (d, d), "rms_linear_silu": (F, d),
-                  "swiglu_y": (2 * F, d), "swiglu_train": (2 * F, d), "qkv_rope": (qn, d), "qkv_rope_qknorm": (qn, d)}
         for M in ms:
-            out += [(op, m, M, *shapes[op]) for op in ops]
+            out += [(op, m, M, *shapes(m)[op]) for op in ops]
     if lm_head:
         out.append(("lm_head_ce", LM_HEAD["model"], LM_HEAD["M"], LM_HEAD["V"], LM_HEAD["K"]))
     return out

@@ -1,11 +1,18 @@
 """Where a fused kernel's time goes, tile by tile: the epilogue's per-tile timeline (KernelConfig(timeline=True),
 csrc/epilogues/variants/timeline.hpp) of the backward epilogue GEMMs, beside their plain twin (the identity graph in
-the same config), in the heuristic's config.
+the same config), in the heuristic's config; with --forward the same of forward ready ops.
 
     python -m coda_ext prebuild benchmarks/epilogue_timeline.py -j 16
     python -m benchmarks.epilogue_timeline [--models 1B 8B] [--ops swiglu_backward_linear ...]
     python -m benchmarks.epilogue_timeline --ablate     # the dSwiGLU taken apart (benchmarks/ablate_epilogue.py's
                                                         # variants, and its math alone on the accumulator)
+    CODA_TIMELINE_ITEMS=forward,ablate python -m coda_ext prebuild benchmarks/epilogue_timeline.py -j 16
+    python -m benchmarks.epilogue_timeline --forward [--ablate] [--ops residual_norm_o qkv_rope qkv_rope_qknorm]
+
+--forward: the rows are the forward ops residual_norm_o, qkv_rope and qkv_rope_qknorm (their graphs and (N, K) as
+benchmarks/bench_fused_ops.py has them; operands K-major, as the ops launch them), in the heuristic's config; with
+--ablate each one's parts beside it (forward_ablation_graphs). The prebuild calls build_items() without arguments:
+CODA_TIMELINE_ITEMS (comma-separated words "forward", "ablate") picks the rows it lists, as the flags do.
 
 Per kernel, from one launch after warm-up (cycles of each SM's clock, converted with the clock the launch ran at):
 - epilogue: a math warp group's epilogue of one tile (consumer begin() to end()), and its steps per subtile s
@@ -23,7 +30,8 @@ Per kernel, from one launch after warm-up (cycles of each SM's clock, converted 
   store drain;
 - load_lead: how long before a subtile's turn its tile inputs were issued by the load warp (negative: issued after
   the consumer began to wait).
-Results: epilogue_timeline_<gpu>.json (medians, µs) and a PNG of a few SMs' timelines.
+Results: epilogue_timeline_<gpu>.json (medians, µs; epilogue_timeline_forward_<gpu>.json with --forward, _ablation
+after either with --ablate) and a PNG of a few SMs' timelines.
 """
 from __future__ import annotations
 
@@ -31,12 +39,14 @@ import argparse
 import ctypes
 import dataclasses
 import itertools
+import os
 import statistics
 
 from benchmarks import backward_gemms, common
 
 MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
 OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_backward_linear")
+FORWARD_OPS = ("residual_norm_o", "qkv_rope", "qkv_rope_qknorm")
 SLOTS, SUBTILES, TILES = 128, 16, 16384   # timeline.hpp's kTimelineSlots, kTimelineSubtiles, kTimelineTiles
 STEPS = ("wait_inputs", "math", "store", "next")
 #: each step of subtile s as (slot, subtile offset) pairs (from, to): slots 0 begin_loop, 1 previsit, 2 postreduce,
@@ -45,8 +55,31 @@ STEP_SLOTS = {"wait_inputs": ((0, 0), (1, 0)), "math": ((1, 0), (3, -1)), "store
               "next": ((2, 0), (0, 1))}
 
 
-def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
-    return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops)
+@dataclasses.dataclass(frozen=True)
+class Forward:
+    """A forward row: ready op `op` of `model` at M tokens, its graph and (N, K) bench_fused_ops'; operands
+    K-major, as the op launches them (the fields a backward_gemms.Gemm row has that the timeline reads)."""
+    op: str
+    model: str
+    M: int
+    N: int
+    K: int
+    major: str = "kk"
+
+    def graph(self):
+        from benchmarks import bench_fused_ops
+
+        return bench_fused_ops.graph_of(self.op, self.model)
+
+
+def rows(models=tuple(MODELS), tokens: int = 16384, ops=None, forward: bool = False) -> list:
+    """The backward rows (backward_gemms.Gemm) of `ops` (default OPS), or with forward the Forward rows of `ops`
+    (default FORWARD_OPS)."""
+    if forward:
+        from benchmarks import bench_fused_ops
+
+        return [Forward(op, m, tokens, *bench_fused_ops.shapes(m)[op]) for m in models for op in ops or FORWARD_OPS]
+    return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops or OPS)
 
 
 def ablation_graphs() -> dict:
@@ -58,23 +91,94 @@ def ablation_graphs() -> dict:
     return {**ablate_epilogue.dswiglu_variants(), "math only, no z": graphs.swiglu_backward_math()}
 
 
+def _qkv_rope(qk_norm: bool, head_dim: int, rope: str | None):
+    """graphs.qkv_rope(True, qk_norm, head_dim) built the same way, its RoPE `rope`: "scalars" (positions, freq_hi
+    and freq_lo launch scalars: the rotation without their vector loads) or None (z stored unrotated)."""
+    import coda_ext as ce
+
+    g = ce.Graph()
+    z = g.accumulator() * g.col_vector("rstd", "float32")
+    if qk_norm:
+        inv_rms = ce.rsqrt(ce.segment_reduce(z, head_dim, "sumsq") * (1.0 / head_dim) + g.scalar("eps"))
+        z = z * ce.fma(g.row_vector("norm_b", "float32"), inv_rms, g.row_vector("norm_a", "float32"))
+    if rope == "scalars":
+        z = ce.rotate_pairs(z, ce.turns(g.scalar("positions"), g.scalar("freq_hi"), g.scalar("freq_lo")))
+    g.output(z, name="qkv")
+    return g
+
+
+def _residual_norm(residual: bool, reduce: bool):
+    """graphs.linear_residual_norm() built the same way, with or without its residual tile and its row statistic
+    (D and h stored either way)."""
+    import coda_ext as ce
+
+    g = ce.Graph()
+    out = g.accumulator() + g.tile("residual") if residual else g.accumulator()
+    g.output(out)
+    g.store("h", out * g.row_vector("norm_weight"))
+    if reduce:
+        g.row_reduce("sumsq", out, "sumsq")
+    return g
+
+
+def forward_ablation_graphs(op: str, model: str) -> dict:
+    """name -> graph: a forward row's parts, each the op's graph less one part. qkv_rope(_qknorm): "z only" (z = acc
+    ⊙row rstd stored as the op's one output, no RoPE or QK-norm), "rope, constant vectors" (the op's graph with
+    positions and frequencies launch scalars: no vector loads for the rotation; rstd and QK-norm's weights stay
+    vectors), qknorm only "qknorm, no rope" (the norm and the store); residual_norm_o: "residual only" (no row
+    statistic), "reduction only" (no residual tile). {} for other ops."""
+    hd = MODELS[model]["hd"]
+    if op.startswith("qkv_rope"):
+        qk_norm = op == "qkv_rope_qknorm"
+        out = {"z only": _qkv_rope(False, hd, None), "rope, constant vectors": _qkv_rope(qk_norm, hd, "scalars")}
+        return {**out, "qknorm, no rope": _qkv_rope(True, hd, None)} if qk_norm else out
+    if op == "residual_norm_o":
+        return {"residual only": _residual_norm(True, False), "reduction only": _residual_norm(False, True)}
+    return {}
+
+
+def row_ablations(g) -> dict:
+    """The ablation variants of row g (ablation_graphs() for the dSwiGLU, forward_ablation_graphs for a forward
+    row; {} for the others)."""
+    if isinstance(g, Forward):
+        return forward_ablation_graphs(g.op, g.model)
+    return ablation_graphs() if g.op == "swiglu_backward_linear" else {}
+
+
 def config(g):
-    """The heuristic's config of row g with the timeline: the op's graph and its plain twin both run in it."""
+    """The heuristic's config of row g with the timeline: the op's graph and its plain twin both run in it. Fitted to
+    the graph as its kernel is (QK-norm's epilogue tile holds one head), so the twin and the variants run in the
+    kernel's own config."""
+    import coda_ext as ce
     from benchmarks import sweep_backward
 
-    return dataclasses.replace(sweep_backward.heuristic_config(g), timeline=True)
+    fitted = ce.kernel_source(g.graph(), "bfloat16", sweep_backward.heuristic_config(g)).config
+    return dataclasses.replace(fitted, timeline=True)
 
 
-def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, ablate: bool = False) -> list:
+def item_options() -> tuple[bool, bool]:
+    """(forward, ablate) from CODA_TIMELINE_ITEMS: comma-separated words "forward" and "ablate" (unset: neither),
+    the rows the prebuild's build_items() lists."""
+    words = {w.strip() for w in os.environ.get("CODA_TIMELINE_ITEMS", "").split(",") if w.strip()}
+    if words - {"forward", "ablate"}:
+        raise SystemExit(f"CODA_TIMELINE_ITEMS: unknown {sorted(words - {'forward', 'ablate'})}; use forward, ablate")
+    return "forward" in words, "ablate" in words
+
+
+def build_items(models=tuple(MODELS), tokens: int = 16384, ops=None, ablate: bool | None = None,
+                forward: bool | None = None) -> list:
+    """Every kernel the run with these options launches; forward and ablate default to CODA_TIMELINE_ITEMS's."""
     from coda_ext import graphs
 
+    forward = item_options()[0] if forward is None else forward
+    ablate = item_options()[1] if ablate is None else ablate
     items = []
-    for g in rows(models, tokens, ops):
+    for g in rows(models, tokens, ops, forward):
         cfg = config(g)
         items += [(g.graph(), "bfloat16", cfg), (graphs.identity(), "bfloat16", cfg),
                   (g.graph(), "bfloat16", dataclasses.replace(cfg, timeline=False))]
-        if ablate and g.op == "swiglu_backward_linear":
-            items += [(graph, "bfloat16", cfg) for graph in ablation_graphs().values()]
+        if ablate:
+            items += [(graph, "bfloat16", cfg) for graph in row_ablations(g).values()]
     return items
 
 
@@ -195,17 +299,25 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--tokens", type=int, default=16384)
-    p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS))
+    p.add_argument("--forward", action="store_true", help="the forward ops (FORWARD_OPS) instead of the backward")
+    p.add_argument("--ops", nargs="+", default=None, choices=list(OPS) + list(FORWARD_OPS),
+                   help="default: every op of the family (OPS, or FORWARD_OPS with --forward)")
     p.add_argument("--ablate", action="store_true",
-                   help="the dSwiGLU rows only, each ablation variant's timeline beside the whole epilogue's")
+                   help="the dSwiGLU rows only (with --forward: every forward row), each ablation variant's "
+                        "timeline beside the whole epilogue's")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    if args.ablate:
+    family = FORWARD_OPS if args.forward else OPS
+    if args.ablate and not args.forward:
         args.ops = ["swiglu_backward_linear"]
+    args.ops = args.ops or list(family)
+    if set(args.ops) - set(family):
+        p.error(f"--ops {sorted(set(args.ops) - set(family))} are not in the "
+                f"{'forward' if args.forward else 'backward'} family; choose from {list(family)}")
     env = common.gpu_info()
     doc = {"env": env, "rows": []}
     timelines = {}
-    for g in rows(args.models, args.tokens, args.ops):
+    for g in rows(args.models, args.tokens, args.ops, args.forward):
         cfg = config(g)
         gen = torch.Generator(device="cuda").manual_seed(0)
         row = {"op": g.op, "model": g.model, "M": g.M, "N": g.N, "K": g.K, "config": cfg.tag}
@@ -218,7 +330,7 @@ def main(argv=None) -> None:
                 timelines[f"{g.model} {g.op} {name}"] = (buf, row[name]["clock_ghz"])
         if args.ablate:   # each variant's timeline in the same config: what each part costs the MMAs beside it
             row["ablation"] = {}
-            for vname, graph in ablation_graphs().items():
+            for vname, graph in row_ablations(g).items():
                 op = ce.compile(graph, "bfloat16", cfg)
                 row["ablation"][vname] = analyse(record(op, rand.op_inputs(op, g.M, g.N, g.K, gen)))
                 v = row["ablation"][vname]
@@ -241,7 +353,8 @@ def main(argv=None) -> None:
             fv, qv = f.get(k), q.get(k)
             print(f"    {k:22s} fused {fv if fv is None else round(fv, 3)!s:>9}   plain "
                   f"{qv if qv is None else round(qv, 3)!s:>9}", flush=True)
-    out = args.out or common.results_path("epilogue_timeline" + ("_ablation" if args.ablate else ""), gpu=env["gpu"])
+    stem = "epilogue_timeline" + ("_forward" if args.forward else "") + ("_ablation" if args.ablate else "")
+    out = args.out or common.results_path(stem, gpu=env["gpu"])
     print(f"wrote {common.write_json(out, doc)}")
     plot(timelines, str(out).replace(".json", ".png"))
 

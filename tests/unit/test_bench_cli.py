@@ -334,3 +334,95 @@ def test_sustained_reaches_every_case_and_names_its_own_results(monkeypatch, tmp
     assert seen == [("identity", True), ("swiglu", True)]
     (out,) = tmp_path.glob("graphs_sustained_*.json")
     assert '"timing": "sustained"' in out.read_text()
+
+
+def test_epilogue_timeline_forward_items_are_the_ready_ops_in_the_heuristics_config(monkeypatch):
+    """epilogue_timeline --forward: residual_norm_o, qkv_rope and qkv_rope_qknorm per model, their graphs and shapes
+    bench_fused_ops'; per row the op and its plain twin with the timeline, the op without it, each in the config its
+    kernel is emitted in (QK-norm's epilogue tile fitted). The prebuild asks for them with CODA_TIMELINE_ITEMS."""
+    import coda_ext as ce
+    from benchmarks import bench_fused_ops
+    from benchmarks import epilogue_timeline as tl
+    from coda_ext import graphs
+
+    rows = tl.rows(forward=True)
+    assert [(g.op, g.model) for g in rows] == [(op, m) for m in tl.MODELS for op in tl.FORWARD_OPS]
+    assert all((g.N, g.K) == bench_fused_ops.shapes(g.model)[g.op] and g.M == 16384 for g in rows)
+    items = tl.build_items(forward=True)
+    assert len(items) == 3 * len(rows)
+    identity = graphs.identity().build().digest()
+    for g, (fused, twin, bare) in zip(rows, zip(items[0::3], items[1::3], items[2::3])):
+        want = bench_fused_ops.graph_of(g.op, g.model).build().digest()
+        assert fused[0].build().digest() == bare[0].build().digest() == want
+        assert twin[0].build().digest() == identity
+        assert fused[2].timeline and twin[2] == fused[2] and not bare[2].timeline
+        for graph, dtype, cfg in (fused, twin, bare):
+            assert ce.kernel_source(graph, dtype, cfg).config == cfg   # emitted as listed, no nvcc
+    assert {c.epilogue_tile for g, (_, _, c) in zip(rows, items[0::3]) if g.op == "qkv_rope_qknorm"} == {(64, 128),
+                                                                                                        (64, 64)}
+    monkeypatch.setenv("CODA_TIMELINE_ITEMS", "forward")
+    assert [(g.build().digest(), c) for g, _, c in tl.build_items()] == [(g.build().digest(), c) for g, _, c in items]
+    monkeypatch.setenv("CODA_TIMELINE_ITEMS", "forward,ablate")
+    ablated = tl.build_items()
+    variants = sum(len(tl.forward_ablation_graphs(g.op, g.model)) for g in rows)
+    assert variants == 2 * (2 + 2 + 3) and len(ablated) == len(items) + variants
+    assert sum(not c.timeline for _, _, c in ablated) == len(rows)
+    for graph, dtype, cfg in ablated:
+        assert ce.kernel_source(graph, dtype, cfg).config == cfg
+    monkeypatch.setenv("CODA_TIMELINE_ITEMS", "forward,nope")
+    with pytest.raises(SystemExit):
+        tl.build_items()
+
+
+@pytest.mark.parametrize("op", ["residual_norm_o", "qkv_rope", "qkv_rope_qknorm"])
+def test_epilogue_timeline_forward_ablations_take_one_part_away_and_run_on_random_inputs(op):
+    """Each forward ablation variant builds, lacks the part it is named for, and (with the op's own graph) runs in the
+    interpreter on the inputs the benchmark draws (rand.op_inputs) to finite outputs: the RoPE's positions and
+    frequencies, QK-norm's eps and weights included."""
+    import torch
+
+    import coda_ext as ce
+    from benchmarks import epilogue_timeline as tl
+    from coda_ext.runtime.interface import GraphOp
+    from tests.helpers import rand
+
+    class Interface(GraphOp):   # an op's names and shapes, without a kernel library
+        def __init__(self, ks):
+            self._init_interface(ks.lowered, ks.dtype, f"test-bench-cli|{ks.graph.digest()}|{ks.config.tag}")
+
+    (g,) = tl.rows(("1B",), 16, [op], forward=True)
+    variants = tl.forward_ablation_graphs(op, "1B")
+    kinds = {name: {n.kind for n in graph.build().nodes} for name, graph in variants.items()}
+    vectors = {name: {n.name for n in graph.build().nodes if n.kind.endswith("_vector")}
+               for name, graph in variants.items()}
+    if op == "residual_norm_o":
+        assert list(variants) == ["residual only", "reduction only"]
+        assert "row_reduce" not in kinds["residual only"] and "tile" in kinds["residual only"]
+        assert "row_reduce" in kinds["reduction only"] and "tile" not in kinds["reduction only"]
+    else:
+        qk = op == "qkv_rope_qknorm"
+        assert list(variants) == ["z only", "rope, constant vectors"] + (["qknorm, no rope"] if qk else [])
+        assert not kinds["z only"] & {"rotate_pairs", "segment_reduce"} and vectors["z only"] == {"rstd"}
+        assert "rotate_pairs" in kinds["rope, constant vectors"]
+        assert vectors["rope, constant vectors"] == {"rstd"} | ({"norm_a", "norm_b"} if qk else set())
+        if qk:
+            assert "segment_reduce" in kinds["qknorm, no rope"] and "rotate_pairs" not in kinds["qknorm, no rope"]
+    cfg = tl.config(g)
+    for name, graph in {"fused": g.graph(), **variants}.items():
+        ks = ce.kernel_source(graph, "bfloat16", cfg)
+        assert ks.config == cfg, name
+        iface = Interface(ks)
+        A, W, inputs = rand.op_inputs(iface, g.M, g.N, 64, torch.Generator().manual_seed(0))
+        outputs = ce.interpret(graph, A, W, **inputs)
+        assert set(inputs) == set(iface.input_names) and set(outputs) == set(iface.output_names), name
+        for out_name, v in outputs.items():
+            assert torch.isfinite(v.float()).all(), (name, out_name)
+
+
+def test_epilogue_timeline_forward_cli_refuses_backward_ops():
+    from benchmarks import epilogue_timeline as tl
+
+    with pytest.raises(SystemExit):
+        tl.main(["--forward", "--ops", "swiglu_backward_linear"])
+    with pytest.raises(SystemExit):
+        tl.main(["--ops", "qkv_rope"])
