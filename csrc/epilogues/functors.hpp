@@ -196,23 +196,32 @@ struct Turns {
     return frac - rintf(frac);  // the small terms can leave [-0.5, 0.5]
   }
 };
-// cos(2 pi t), sin(2 pi t): exact argument reduction in half-turns (cospif / sinpif).
+// sin(2 pi t) and cos(2 pi t) of an angle t in turns. On the device one MUFU instruction each (sin.approx and
+// cos.approx, absolute error below 2^-20.9 over [-pi, pi]: Turns' range [-0.5, 0.5] turns, reduced exactly),
+// where sincospif's range reduction and polynomials made the RoPE epilogue most of a 128x192 tile's time
+// (docs/measured.md); fp64 on the host.
+CUTLASS_HOST_DEVICE void sincos_turns(float t, float& s, float& c) {
+#if defined(__CUDA_ARCH__)
+  float x = 6.28318530717958647692f * t;
+  asm("sin.approx.ftz.f32 %0, %1;" : "=f"(s) : "f"(x));
+  asm("cos.approx.ftz.f32 %0, %1;" : "=f"(c) : "f"(x));
+#else
+  s = float(sin(2.0 * 3.14159265358979323846 * double(t)));
+  c = float(cos(2.0 * 3.14159265358979323846 * double(t)));
+#endif
+}
 struct CosTurns {
   CUTLASS_HOST_DEVICE float operator()(float t) const {
-#if defined(__CUDA_ARCH__)
-    return cospif(2.0f * t);
-#else
-    return float(cos(2.0 * 3.14159265358979323846 * double(t)));
-#endif
+    float s, c;
+    sincos_turns(t, s, c);
+    return c;
   }
 };
 struct SinTurns {
   CUTLASS_HOST_DEVICE float operator()(float t) const {
-#if defined(__CUDA_ARCH__)
-    return sinpif(2.0f * t);
-#else
-    return float(sin(2.0 * 3.14159265358979323846 * double(t)));
-#endif
+    float s, c;
+    sincos_turns(t, s, c);
+    return s;
   }
 };
 // Rounds to the storage type S and back: a cast inside fp32 math (the value stays fp32, so a
@@ -301,8 +310,8 @@ struct PackPair {
   template <class T> struct Fn : MapArrays<scalar::PackPair<S>> {};
 };
 
-// Full width: each pair (a, b) = (x[2i], x[2i + 1]) rotated by θ = 2π·t[2i] (RoPE): one sincospif per
-// pair, in registers (pairs sit in consecutive fragment slots, as for PairSwap below).
+// Full width: each pair (a, b) = (x[2i], x[2i + 1]) rotated by θ = 2π·t[2i] (RoPE): one sine and cosine per
+// pair (scalar::sincos_turns), in registers (pairs sit in consecutive fragment slots, as for PairSwap below).
 template <class T>
 struct RotatePairs {
   template <class E, int N>
@@ -313,12 +322,7 @@ struct RotatePairs {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < N; i += 2) {
       float s, c;
-#if defined(__CUDA_ARCH__)
-      sincospif(2.0f * float(t[i]), &s, &c);
-#else
-      s = float(sin(2.0 * 3.14159265358979323846 * double(t[i])));
-      c = float(cos(2.0 * 3.14159265358979323846 * double(t[i])));
-#endif
+      scalar::sincos_turns(float(t[i]), s, c);
       float a = float(x[i]), b = float(x[i + 1]);
       out[i] = E(fmaf(a, c, -b * s));
       out[i + 1] = E(fmaf(b, c, a * s));

@@ -155,6 +155,23 @@ def test_qkv_rope_with_given_inv_freq(exact):
     _close(ops.qkv_rope(x, w, pos, freqs, nh, nkv), qkv.reference(x, w, pos, nh, nkv, inv_freq=inv_freq))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_qk_norm_vectors(dtype):
+    """norm_b: each head's weight on Q and K, 0 on V; norm_a: 1 on V only; both fp32. The constant norm_a is kept per
+    shape and device, not when its inputs are fake (a traced call builds its own)."""
+    nh, nkv, hd = 4, 2, 8
+    gen = _gen("qk_norm_vectors", dtype)
+    qw, kw = rand.randn(gen, hd, dtype=dtype), rand.randn(gen, hd, dtype=dtype)
+    norm_a, norm_b = qkv.qk_norm_vectors(qw, kw, nh, nkv)
+    assert norm_a.dtype == norm_b.dtype == torch.float32 and norm_b.shape == norm_a.shape == ((nh + 2 * nkv) * hd,)
+    assert torch.equal(norm_b, torch.cat([qw.float().repeat(nh), kw.float().repeat(nkv), torch.zeros(nkv * hd)]))
+    assert torch.equal(norm_a, torch.cat([torch.zeros((nh + nkv) * hd), torch.ones(nkv * hd)]))
+    assert qkv.qk_norm_vectors(qw, kw, nh, nkv)[0] is norm_a
+    with FakeTensorMode() as mode:
+        fake_a, _ = qkv.qk_norm_vectors(mode.from_tensor(qw), mode.from_tensor(kw), nh, nkv)
+    assert fake_a is not norm_a and qkv.qk_norm_vectors(qw, kw, nh, nkv)[0] is norm_a
+
+
 def test_rope_frequencies_table():
     """Per column: its pair's frequency in turns (up to sign) as an fp32 hi + lo pair, 0 on V."""
     nh, nkv, hd = 4, 2, 64
