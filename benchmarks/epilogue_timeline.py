@@ -91,49 +91,23 @@ def ablation_graphs() -> dict:
     return {**ablate_epilogue.dswiglu_variants(), "math only, no z": graphs.swiglu_backward_math()}
 
 
-def _qkv_rope(qk_norm: bool, head_dim: int, rope: str | None):
-    """graphs.qkv_rope(True, qk_norm, head_dim) built the same way, its RoPE `rope`: "scalars" (positions, freq_hi
-    and freq_lo launch scalars: the rotation without their vector loads) or None (z stored unrotated)."""
-    import coda_ext as ce
-
-    g = ce.Graph()
-    z = g.accumulator() * g.col_vector("rstd", "float32")
-    if qk_norm:
-        inv_rms = ce.rsqrt(ce.segment_reduce(z, head_dim, "sumsq") * (1.0 / head_dim) + g.scalar("eps"))
-        z = z * ce.fma(g.row_vector("norm_b", "float32"), inv_rms, g.row_vector("norm_a", "float32"))
-    if rope == "scalars":
-        z = ce.rotate_pairs(z, ce.turns(g.scalar("positions"), g.scalar("freq_hi"), g.scalar("freq_lo")))
-    g.output(z, name="qkv")
-    return g
-
-
-def _residual_norm(residual: bool, reduce: bool):
-    """graphs.linear_residual_norm() built the same way, with or without its residual tile and its row statistic
-    (D and h stored either way)."""
-    import coda_ext as ce
-
-    g = ce.Graph()
-    out = g.accumulator() + g.tile("residual") if residual else g.accumulator()
-    g.output(out)
-    g.store("h", out * g.row_vector("norm_weight"))
-    if reduce:
-        g.row_reduce("sumsq", out, "sumsq")
-    return g
-
-
 def forward_ablation_graphs(op: str, model: str) -> dict:
     """name -> graph: a forward row's parts, each the op's graph less one part. qkv_rope(_qknorm): "z only" (z = acc
     ⊙row rstd stored as the op's one output, no RoPE or QK-norm), "rope, constant vectors" (the op's graph with
     positions and frequencies launch scalars: no vector loads for the rotation; rstd and QK-norm's weights stay
     vectors), qknorm only "qknorm, no rope" (the norm and the store); residual_norm_o: "residual only" (no row
     statistic), "reduction only" (no residual tile). {} for other ops."""
+    from coda_ext import graphs
+
     hd = MODELS[model]["hd"]
     if op.startswith("qkv_rope"):
         qk_norm = op == "qkv_rope_qknorm"
-        out = {"z only": _qkv_rope(False, hd, None), "rope, constant vectors": _qkv_rope(qk_norm, hd, "scalars")}
-        return {**out, "qknorm, no rope": _qkv_rope(True, hd, None)} if qk_norm else out
+        out = {"z only": graphs.qkv_rope(True, False, hd, rope=None),
+               "rope, constant vectors": graphs.qkv_rope(True, qk_norm, hd, rope="scalars")}
+        return {**out, "qknorm, no rope": graphs.qkv_rope(True, True, hd, rope=None)} if qk_norm else out
     if op == "residual_norm_o":
-        return {"residual only": _residual_norm(True, False), "reduction only": _residual_norm(False, True)}
+        return {"residual only": graphs.linear_residual_norm(reduce=False),
+                "reduction only": graphs.linear_residual_norm(residual=False)}
     return {}
 
 

@@ -42,12 +42,14 @@ SWEEP_CASES = ("identity", "design")
 #: Graphs swept beside the goal graphs: the training LM head's logits GEMM (exp(logits) stored, Σ exp per row;
 #: ops.lm_head_ce.train_graph unscaled), at its 2048-row chunks: --cases lm_head_train --shapes 2048,128256,2048
 #: and the ready ops whose epilogues miss at the training shapes: linear + residual + norm statistic (--shapes
-#: 16384,2048,2048 16384,4096,4096), QKV + RoPE (1B: head_dim 64, 16384,3072,2048) and QKV + QK-norm + RoPE as the ready
-#: op launches it (the input norm's rstd applied, head_dim 64).
+#: 16384,2048,2048 16384,4096,4096), QKV + RoPE (1B: head_dim 64, 16384,3072,2048) and QKV + QK-norm + RoPE as
+#: the ready op launches it (the input norm's rstd applied; head_dim 64, and 128 as the 8B shape has it:
+#: 16384,6144,4096).
 CASES = {**graphs.CASES, "lm_head_train": (lambda: coda_graphs.lm_head_cross_entropy_train(False), None),
          "residual_norm": (coda_graphs.linear_residual_norm, None),
          "qkv_rope": (lambda: coda_graphs.qkv_rope(False, False, 64), None),
-         "qkv_rope_qknorm": (lambda: coda_graphs.qkv_rope(True, True, 64), None)}
+         "qkv_rope_qknorm": (lambda: coda_graphs.qkv_rope(True, True, 64), None),
+         "qkv_rope_qknorm_8b": (lambda: coda_graphs.qkv_rope(True, True, 128), None)}
 
 
 def build_items(case_names=SWEEP_CASES):

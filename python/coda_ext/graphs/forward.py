@@ -16,17 +16,20 @@ ACTIVATIONS: dict[str | None, Callable[[Value], Value]] = {
 }
 
 
-def linear_residual_norm() -> Graph:
+def linear_residual_norm(residual: bool = True, reduce: bool = True) -> Graph:
     """Output projection + residual + the next RMSNorm's weight and statistic (CODA K1/K3):
 
         out   = acc + residual         (D, the new residual stream)
         h     = out ⊙col norm_weight   (store "h": the next GEMM's input)
-        sumsq = Σ_n out²               (row reduction, fp32: rstd = rsqrt(sumsq / N + eps))"""
+        sumsq = Σ_n out²               (row reduction, fp32: rstd = rsqrt(sumsq / N + eps))
+    residual / reduce False leave out the residual tile / the row statistic (each part timed apart:
+    benchmarks/epilogue_timeline.py --forward --ablate)."""
     g = Graph()
-    out = g.accumulator() + g.tile("residual")
+    out = g.accumulator() + g.tile("residual") if residual else g.accumulator()
     g.output(out)
     g.store("h", out * g.row_vector("norm_weight"))
-    g.row_reduce("sumsq", out, "sumsq")
+    if reduce:
+        g.row_reduce("sumsq", out, "sumsq")
     return g
 
 
@@ -56,7 +59,7 @@ def linear_swiglu(scaled: bool, store_preact: bool) -> Graph:
     return g
 
 
-def qkv_rope(scaled: bool, qk_norm: bool, head_dim: int) -> Graph:
+def qkv_rope(scaled: bool, qk_norm: bool, head_dim: int, rope: str | None = "vectors") -> Graph:
     """QKV projection + (QK-norm) + RoPE on adjacent pairs (CODA K4):
 
         z     = acc [⊙row rstd]
@@ -65,7 +68,12 @@ def qkv_rope(scaled: bool, qk_norm: bool, head_dim: int) -> Graph:
         t     = frac(positions · (freq_hi + freq_lo))             turns, reduced exactly
         D "qkv" = each pair (z[2i], z[2i+1]) rotated by 2π·t      (freq 0 on V: passed through)
 
-    Without QK-norm the graph does not depend on head_dim."""
+    Without QK-norm the graph does not depend on head_dim. rope: "vectors" (the op's: positions per row,
+    frequencies per column), "scalars" (positions and frequencies launch scalars: one angle for the launch) or None
+    (z stored unrotated); the last two time the rotation's parts apart (benchmarks/epilogue_timeline.py --forward
+    --ablate)."""
+    if rope not in ("vectors", "scalars", None):
+        raise GraphError(f"qkv_rope: rope must be 'vectors', 'scalars' or None, got {rope!r}")
     g = Graph()
     z = g.accumulator()
     if scaled:
@@ -73,9 +81,12 @@ def qkv_rope(scaled: bool, qk_norm: bool, head_dim: int) -> Graph:
     if qk_norm:
         inv_rms = rsqrt(segment_reduce(z, head_dim, "sumsq") * (1.0 / head_dim) + g.scalar("eps"))
         z = z * fma(g.row_vector("norm_b", "float32"), inv_rms, g.row_vector("norm_a", "float32"))
-    t = turns(g.col_vector("positions", "float32"), g.row_vector("freq_hi", "float32"),
-              g.row_vector("freq_lo", "float32"))
-    g.output(rotate_pairs(z, t), name="qkv")
+    if rope == "vectors":
+        z = rotate_pairs(z, turns(g.col_vector("positions", "float32"), g.row_vector("freq_hi", "float32"),
+                                  g.row_vector("freq_lo", "float32")))
+    elif rope == "scalars":
+        z = rotate_pairs(z, turns(g.scalar("positions"), g.scalar("freq_hi"), g.scalar("freq_lo")))
+    g.output(z, name="qkv")
     return g
 
 

@@ -233,27 +233,27 @@ def qk_norm_vectors(q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, n_
     concatenation of the two weights' broadcasts and V's zeros (one kernel, fp32 by type promotion), norm_a a
     constant of the shape kept per device (built again while traced)."""
     hd = q_norm_weight.shape[0]
-    norm_a = _norm_a(n_heads, n_kv_heads, hd, q_norm_weight)
-    zeros = norm_a[:n_kv_heads * hd].view(n_kv_heads, hd)   # V's norm_b, fp32: the concatenation's type
+    norm_a, zeros = _constants(n_heads, n_kv_heads, hd, q_norm_weight)
     norm_b = torch.cat([q_norm_weight.expand(n_heads, hd), k_norm_weight.expand(n_kv_heads, hd), zeros])
     return norm_a, norm_b.reshape(-1)
 
 
-_NORM_A: dict = {}
+_CONSTANTS: dict = {}
 
 
-def _norm_a(n_heads: int, n_kv_heads: int, hd: int, like: torch.Tensor) -> torch.Tensor:
-    """0 on the Q and K columns, 1 on V's (fp32, on like's device): built once per shape and device (again while
-    traced or captured)."""
+def _constants(n_heads: int, n_kv_heads: int, hd: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm_a (0 on the Q and K columns, 1 on V's) and V's zeros of norm_b (n_kv_heads, hd), fp32 on like's device:
+    built once per shape and device (again while traced or captured)."""
     key = (n_heads, n_kv_heads, hd, like.device)
     keep = common.readable(like)   # not a traced value, nor one of a CUDA graph's pool
-    a = _NORM_A.get(key) if keep else None
-    if a is None:
-        a = torch.cat([torch.zeros((n_heads + n_kv_heads) * hd, device=like.device),
-                       torch.ones(n_kv_heads * hd, device=like.device)])
+    out = _CONSTANTS.get(key) if keep else None
+    if out is None:
+        out = (torch.cat([torch.zeros((n_heads + n_kv_heads) * hd, device=like.device),
+                          torch.ones(n_kv_heads * hd, device=like.device)]),
+               torch.zeros(n_kv_heads, hd, device=like.device))
         if keep:
-            _NORM_A[key] = a
-    return a
+            _CONSTANTS[key] = out
+    return out
 
 
 def split_qkv(qkv: torch.Tensor, n_heads: int, n_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
