@@ -33,6 +33,11 @@ PINGPONG = DEFAULT_CONFIG                                    # many tiles, N <= 
 #: Llama dSwiGLU 1.239 -> 1.206x cuBLAS held at 1B, 1.090 -> 1.076x at 8B, 1.255 -> 1.231x and 1.108 -> 1.107x
 #: alone (H200, one run, benchmarks/results/sweep_backward_staggered_h200.json and _sustained_)
 PINGPONG_PAIR_LOADS = dataclasses.replace(PINGPONG, swizzle=8, raster="along_n", pair_smem="staggered")
+#: PINGPONG over a wide N and a deep K (N >= 6144, K >= 4096, 32 or more M tiles, K-major, no tile load), where an
+#: epilogue keeps it from 128x192 tiles (QK-norm's 128-wide heads): swizzle 8 (a launch argument). QKV + QK-norm +
+#: RoPE at Llama-8B's 16384x6144x4096: 1.068x cuBLAS against 1.093x with swizzle 4, 1.081 against 1.093 in 2x1
+#: clusters (H200, one run, benchmarks/results/sweep_qknorm8b_h200.json)
+PINGPONG_S8 = dataclasses.replace(PINGPONG, swizzle=8)
 # compute-only, N > 16384, M >= 4096
 WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
@@ -56,8 +61,8 @@ COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
 #: PINGPONG whose two warp groups' epilogues may run at the same time (csrc/kernels/sm90_pingpong_overlap.cuh):
 #: where PINGPONG is chosen over K <= SHORT_K with an epilogue to run (see heuristic)
 OVERLAP = dataclasses.replace(PINGPONG, schedule="overlap")
-HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, WIDE, MEDIUM,
-                                               WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_ALONG_N,
+HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, PINGPONG_S8, WIDE,
+                                               MEDIUM, WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_ALONG_N,
                                                TALL_192_PAIRS, OVERLAP)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
@@ -176,6 +181,10 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       ran at 1.033-1.037x cuBLAS in 128x192 against 1.088-1.095x in 128x128 (and at 16384x2048x2048 1.066x against
       1.085x); linear + residual + norm statistic (a tile load) was slower in 128x192 at both (1.106-1.152x against
       1.078-1.099x: H200, one run, benchmarks/results/sweep_residual_qkv_h200.json);
+    - PINGPONG at N >= 6144 and K >= 4096 with 32 or more M tiles, both operands K-major, no tile load (an epilogue
+      128x192 tiles do not fit: QK-norm's 128-wide heads): swizzle 8 (PINGPONG_S8), QKV + QK-norm + RoPE at
+      16384x6144x4096 1.068x cuBLAS against 1.093x with swizzle 4 (H200, one run,
+      benchmarks/results/sweep_qknorm8b_h200.json);
     - a column reduction over K <= 1024 (a short mainloop: the epilogue is most of a tile's time) with
       both operands K-major in ping-pong 128x128, whose epilogue overlaps the other warp group's mainloop:
       GPT-2's GELU backward with the bias gradient (16384x3072x768, dy . gelu'(x) and its column sums)
@@ -212,6 +221,9 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
     choice = _by_shape(M, N, K, sms, epilogue, major)
     if choice == PINGPONG and K <= SHORT_K and not epilogue.plain and _overlap_fits(epilogue):
         return OVERLAP
+    if (choice == PINGPONG and N >= 6144 and K >= 4096 and -(-M // 128) >= 32 and major == "kk"
+            and not epilogue.tile_load):
+        return PINGPONG_S8
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG
     if choice == LARGE and -(-M // 128) >= 32:
@@ -289,9 +301,9 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
 def for_every_m(config: KernelConfig) -> KernelConfig:
     """The config a kernel with one launch default for every M takes (libcoda's fixed kernels): the
     heuristic's, but LARGE_TALL's swizzle 8 only pays with 32 or more M tiles and wastes half the
-    grid with 8 (1024 rows), so such a kernel launches with LARGE's swizzle 4 (and PINGPONG_PAIR_LOADS
-    with PINGPONG's launch arguments)."""
-    return {LARGE_TALL: LARGE, PINGPONG_PAIR_LOADS: PINGPONG}.get(config, config)
+    grid with 8 (1024 rows), so such a kernel launches with LARGE's swizzle 4 (and PINGPONG_PAIR_LOADS and
+    PINGPONG_S8 with PINGPONG's launch arguments)."""
+    return {LARGE_TALL: LARGE, PINGPONG_PAIR_LOADS: PINGPONG, PINGPONG_S8: PINGPONG}.get(config, config)
 
 
 def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) -> KernelConfig:

@@ -84,7 +84,7 @@ def _kernel_of(config, configs) -> bool:
 @pytest.mark.parametrize("M,N,K,plain,pointwise,tile", [
     (16384, 28672, 4096, "LARGE_TALL", "WIDE", "LARGE_TALL"),
     (8192, 128256, 4096, "LARGE_TALL", "WIDE", "LARGE_TALL"),
-    (16384, 6144, 4096, "LARGE_TALL", "PINGPONG", "PINGPONG"),
+    (16384, 6144, 4096, "LARGE_TALL", "PINGPONG_S8", "PINGPONG"),
     (16384, 16384, 2048, "LARGE_TALL", "PINGPONG", "PINGPONG"),
 ])
 def test_heuristic_without_the_192_tile(M, N, K, plain, pointwise, tile):
@@ -164,6 +164,21 @@ def test_mid_n_takes_128x192_for_a_rope_sized_epilogue_without_tile_loads():
     assert tuning.heuristic(16384, 3072, 2048, epilogue=dataclasses.replace(POINTWISE, nodes=19)).tile[:2] == (128, 128)
     assert tuning.heuristic(16384, 3072, 1024, epilogue=rope).tile[:2] != (128, 192)
     assert tuning.heuristic(16384, 3200, 2048, epilogue=rope).tile[:2] != (128, 192)
+
+
+def test_wide_deep_pingpong_takes_swizzle_8():
+    """Ping-pong 128x128 at N >= 6144 and K >= 4096 with 32 or more M tiles, K-major (an epilogue that 128x192 tiles
+    do not fit: QK-norm over 128-wide heads at Llama-8B's 16384x6144x4096): swizzle 8 (1.068x cuBLAS against 1.093x,
+    sweep_qknorm8b_h200.json), the same kernel; a shorter K, fewer M tiles, a tile load (unmeasured) or N-major
+    operands keep swizzle 4, and libcoda's one-launch kernels PINGPONG's."""
+    heads_128 = dataclasses.replace(POINTWISE, nodes=19, tall_192=False)
+    cfg = tuning.heuristic(16384, 6144, 4096, epilogue=heads_128)
+    assert cfg == tuning.PINGPONG_S8 and cfg.swizzle == 8 and cfg.kernel == tuning.PINGPONG.kernel
+    assert tuning.heuristic(16384, 6144, 2048, epilogue=heads_128).swizzle == 4
+    assert tuning.heuristic(2048, 6144, 4096, epilogue=heads_128) != tuning.PINGPONG_S8
+    assert tuning.heuristic(16384, 6144, 4096, epilogue=heads_128, major="kn") != tuning.PINGPONG_S8
+    assert tuning.heuristic(16384, 6144, 4096, epilogue=dataclasses.replace(heads_128, tile_load=True)).swizzle == 4
+    assert tuning.for_every_m(tuning.PINGPONG_S8) == tuning.PINGPONG
 
 
 def test_narrow_n_takes_128x192_for_a_light_epilogue():
