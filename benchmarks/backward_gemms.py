@@ -34,6 +34,8 @@ STEP_OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_nor
             "weight_grad_accumulate")
 #: the LM head backward's GEMMs of one vocabulary chunk (dx_accumulate: from the second chunk on)
 LM_HEAD_OPS = ("lm_head_dlogits", "lm_head_dx", "lm_head_dx_accumulate", "lm_head_dw")
+#: the LM head the benchmarks run (Llama-3-8B's at 8192 tokens): cases(lm_head=...)
+LM_HEAD = dict(model="8B", M=8192, K=4096, V=128256)
 OPS = STEP_OPS + LM_HEAD_OPS
 #: ops that run in the forward pass (their goal is the forward ops')
 FORWARD = ("linear_residual",)

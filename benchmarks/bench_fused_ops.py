@@ -36,7 +36,7 @@ MS = (16384, 1024, 128)
 OPS = ("residual_norm_down", "residual_norm_o", "rms_linear_silu", "swiglu_y", "swiglu_train", "qkv_rope",
        "qkv_rope_qknorm")
 BACKWARD_OPS = backward_gemms.OPS
-LM_HEAD = dict(model="8B", M=8192, K=4096, V=128256)
+LM_HEAD = backward_gemms.LM_HEAD
 PLAIN = goals.PLAIN
 #: where the inputs live (the CPU tests run the rows on stand-in kernels)
 DEVICE = "cuda"

@@ -6,7 +6,8 @@ calls it: its other kernels and allocations included), kernel_ (its fused GEMM k
 and plain_ (the identity graph: the mainloop alone).
 
     python -m coda_ext prebuild benchmarks/sweep_backward.py -j 16
-    python -m benchmarks.sweep_backward [--models 1B 8B] [--ops ...] [--configs TAG ...] [--sustained] [--reps 10]
+    python -m benchmarks.sweep_backward [--models 1B 8B] [--ops ...] [--configs TAG ...] [--launch s2,s8,along_m ...]
+        [--sustained] [--reps 10]
 
 Each op runs as the ready op runs it, with its graph compiled in the swept config instead of "auto".
 Results: a JSON file in the results folder, named after the sweep and the GPU it runs on (sweep_backward_<gpu>.json,
@@ -22,8 +23,9 @@ from benchmarks import backward_gemms, common
 
 MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
 OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_backward_linear", "linear_dx")
-#: also sweepable by name (--ops): the down projection's forward GEMM (residual in its epilogue)
-MORE_OPS = ("linear_residual",)
+#: also sweepable by name (--ops): the down projection's forward GEMM (residual in its epilogue), and the LM head
+#: backward's GEMMs of each vocabulary chunk at the benchmarks' head (backward_gemms.LM_HEAD)
+MORE_OPS = ("linear_residual",) + backward_gemms.LM_HEAD_OPS
 
 
 #: (STAGES_C, STAGES_D) tried beside CUTLASS's choice (4, 2) where the epilogue loads tiles: deeper load
@@ -141,20 +143,41 @@ def fits(graph, cfg) -> bool:
 
 
 def rows(models=tuple(MODELS), tokens: int = 16384, ops=OPS) -> list:
-    return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops)
+    head = backward_gemms.LM_HEAD if any(op in backward_gemms.LM_HEAD_OPS for op in ops) else None
+    return backward_gemms.cases({m: MODELS[m] for m in models}, (tokens,), ops, head)
 
 
-def row_configs(g, only=()) -> list:
-    return configs(g.major, loads_tiles(g.graph()), heuristic_config(g), only, has_pairs(g.graph()))
+def launch_variants(cfgs, launch=()) -> list:
+    """cfgs, each followed by its variants at the launch arguments `launch` names ("s<swizzle>", "along_m",
+    "along_n"; every swizzle with every raster, the config's own where a kind is not named): the same kernel."""
+    import dataclasses
+
+    swizzles = [int(x[1:]) for x in launch if x.startswith("s")]
+    rasters = [x for x in launch if x.startswith("along_")]
+    out = []
+    for cfg in cfgs:
+        for s in swizzles or [cfg.swizzle]:
+            for r in rasters or [cfg.raster]:
+                v = dataclasses.replace(cfg, swizzle=s, raster=r)
+                if v not in out:
+                    out.append(v)
+        if cfg not in out:
+            out.append(cfg)
+    return out
 
 
-def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, only=()) -> list:
+def row_configs(g, only=(), launch=()) -> list:
+    cfgs = configs(g.major, loads_tiles(g.graph()), heuristic_config(g), only, has_pairs(g.graph()))
+    return launch_variants(cfgs, launch)
+
+
+def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, only=(), launch=()) -> list:
     """(graph, dtype, config) of every op graph and its plain twin (identity) in every swept config."""
     from coda_ext import graphs
 
     items, seen = [], set()
     for g in rows(models, tokens, ops):
-        for cfg in row_configs(g, only):
+        for cfg in row_configs(g, only, launch):
             if not fits(g.graph(), cfg):
                 continue
             # the plain twin measures the mainloop in cfg's tiles: the staged configs share their base's
@@ -192,7 +215,7 @@ def fixed_config(cfg):
         ops_common.graph_op = original
 
 
-def sweep(g, reps: int, only=(), sustained: bool = False) -> dict:
+def sweep(g, reps: int, only=(), sustained: bool = False, launch=()) -> dict:
     import torch
 
     import coda_ext as ce
@@ -201,7 +224,7 @@ def sweep(g, reps: int, only=(), sustained: bool = False) -> dict:
 
     sets = [backward_gemms.inputs(g, i) for i in range(2)]
     variants = {"cublas": lambda i: torch.mm(*(lambda a, w: (a, w.t()))(*backward_gemms.operands(g, sets[i])))}
-    for cfg in row_configs(g, only):
+    for cfg in row_configs(g, only, launch):
         if not fits(g.graph(), cfg):
             continue
 
@@ -233,6 +256,8 @@ def main(argv=None) -> None:
     p.add_argument("--ops", nargs="+", default=list(OPS), choices=list(OPS + MORE_OPS))
     p.add_argument("--configs", nargs="+", default=(), metavar="TAG",
                    help="only the configs with these tags (KernelConfig.tag, as printed)")
+    p.add_argument("--launch", default="", help="comma-separated launch arguments to time each config at besides its "
+                   "own (the same kernel): s1, s2, s4, s8, s16 (swizzle), along_m, along_n (raster)")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--sustained", action="store_true",
                    help="time each variant as blocks of back-to-back calls at the GPU's sustained (power-limited) "
@@ -245,10 +270,11 @@ def main(argv=None) -> None:
 
     env = common.gpu_info()
     # every kernel of the rows and configs asked for, in parallel (each would otherwise build on its first call)
-    ce.prebuild(build_items(tuple(args.models), args.tokens, tuple(args.ops), tuple(args.configs)))
+    launch = tuple(x for x in args.launch.split(",") if x)
+    ce.prebuild(build_items(tuple(args.models), args.tokens, tuple(args.ops), tuple(args.configs), launch))
     doc = {"env": env, "timing": "sustained" if args.sustained else "interleaved", "rows": []}
     for g in rows(args.models, args.tokens, args.ops):
-        res = sweep(g, args.reps, tuple(args.configs), args.sustained)
+        res = sweep(g, args.reps, tuple(args.configs), args.sustained, launch)
         doc["rows"].append({"op": g.op, "model": g.model, "M": g.M, "N": g.N, "K": g.K, "major": g.major,
                             "variants": res})
         best = min((v for v in res if v.startswith("op_" if not args.sustained else "kernel_")),

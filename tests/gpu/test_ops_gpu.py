@@ -218,6 +218,19 @@ def test_lm_head_llama3_vocabulary(report):
         check(case, got, ref, base, report, note=f" {reduction}")
 
 
+@pytest.mark.parametrize("n", [1, 1023, 16385])
+def test_rstd_finish_kernel(n):
+    """ops.finish.rstd_ on the GPU (its Triton kernel, linear_residual_norm's statistic): in place, the same bits as
+    PyTorch's rsqrt(sumsq / N + eps) on the GPU, over row counts that are not a multiple of its block."""
+    from coda_ext.ops import finish
+
+    s = rand.positive(rand.generator("rstd_ kernel", n, device=DEVICE), n) * 3000.0
+    want = torch.rsqrt(s / 4096 + 1e-5)
+    ptr = s.data_ptr()
+    got = finish.rstd_(s, 4096, 1e-5)
+    assert got.data_ptr() == ptr and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("lead,d,dtype", [((333,), 2048, torch.bfloat16), ((2, 77), 4096, torch.bfloat16),
                                           ((5,), 700, torch.float16), ((1,), 8, torch.bfloat16)])
 def test_rms_norm_input_kernel(lead, d, dtype):

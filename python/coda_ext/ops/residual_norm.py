@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .. import graphs
-from . import common
+from . import common, finish
 
 NAME = "linear_residual_norm"
 
@@ -43,8 +43,7 @@ def reference(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, nor
 def _op(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
         eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r = common.run_gemm(NAME, **_gemm(x, weight, residual, norm_weight))
-    rstd = torch.rsqrt(r.sumsq / weight.shape[0] + eps)
-    return r.out, r.h, rstd
+    return r.out, r.h, finish.rstd_(r.sumsq, weight.shape[0], eps)
 
 
 def _gemm(x, weight, residual, norm_weight):
