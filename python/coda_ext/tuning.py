@@ -205,8 +205,9 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
       with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md);
     - and the choice's swizzle halved while it pads the scheduler's grid by more than MAX_SWIZZLE_PADDING
-      (fit_swizzle: a launch argument, the same kernel)."""
-    return fit_swizzle(_choice(M, N, K, sms, epilogue, major), M, N)
+      (fit_swizzle: a launch argument, the same kernel); a weight gradient's ("mn": both operands read along M
+      and N) first tries the other raster at its swizzle (fit_swizzle's flip)."""
+    return fit_swizzle(_choice(M, N, K, sms, epilogue, major), M, N, flip=major == "mn")
 
 
 def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) -> KernelConfig:
@@ -255,13 +256,27 @@ def scheduled_tiles(config: KernelConfig, M: int, N: int) -> int:
     return pm * bn if applied_raster(config.raster, config.swizzle, bm, bn, config.cluster) == "along_n" else bm * pn
 
 
-def fit_swizzle(config: KernelConfig, M: int, N: int) -> KernelConfig:
+def fit_swizzle(config: KernelConfig, M: int, N: int, flip: bool = False) -> KernelConfig:
     """config with its swizzle halved until it pads the grid by at most MAX_SWIZZLE_PADDING (a launch argument:
     the same kernel). The Llama shapes keep theirs (at most 2.3 % padding); BERT's 768-wide outputs in 128-wide
-    tiles take swizzle 2."""
+    tiles take swizzle 2. flip: where config's raster is CUTLASS's heuristic and its swizzle pads, the other raster
+    at the same swizzle first (its bands run across the other dimension), if that one does not pad. The 8B LM
+    head's last weight-gradient chunk (13568 x 4096 x 8192, "mn", cooperative 128 x 256 2 x 1): its 106 M tiles
+    across the raster took swizzle 2 at 1.082x cuBLAS; rastered along M with swizzle 8 (bands of 8 of its 16 N
+    tiles) 1.009x, swizzle 4 along M 1.019x (H200, one run, benchmarks/results/sweep_lm_head_dw_h200.json)."""
     base = scheduled_tiles(dataclasses.replace(config, swizzle=1), M, N)
+
+    def pads(c: KernelConfig) -> bool:
+        return scheduled_tiles(c, M, N) > base * (1 + MAX_SWIZZLE_PADDING)
+
+    if flip and config.raster == "heuristic" and config.grid != "padded" and pads(config):
+        bm, bn = -(-M // config.tile[0]), -(-N // config.tile[1])
+        applied = applied_raster(config.raster, config.swizzle, bm, bn, config.cluster)
+        other = dataclasses.replace(config, raster="along_m" if applied == "along_n" else "along_n")
+        if not pads(other):
+            return other
     s = config.swizzle
-    while s > 1 and scheduled_tiles(dataclasses.replace(config, swizzle=s), M, N) > base * (1 + MAX_SWIZZLE_PADDING):
+    while s > 1 and pads(dataclasses.replace(config, swizzle=s)):
         s //= 2
     return config if s == config.swizzle else dataclasses.replace(config, swizzle=s)
 

@@ -510,6 +510,22 @@ def test_fit_swizzle():
     assert tuning.fit_swizzle(tuning.TALL_192_PAIRS, 16384, 16384) is tuning.TALL_192_PAIRS   # 2.3 %
 
 
+def test_weight_gradients_flip_the_raster_before_halving_the_swizzle():
+    """A weight gradient's ("mn") swizzle that pads the grid: the other raster at the same swizzle where that one does
+    not pad. The 8B LM head's last dW chunk, 13568 x 4096 x 8192: 106 M tiles across the raster (along N) padded to
+    112 by swizzle 8 took swizzle 2 at 1.082x cuBLAS; along M, bands of 8 of its 16 N tiles, 1.009x (H200). Other
+    layouts, and configs whose raster is set, keep halving; a grid that does not pad keeps its raster."""
+    got = tuning.heuristic(13568, 4096, 8192, major="mn")
+    assert (got.swizzle, got.raster) == (8, "along_m") and tuning.scheduled_tiles(got, 13568, 4096) == 106 * 16
+    assert tuning.heuristic(16384, 4096, 8192, major="mn").raster == "heuristic"
+    kk = tuning.heuristic(13568, 4096, 8192, major="kk")
+    assert (kk.swizzle, kk.raster) == (2, "heuristic")
+    fixed = dataclasses.replace(tuning.LARGE_TALL, raster="along_n")
+    assert tuning.fit_swizzle(fixed, 13568, 4096, flip=True) == dataclasses.replace(fixed, swizzle=2)
+    both = tuning.fit_swizzle(tuning.LARGE_TALL, 1600, 1600, flip=True)   # 13 tiles each way in 2 x 1 clusters
+    assert both.raster == "heuristic" and both.swizzle < 8
+
+
 def test_the_llama_shapes_keep_their_swizzles():
     """Every GEMM of a Llama-3.2-1B-like and -3.1-8B-like training step at 16384 tokens: the swizzle fit changes
     none (their grids pad by at most 2.3 %)."""
