@@ -33,10 +33,11 @@ PINGPONG = DEFAULT_CONFIG                                    # many tiles, N <= 
 #: Llama dSwiGLU 1.239 -> 1.206x cuBLAS held at 1B, 1.090 -> 1.076x at 8B, 1.255 -> 1.231x and 1.108 -> 1.107x
 #: alone (H200, one run, benchmarks/results/sweep_backward_staggered_h200.json and _sustained_)
 PINGPONG_PAIR_LOADS = dataclasses.replace(PINGPONG, swizzle=8, raster="along_n", pair_smem="staggered")
-#: PINGPONG over a wide N and a deep K (N >= 6144, K >= 4096, 32 or more M tiles, K-major, no tile load), where an
-#: epilogue keeps it from 128x192 tiles (QK-norm's 128-wide heads): swizzle 8 (a launch argument). QKV + QK-norm +
-#: RoPE at Llama-8B's 16384x6144x4096: 1.068x cuBLAS against 1.093x with swizzle 4, 1.081 against 1.093 in 2x1
-#: clusters (H200, one run, benchmarks/results/sweep_qknorm8b_h200.json)
+#: PINGPONG over a wide N and a deep K (N >= 4096, K >= 4096, 32 or more M tiles, K-major), where an epilogue keeps
+#: it from 128x192 tiles (QK-norm's 128-wide heads, a tile load) or 192 does not divide N: swizzle 8 (a launch
+#: argument). QKV + QK-norm + RoPE at Llama-8B's 16384x6144x4096: 1.068x cuBLAS against 1.093x with swizzle 4,
+#: 1.081 against 1.093 in 2x1 clusters (benchmarks/results/sweep_qknorm8b_h200.json); linear + residual + norm
+#: statistic at 16384x4096x4096 1.061x against 1.081x (H200, one run each, sweep_residual_norm_s8_h200.json)
 PINGPONG_S8 = dataclasses.replace(PINGPONG, swizzle=8)
 # compute-only, N > 16384, M >= 4096
 WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")
@@ -181,10 +182,12 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       ran at 1.033-1.037x cuBLAS in 128x192 against 1.088-1.095x in 128x128 (and at 16384x2048x2048 1.066x against
       1.085x); linear + residual + norm statistic (a tile load) was slower in 128x192 at both (1.106-1.152x against
       1.078-1.099x: H200, one run, benchmarks/results/sweep_residual_qkv_h200.json);
-    - PINGPONG at N >= 6144 and K >= 4096 with 32 or more M tiles, both operands K-major, no tile load (an epilogue
-      128x192 tiles do not fit: QK-norm's 128-wide heads): swizzle 8 (PINGPONG_S8), QKV + QK-norm + RoPE at
-      16384x6144x4096 1.068x cuBLAS against 1.093x with swizzle 4 (H200, one run,
-      benchmarks/results/sweep_qknorm8b_h200.json);
+    - PINGPONG at N >= 4096 and K >= 4096 with 32 or more M tiles, both operands K-major (an epilogue 128x192
+      tiles do not fit, QK-norm's 128-wide heads, or one with a tile load): swizzle 8 (PINGPONG_S8), QKV + QK-norm
+      + RoPE at 16384x6144x4096 1.068x cuBLAS against 1.093x with swizzle 4 (benchmarks/results/
+      sweep_qknorm8b_h200.json), linear + residual + norm statistic at Llama-8B's 16384x4096x4096 1.061x against
+      1.081x, its plain GEMM 1.007x against 1.031x (H200, one run each, benchmarks/results/
+      sweep_residual_norm_s8_h200.json; at 16384x2048x2048 swizzle 8 and 4 were level, 1.079x and 1.080x);
     - a column reduction over K <= 1024 (a short mainloop: the epilogue is most of a tile's time) with
       both operands K-major in ping-pong 128x128, whose epilogue overlaps the other warp group's mainloop:
       GPT-2's GELU backward with the bias gradient (16384x3072x768, dy . gelu'(x) and its column sums)
@@ -222,8 +225,7 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
     choice = _by_shape(M, N, K, sms, epilogue, major)
     if choice == PINGPONG and K <= SHORT_K and not epilogue.plain and _overlap_fits(epilogue):
         return OVERLAP
-    if (choice == PINGPONG and N >= 6144 and K >= 4096 and -(-M // 128) >= 32 and major == "kk"
-            and not epilogue.tile_load):
+    if choice == PINGPONG and N >= 4096 and K >= 4096 and -(-M // 128) >= 32 and major == "kk":
         return PINGPONG_S8
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         return PINGPONG
