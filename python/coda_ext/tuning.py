@@ -206,7 +206,8 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
     - but never a 128x256 config whose epilogue leaves its mainloop fewer than three stages: ping-pong
       128x128 then (the RMSNorm-backward epilogue, two tile loads, two stores and a column reduction, ran
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
-      with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md);
+      with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md), or 128x192 where that
+      epilogue is N-major over K >= 8192 and N <= 2048 (_deep_narrow_kn: Llama-1B's RMSNorm backward with dx_in);
     - and the choice's swizzle halved while it pads the scheduler's grid by more than MAX_SWIZZLE_PADDING
       (fit_swizzle: a launch argument, the same kernel); a weight gradient's ("mn": both operands read along M
       and N) first tries the other raster at its swizzle (fit_swizzle's flip)."""
@@ -228,10 +229,20 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
     if choice == PINGPONG and N >= 4096 and K >= 4096 and -(-M // 128) >= 32 and major == "kk":
         return PINGPONG_S8
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
-        return PINGPONG
+        return TALL_192 if _deep_narrow_kn(M, N, K, epilogue, major) else PINGPONG
     if choice == LARGE and -(-M // 128) >= 32:
         return LARGE_TALL
     return choice
+
+
+def _deep_narrow_kn(M: int, N: int, K: int, epilogue: Epilogue, major: str) -> bool:
+    """An N-major ("kn") epilogue with tile loads and column sums (the RMSNorm backward's) over a deep K (>= 8192)
+    and a narrow N (<= 2048), 32 or more M tiles, where 128x192 tiles fit: ping-pong 128x192 (TALL_192). Llama-1B's
+    RMSNorm backward with dx_in (16384x2048x16384): 1.087-1.093x cuBLAS against 1.089-1.118x in 128x128, its plain
+    GEMM 1.042-1.047x against 1.059-1.083x (H200, three runs; benchmarks/results/sweep_dx_in_residual_1b_h200.log,
+    sweep_norm_backward_192_h200.json); at K = 3072 and at Llama-8B's N = 4096, 128x128 stayed ahead."""
+    return (major == "kn" and N <= 2048 and K >= 8192 and -(-M // 128) >= 32 and epilogue.tile_load
+            and epilogue.col_reduce and not epilogue.pair_loads and epilogue.tall_192)
 
 
 #: The most a swizzle may add to the persistent grid's tiles (scheduled_tiles) before the heuristic halves it.
@@ -309,6 +320,8 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
         tall = (TALL_192, TALL_192_ALONG_N, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
     elif epilogue.pair_loads and epilogue.tall_192:   # the pair-tile epilogue over K >= 4096 (_by_shape)
         tall = (TALL_192_S8,)
+    elif major == "kn" and epilogue.tile_load and epilogue.col_reduce and epilogue.tall_192:   # _deep_narrow_kn
+        tall = (TALL_192,)
     skip = ((TALL_192, TALL_192_S8, TALL_192_ALONG_N, TALL_192_PAIRS)
             + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
             + ((OVERLAP,) if epilogue.plain or not _overlap_fits(epilogue) else ()))

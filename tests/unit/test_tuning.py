@@ -516,6 +516,21 @@ def test_fit_swizzle():
     assert tuning.fit_swizzle(tuning.TALL_192_PAIRS, 16384, 16384) is tuning.TALL_192_PAIRS   # 2.3 %
 
 
+def test_deep_narrow_n_major_norm_backward_takes_128x192():
+    """The RMSNorm backward's epilogue (tile loads, column sums), N-major, over K >= 8192 and N <= 2048 with 32 or
+    more M tiles: ping-pong 128x192 (Llama-1B's dx_in GEMM 16384x2048x16384: 1.087-1.093x cuBLAS against
+    1.089-1.118x in 128x128, H200); a shorter K, a wider N, K-major operands or few M tiles keep ping-pong 128x128,
+    and "auto" may compile it (heuristic_configs)."""
+    norm = tuning.Epilogue(tile_load=True, col_reduce=True, large_stages=2, tall_192=True, nodes=19,
+                           overlap_stages=3, pingpong_stages=5)
+    assert tuning.heuristic(16384, 2048, 16384, epilogue=norm, major="kn") == tuning.TALL_192
+    assert tuning.TALL_192 in tuning.heuristic_configs(norm, "kn")
+    for M, N, K in ((16384, 2048, 3072), (16384, 4096, 28672), (2048, 2048, 16384)):
+        assert tuning.heuristic(M, N, K, epilogue=norm, major="kn").tile[:2] == (128, 128), (M, N, K)
+    assert tuning.heuristic(16384, 2048, 16384, epilogue=dataclasses.replace(norm, tall_192=False),
+                            major="kn").tile[:2] == (128, 128)
+
+
 def test_weight_gradients_flip_the_raster_before_halving_the_swizzle():
     """A weight gradient's ("mn") swizzle that pads the grid: the other raster at the same swizzle where that one does
     not pad. The 8B LM head's last dW chunk, 13568 x 4096 x 8192: 106 M tiles across the raster (along N) padded to
