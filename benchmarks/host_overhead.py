@@ -45,12 +45,13 @@ def unbuilt_op(graph, dtype: str, config=None):
 
 @contextlib.contextmanager
 def stubbed_launch():
-    """The launch path with its last step stubbed: the binding's launch does nothing, any tensor counts as on
-    an SM90 GPU, and an op's configs are built from their generated source without a library (restored
-    on exit)."""
+    """The launch path with its last step stubbed: the binding's launch (and ops.finish's, the small kernel a ready
+    op launches after it) does nothing, any tensor counts as on an SM90 GPU, and an op's configs are built from
+    their generated source without a library (restored on exit)."""
     import torch
 
     import coda_ext.jit.binding as binding
+    from coda_ext.ops import finish
     from coda_ext.runtime import checks, tuned
     from coda_ext.runtime import op as rop
 
@@ -71,7 +72,7 @@ def stubbed_launch():
         return None
 
     # plain functions, not mocks: a mock's call costs host time of its own
-    with mock.patch.multiple(binding, load_binding=load_binding), \
+    with mock.patch.multiple(binding, load_binding=load_binding), mock.patch.multiple(finish, _launch=anything), \
             mock.patch.multiple(checks, require_gpu=anything), mock.patch.multiple(rop, _raw_stream=anything), \
             mock.patch.multiple(torch.cuda, current_device=anything, get_device_name=anything), \
             mock.patch.multiple(tuned.TunedOp, op_for=op_for, choose=choose):

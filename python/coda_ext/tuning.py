@@ -238,9 +238,10 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
 def _deep_narrow_kn(M: int, N: int, K: int, epilogue: Epilogue, major: str) -> bool:
     """An N-major ("kn") epilogue with tile loads and column sums (the RMSNorm backward's) over a deep K (>= 8192)
     and a narrow N (<= 2048), 32 or more M tiles, where 128x192 tiles fit: ping-pong 128x192 (TALL_192). Llama-1B's
-    RMSNorm backward with dx_in (16384x2048x16384): 1.087-1.093x cuBLAS against 1.089-1.118x in 128x128, its plain
-    GEMM 1.042-1.047x against 1.059-1.083x (H200, three runs; benchmarks/results/sweep_dx_in_residual_1b_h200.log,
-    sweep_norm_backward_192_h200.json); at K = 3072 and at Llama-8B's N = 4096, 128x128 stayed ahead."""
+    RMSNorm backward with dx_in (16384x2048x16384): 1.084-1.095x cuBLAS against 1.089-1.118x in 128x128, its plain
+    GEMM 1.042-1.052x against 1.059-1.083x (H200, three runs; benchmarks/results/sweep_dx_in_residual_1b_h200.log,
+    sweep_norm_backward_192_h200.json); at K = 3072 and for Llama-8B's dx_in (N = 4096, K = 28672) 128x128 stayed
+    ahead."""
     return (major == "kn" and N <= 2048 and K >= 8192 and -(-M // 128) >= 32 and epilogue.tile_load
             and epilogue.col_reduce and not epilogue.pair_loads and epilogue.tall_192)
 
@@ -276,7 +277,7 @@ def fit_swizzle(config: KernelConfig, M: int, N: int, flip: bool = False) -> Ker
     at the same swizzle first (its bands run across the other dimension), if that one does not pad. The 8B LM
     head's last weight-gradient chunk (13568 x 4096 x 8192, "mn", cooperative 128 x 256 2 x 1): its 106 M tiles
     across the raster took swizzle 2 at 1.082x cuBLAS; rastered along M with swizzle 8 (bands of 8 of its 16 N
-    tiles) 1.009x, swizzle 4 along M 1.019x (H200, one run, benchmarks/results/sweep_lm_head_dw_h200.json)."""
+    tiles) 1.009x, swizzle 4 along M 1.019x (H200, one run, benchmarks/results/sweep_lm_head_dw_h200.log)."""
     base = scheduled_tiles(dataclasses.replace(config, swizzle=1), M, N)
 
     def pads(c: KernelConfig) -> bool:

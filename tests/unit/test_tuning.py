@@ -518,7 +518,7 @@ def test_fit_swizzle():
 
 def test_deep_narrow_n_major_norm_backward_takes_128x192():
     """The RMSNorm backward's epilogue (tile loads, column sums), N-major, over K >= 8192 and N <= 2048 with 32 or
-    more M tiles: ping-pong 128x192 (Llama-1B's dx_in GEMM 16384x2048x16384: 1.087-1.093x cuBLAS against
+    more M tiles: ping-pong 128x192 (Llama-1B's dx_in GEMM 16384x2048x16384: 1.084-1.095x cuBLAS against
     1.089-1.118x in 128x128, H200); a shorter K, a wider N, K-major operands or few M tiles keep ping-pong 128x128,
     and "auto" may compile it (heuristic_configs)."""
     norm = tuning.Epilogue(tile_load=True, col_reduce=True, large_stages=2, tall_192=True, nodes=19,
