@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import coda_ext as ce
 from benchmarks import common, hf_step_anatomy, sweep_backward
 
 
@@ -69,6 +70,23 @@ def test_sweep_backward_takes_the_heuristics_config_and_filters_by_tag():
     assert [c.tag for c in sweep_backward.row_configs(g, only)] == list(only)
     items = sweep_backward.build_items(("1B",), 16384, ("swiglu_backward_linear",), only)
     assert {cfg.tag for _, _, cfg in items} == set(only)   # the op's graph in both, its plain twin in the base
+
+
+def test_sweep_backward_lm_head_rows_and_launch_variants():
+    """--ops may name the LM head backward's GEMMs (backward_gemms.LM_HEAD: both vocabulary chunk widths), and
+    --launch adds each config at other swizzles and rasters: the same kernel, so nothing more to build."""
+    rows = sweep_backward.rows(("8B",), 16384, ("lm_head_dw",))
+    assert [(g.op, g.M, g.N, g.K, g.major) for g in rows] == [("lm_head_dw", 13568, 4096, 8192, "mn"),
+                                                              ("lm_head_dw", 16384, 4096, 8192, "mn")]
+    base = sweep_backward.heuristic_config(rows[0])
+    assert (base.swizzle, base.raster) == (8, "along_m")        # tuning's raster flip for this chunk
+    tags = [c.tag for c in sweep_backward.row_configs(rows[0], (base.tag,), ("s2", "s8", "along_n"))]
+    assert tags[-1] == base.tag and len(tags) == len(set(tags)) == 3
+    assert {t.replace("_s2_", "_s8_") for t in tags} == {base.tag.replace("along_m", "along_n"), base.tag}
+    plain = sweep_backward.build_items(("8B",), 16384, ("lm_head_dw",), (base.tag,))
+    launched = sweep_backward.build_items(("8B",), 16384, ("lm_head_dw",), (base.tag,), ("s2", "along_n"))
+    kernels = lambda items: {ce.kernel_source(g, d, c).source for g, d, c in items}   # noqa: E731
+    assert kernels(launched) == kernels(plain)
 
 
 def test_sweep_backward_parses_sustained_and_more_ops(monkeypatch):
