@@ -258,16 +258,28 @@ def scheduled_tiles(config: KernelConfig, M: int, N: int) -> int:
     tiles take their turns like real ones: 16384 x 768 in 128 x 128 tiles is 6 N tiles, swizzle 4 made it 8 in
     CUTLASS's grid, and the plain GEMM (x768x3072, N-major W) took 1.79x cuBLAS against 1.01x with swizzle 2
     (H200, one run, benchmarks/results/sweep_swizzle_h200.json)."""
-    def up(n: int, k: int) -> int:
-        return -(-n // k) * k
-
-    (tm, tn, _), (cm, cn) = config.tile, config.cluster
-    bm, bn = up(up(M, tm) // tm, cm), up(up(N, tn) // tn, cn)
+    cm, cn = config.cluster
+    bm, bn = _ctas(config, M, N)
     s = applied_swizzle(config.swizzle, bm, bn)
-    pm, pn = up(bm, cm * s), up(bn, cn * s)
+    pm, pn = _up(bm, cm * s), _up(bn, cn * s)
     if config.grid == "padded":
         return pm * pn
-    return pm * bn if applied_raster(config.raster, config.swizzle, bm, bn, config.cluster) == "along_n" else bm * pn
+    return pm * bn if _raster(config, M, N) == "along_n" else bm * pn
+
+
+def _up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def _ctas(config: KernelConfig, M: int, N: int) -> tuple[int, int]:
+    """config's CTA counts along M and N for an M x N output, each rounded up to whole clusters."""
+    (tm, tn, _), (cm, cn) = config.tile, config.cluster
+    return _up(_up(M, tm) // tm, cm), _up(_up(N, tn) // tn, cn)
+
+
+def _raster(config: KernelConfig, M: int, N: int) -> str:
+    """The raster order the scheduler walks config's M x N grid in (config.applied_raster)."""
+    return applied_raster(config.raster, config.swizzle, *_ctas(config, M, N), config.cluster)
 
 
 def fit_swizzle(config: KernelConfig, M: int, N: int, flip: bool = False) -> KernelConfig:
@@ -284,9 +296,7 @@ def fit_swizzle(config: KernelConfig, M: int, N: int, flip: bool = False) -> Ker
         return scheduled_tiles(c, M, N) > base * (1 + MAX_SWIZZLE_PADDING)
 
     if flip and config.raster == "heuristic" and config.grid != "padded" and pads(config):
-        bm, bn = -(-M // config.tile[0]), -(-N // config.tile[1])
-        applied = applied_raster(config.raster, config.swizzle, bm, bn, config.cluster)
-        other = dataclasses.replace(config, raster="along_m" if applied == "along_n" else "along_n")
+        other = dataclasses.replace(config, raster="along_m" if _raster(config, M, N) == "along_n" else "along_n")
         if not pads(other):
             return other
     s = config.swizzle
