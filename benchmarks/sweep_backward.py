@@ -23,9 +23,10 @@ from benchmarks import backward_gemms, common
 
 MODELS = {"8B": dict(d=4096, F=14336, hq=32, hkv=8, hd=128), "1B": dict(d=2048, F=8192, hq=32, hkv=8, hd=64)}
 OPS = ("swiglu_backward_linear", "rms_norm_backward_linear_dx_in", "rms_norm_backward_linear", "linear_dx")
-#: also sweepable by name (--ops): the down projection's forward GEMM (residual in its epilogue), and the LM head
-#: backward's GEMMs of each vocabulary chunk at the benchmarks' head (backward_gemms.LM_HEAD)
-MORE_OPS = ("linear_residual",) + backward_gemms.LM_HEAD_OPS
+#: also sweepable by name (--ops): the down projection's forward GEMM (residual in its epilogue), the weight
+#: gradients, and the LM head backward's GEMMs of each vocabulary chunk at the benchmarks' head (backward_gemms.LM_HEAD)
+MORE_OPS = ("linear_residual",) + tuple(o for o in backward_gemms.OPS if o.startswith("weight_grad")) \
+    + backward_gemms.LM_HEAD_OPS
 
 
 #: (STAGES_C, STAGES_D) tried beside CUTLASS's choice (4, 2) where the epilogue loads tiles: deeper load
@@ -87,7 +88,8 @@ def configs(major: str = "kn", loads: bool = False, auto=None, only=(), pairs: b
     staged = auto or base[0]
     out = base if not loads else base + [dataclasses.replace(staged, epilogue_stages=s) for s in STAGED] + \
         [dataclasses.replace(base[3], epilogue_stages=STAGED[0])] + \
-        [dataclasses.replace(staged, epilogue_tile=t) for t in EPILOGUE_TILES if staged.schedule != "cooperative"] + \
+        [dataclasses.replace(staged, epilogue_tile=t) for t in EPILOGUE_TILES
+         if staged.schedule != "cooperative" and staged.tile[1] % t[1] == 0] + \
         [dataclasses.replace(staged, schedule="overlap", epilogue_stages=s) for s in OVERLAP_STAGED
          if staged.schedule == "pingpong" and staged.cluster in ((1, 1), (2, 1), (1, 2))] + \
         [K(**HANDOFF, major=major, epilogue_stages=(2, 1)), dataclasses.replace(staged, tile_loads="direct"),
@@ -126,6 +128,7 @@ def _configs(K, major: str) -> list:
             K((128, 192, 64), (2, 1), "pingpong", swizzle=8, major=major),
             K((64, 256, 64), (1, 1), "pingpong", swizzle=8, major=major),
             K((128, 256, 64), (2, 1), "cooperative", swizzle=4, major=major),
+            K((128, 256, 64), (2, 1), "streamk", swizzle=4, major=major),
             K((128, 128, 64), (1, 1), "cooperative", swizzle=4, major=major),
             K((256, 128, 64), (1, 1), "cooperative", swizzle=4, major=major),
             K(**HANDOFF, major=major)]

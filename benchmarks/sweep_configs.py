@@ -37,6 +37,8 @@ SWEEP = (
     K((64, 128, 64), (1, 1), "pingpong"), K((128, 128, 64), (1, 1), "cooperative"),
     K((128, 192, 64), (1, 1), "pingpong"), K((128, 192, 64), (2, 1), "pingpong"),
     K((128, 192, 64), (1, 2), "pingpong"), K((128, 128, 64), (1, 1), "overlap"),
+    K((128, 256, 64), (2, 1), "streamk"), K((128, 192, 64), (1, 1), "streamk"),
+    K((128, 192, 64), (2, 1), "streamk"), K((128, 192, 64), (2, 1), "cooperative"),
 )
 SWEEP_CASES = ("identity", "design")
 #: Graphs swept beside the goal graphs: the training LM head's logits GEMM (exp(logits) stored, Σ exp per row;

@@ -39,6 +39,16 @@ PINGPONG_PAIR_LOADS = dataclasses.replace(PINGPONG, swizzle=8, raster="along_n",
 #: 1.081 against 1.093 in 2x1 clusters (benchmarks/results/sweep_qknorm8b_h200.json); linear + residual + norm
 #: statistic at 16384x4096x4096 1.061x against 1.081x (H200, one run each, sweep_residual_norm_s8_h200.json)
 PINGPONG_S8 = dataclasses.replace(PINGPONG, swizzle=8)
+#: PINGPONG_S8 rastered along M, where N is 4096 to 6143 (a 32-to-47-tile N: two waves cover an 8-tile band of W's
+#: columns while A's rows stream), K-major or with W read N-major (the dX GEMMs), over K >= 4096 and 32 or more M
+#: tiles. At Llama-8B's widths (H200, one run each, against the same kernel at swizzle 4 and the heuristic's
+#: raster): linear + residual + norm statistic at 16384x4096x4096 1.044x cuBLAS against 1.072x (swizzle 8, default
+#: raster: 1.087x; benchmarks/results/sweep_residual_norm_raster_h200.json; 1.047x against 1.061x in the tenth
+#: session's run), the RMSNorm backward at 16384x4096x6144 1.072x against 1.095x, with dx_in (x28672) 0.975x against
+#: 0.980x, the plain dX GEMM at 16384x4096x4096 1.005x against 1.027x (sweep_backward_kn_launch_h200.json; swizzle 8
+#: along N: 1.079x, 0.982x, 1.009x). At N = 2048 (Llama-1B) swizzle 4 stays as good or better (1.075x against 1.079x
+#: for the residual + norm, 0.994x against 1.003x for the dX GEMM).
+PINGPONG_S8_ALONG_M = dataclasses.replace(PINGPONG, swizzle=8, raster="along_m")
 # compute-only, N > 16384, M >= 4096
 WIDE = KernelConfig((64, 256, 64), (1, 1), "pingpong", swizzle=8, raster="along_n")
 MEDIUM = KernelConfig((128, 256, 64), (1, 1), "cooperative", swizzle=4)   # under two waves of 128x256
@@ -64,7 +74,7 @@ COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
 OVERLAP = dataclasses.replace(PINGPONG, schedule="overlap")
 HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, PINGPONG_S8, WIDE,
                                                MEDIUM, WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_ALONG_N,
-                                               TALL_192_PAIRS, OVERLAP)
+                                               TALL_192_PAIRS, OVERLAP, PINGPONG_S8_ALONG_M)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
@@ -182,7 +192,10 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       ran at 1.033-1.037x cuBLAS in 128x192 against 1.088-1.095x in 128x128 (and at 16384x2048x2048 1.066x against
       1.085x); linear + residual + norm statistic (a tile load) was slower in 128x192 at both (1.106-1.152x against
       1.078-1.099x: H200, one run, benchmarks/results/sweep_residual_qkv_h200.json);
-    - PINGPONG at N >= 4096 and K >= 4096 with 32 or more M tiles, both operands K-major (an epilogue 128x192
+    - PINGPONG (also where a 128x256 epilogue would leave too few stages, below) at 4096 <= N < 6144 and K >= 4096
+      with 32 or more M tiles, operands "kk" or "kn" (the dX GEMMs): swizzle 8 rastered along M (PINGPONG_S8_ALONG_M;
+      Llama-8B's residual + norm, RMSNorm backward and dX GEMM 1.5-2.3 points faster than swizzle 4, H200);
+    - PINGPONG at N >= 6144 and K >= 4096 with 32 or more M tiles, both operands K-major (an epilogue 128x192
       tiles do not fit, QK-norm's 128-wide heads, or one with a tile load): swizzle 8 (PINGPONG_S8), QKV + QK-norm
       + RoPE at 16384x6144x4096 1.068x cuBLAS against 1.093x with swizzle 4 (benchmarks/results/
       sweep_qknorm8b_h200.json), linear + residual + norm statistic at Llama-8B's 16384x4096x4096 1.061x against
@@ -226,10 +239,15 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
     choice = _by_shape(M, N, K, sms, epilogue, major)
     if choice == PINGPONG and K <= SHORT_K and not epilogue.plain and _overlap_fits(epilogue):
         return OVERLAP
-    if choice == PINGPONG and N >= 4096 and K >= 4096 and -(-M // 128) >= 32 and major == "kk":
-        return PINGPONG_S8
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
-        return TALL_192 if _deep_narrow_kn(M, N, K, epilogue, major) else PINGPONG
+        if _deep_narrow_kn(M, N, K, epilogue, major):
+            return TALL_192
+        choice = PINGPONG
+    if choice == PINGPONG and N >= 4096 and K >= 4096 and -(-M // 128) >= 32:
+        if N < 6144 and major in ("kk", "kn"):
+            return PINGPONG_S8_ALONG_M
+        if major == "kk":
+            return PINGPONG_S8
     if choice == LARGE and -(-M // 128) >= 32:
         return LARGE_TALL
     return choice
@@ -344,7 +362,8 @@ def for_every_m(config: KernelConfig) -> KernelConfig:
     heuristic's, but LARGE_TALL's swizzle 8 only pays with 32 or more M tiles and wastes half the
     grid with 8 (1024 rows), so such a kernel launches with LARGE's swizzle 4 (and PINGPONG_PAIR_LOADS and
     PINGPONG_S8 with PINGPONG's launch arguments)."""
-    return {LARGE_TALL: LARGE, PINGPONG_PAIR_LOADS: PINGPONG, PINGPONG_S8: PINGPONG}.get(config, config)
+    return {LARGE_TALL: LARGE, PINGPONG_PAIR_LOADS: PINGPONG, PINGPONG_S8: PINGPONG,
+            PINGPONG_S8_ALONG_M: PINGPONG}.get(config, config)
 
 
 def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) -> KernelConfig:

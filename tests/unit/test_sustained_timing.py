@@ -89,6 +89,22 @@ def test_sweep_backward_lm_head_rows_and_launch_variants():
     assert kernels(launched) == kernels(plain)
 
 
+def test_sweep_backward_configs_of_a_128x192_heuristic_and_stream_k():
+    """A row whose heuristic config is 128 x 192 (Llama-1B's RMSNorm backward with dx_in) lists only the epilogue
+    subtiles that divide its tile (a 64 x 128 subtile of a 192-wide tile raised before any timing ran), and every row
+    has the stream-K twin of the cooperative 128 x 256 2 x 1; the weight gradients are sweepable by name."""
+    (g,) = sweep_backward.rows(("1B",), 16384, ("rms_norm_backward_linear_dx_in",))
+    auto = sweep_backward.heuristic_config(g)
+    assert auto.tile[:2] == (128, 192)
+    cfgs = sweep_backward.row_configs(g)
+    assert auto in cfgs and all(c.epilogue_tile is None or c.tile[1] % c.epilogue_tile[1] == 0 for c in cfgs)
+    assert dataclasses.replace(auto, epilogue_tile=(64, 64)) in cfgs
+    assert "sk_128x256x64_c2x1_s4_kn" in {c.tag for c in cfgs}
+    assert {"weight_grad_gate_up", "weight_grad_accumulate"} <= set(sweep_backward.MORE_OPS)
+    (w,) = sweep_backward.rows(("8B",), 16384, ("weight_grad_gate_up",))
+    assert (w.M, w.N, w.K, w.major) == (28672, 4096, 16384, "mn")
+
+
 def test_sweep_backward_parses_sustained_and_more_ops(monkeypatch):
     seen = {}
     monkeypatch.setattr(common, "gpu_info", lambda: (_ for _ in ()).throw(SystemExit(0)))

@@ -177,14 +177,39 @@ def test_wide_deep_pingpong_takes_swizzle_8():
     assert tuning.heuristic(16384, 6144, 2048, epilogue=heads_128).swizzle == 4
     assert tuning.heuristic(2048, 6144, 4096, epilogue=heads_128) != tuning.PINGPONG_S8
     assert tuning.heuristic(16384, 6144, 4096, epilogue=heads_128, major="kn") != tuning.PINGPONG_S8
-    # a tile load too, from N = 4096 (linear + residual + norm statistic at Llama-8B's 16384x4096x4096: 1.061x
-    # cuBLAS against 1.081x with swizzle 4); N = 2048 and K = 2048 keep swizzle 4
+    # a tile load too; N = 2048 and K = 2048 keep swizzle 4
     loads = dataclasses.replace(heads_128, tile_load=True)
     assert tuning.heuristic(16384, 6144, 4096, epilogue=loads) == tuning.PINGPONG_S8
-    assert tuning.heuristic(16384, 4096, 4096, epilogue=loads) == tuning.PINGPONG_S8
     assert tuning.heuristic(16384, 2048, 2048, epilogue=loads).swizzle == 4
     assert tuning.heuristic(16384, 4096, 2048, epilogue=loads).swizzle == 4
     assert tuning.for_every_m(tuning.PINGPONG_S8) == tuning.PINGPONG
+
+
+def test_pingpong_at_n_4096_takes_swizzle_8_along_m():
+    """Ping-pong 128x128 at 4096 <= N < 6144 and K >= 4096 with 32 or more M tiles, K-major or W read N-major (the dX
+    GEMMs): swizzle 8 rastered along M, the same kernel (Llama-8B's linear + residual + norm statistic 1.044x cuBLAS
+    against 1.072x at swizzle 4, its RMSNorm backward 1.072x against 1.095x, its dX GEMM 1.005x against 1.027x; H200,
+    sweep_residual_norm_raster_h200.json, sweep_backward_kn_launch_h200.json), also where a 128x256 epilogue would
+    leave its mainloop too few stages (the RMSNorm backward's); N = 2048 (Llama-1B), fewer M tiles, a shorter K and
+    weight gradients keep their choice."""
+    loads = dataclasses.replace(POINTWISE, nodes=19, tall_192=False, tile_load=True)
+    for major in ("kk", "kn"):
+        cfg = tuning.heuristic(16384, 4096, 4096, epilogue=loads, major=major)
+        assert cfg == tuning.PINGPONG_S8_ALONG_M and (cfg.swizzle, cfg.raster) == (8, "along_m")
+        assert cfg.kernel == tuning.PINGPONG.kernel
+        assert tuning.heuristic(16384, 2048, 4096, epilogue=loads, major=major).swizzle == 4
+        assert tuning.heuristic(2048, 4096, 4096, epilogue=loads, major=major) != tuning.PINGPONG_S8_ALONG_M
+        assert tuning.heuristic(16384, 4096, 2048, epilogue=loads, major=major) != tuning.PINGPONG_S8_ALONG_M
+    assert tuning.heuristic(16384, 4096, 4096, epilogue=loads, major="mn") != tuning.PINGPONG_S8_ALONG_M
+    # N >= 6144 keeps the heuristic's raster (K-major) or swizzle 4 (N-major)
+    assert tuning.heuristic(16384, 6144, 4096, epilogue=loads) == tuning.PINGPONG_S8
+    # the RMSNorm backward's epilogue (two tile loads, two stores, column sums: too few stages for 128x256) at
+    # Llama-8B's 16384x4096x6144 and, with dx_in, x28672
+    norm_bwd = dataclasses.replace(loads, col_reduce=True, large_stages=2)
+    for K in (6144, 28672):
+        assert tuning.heuristic(16384, 4096, K, epilogue=norm_bwd, major="kn") == tuning.PINGPONG_S8_ALONG_M
+    assert tuning.heuristic(16384, 2048, 3072, epilogue=norm_bwd, major="kn") == tuning.PINGPONG
+    assert tuning.for_every_m(tuning.PINGPONG_S8_ALONG_M) == tuning.PINGPONG
 
 
 def test_narrow_n_takes_128x192_for_a_light_epilogue():
