@@ -219,10 +219,23 @@ struct EpilogueGemm {
     return align_up(Kernel::get_workspace_size(gemm_arguments(L, FusionArguments{})));
   }
 
+  // What a caller allocates for any launch of an M x N x K problem: the stream-K scheduler's workspace depends on
+  // the launch's swizzle and raster (they set its grid and how it splits the last waves; at 8192 x 128256 x 4096 in
+  // 128 x 256 tiles it needs none at swizzle 1 and some at 4), so the largest over every swizzle and raster a launch
+  // may name (the persistent schedulers' workspace does not depend on them).
   static size_t workspace_size(int64_t M, int64_t N, int64_t K, ReductionList const& reductions) {
     CodaLaunch L{};
     L.M = M; L.N = N; L.K = K; L.lda = K; L.ldb = K; L.ldd = N;
-    return gemm_workspace_bytes(L) + partials_bytes(reductions, M, N);
+    size_t gemm = 0;
+    for (int32_t swizzle : {1, 2, 4, 8}) {
+      for (int32_t raster : {0, 1, 2}) {
+        L.max_swizzle = swizzle;
+        L.raster_order = raster;
+        size_t const bytes = gemm_workspace_bytes(L);
+        if (bytes > gemm) gemm = bytes;
+      }
+    }
+    return gemm + partials_bytes(reductions, M, N);
   }
 
   // One launch of the persistent kernel: the grid the tile scheduler asks for, the kernel's whole
@@ -267,7 +280,8 @@ struct EpilogueGemm {
     cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
     if (L.M <= 0 || L.N <= 0 || L.K <= 0)
       return fail(CODA_ERROR_INVALID_ARGUMENT, "M, N and K must be positive", nullptr);
-    size_t need = workspace_size(L.M, L.N, L.K, reductions);
+    // this launch's own need (its swizzle, raster and CTA count), at most workspace_size()'s at one CTA per SM
+    size_t const need = gemm_workspace_bytes(L) + partials_bytes(reductions, L.M, L.N);
     if (need > 0 && (L.workspace == nullptr || L.workspace_bytes < need))
       return fail(CODA_ERROR_WORKSPACE, "workspace too small", nullptr);
 

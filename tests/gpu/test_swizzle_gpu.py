@@ -38,8 +38,13 @@ CONFIGS = (ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", major="kn"),
 SHAPES = [(1600, 2120, 200, 3), (1600, 2120, 200, 0), (2000, 3080, 72, 5), (200, 264, 136, 2)]
 
 
+#: Stream-K 128 x 256 (the cooperative kernel with CUTLASS's stream-K scheduler), the plain GEMM K-major
+STREAMK_WIDE = ce.KernelConfig((128, 256, 64), (1, 1), "streamk")
+
+
 def build_items() -> list:
-    return [(build(), "bfloat16", cfg) for build in GRAPHS.values() for cfg in CONFIGS]
+    return [(build(), "bfloat16", cfg) for build in GRAPHS.values() for cfg in CONFIGS] + \
+        [(graphs.identity(), "bfloat16", STREAMK_WIDE)]
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +105,30 @@ def test_fitted_grid_is_bit_identical_to_the_padded_grid(ops, name, cfg, M, N, K
                 assert not torch.isnan(t).any(), f"{name}/{fitted.tag}: {out_name} has unwritten elements"
             assert_same_bits(got, want, f"{name}/{fitted.tag} vs {padded.tag}")
             assert tuning.scheduled_tiles(fitted, M, N) <= tuning.scheduled_tiles(padded, M, N)
+
+
+def test_streamk_launches_at_every_swizzle_and_raster():
+    """Regression: the stream-K scheduler's workspace depends on the launch's swizzle and raster, and the op's
+    workspace was sized at swizzle 1 with the heuristic's raster: at 8192 x 128256 x 4096 in 128 x 256 tiles that
+    needed none, swizzle 4 some, and the launch failed in CUTLASS's initialize ("Workspace Null"). Now the size is
+    the largest over every swizzle and raster: each launch runs, its output (sampled rows, every column) is the GEMM
+    within the rule against fp64, and a second launch with the same arguments gives the same bits (the split of the
+    last waves, and so the order of each tile's partial sums, follows the swizzle and raster: launches that differ
+    in them differ by rounding)."""
+    M, N, K = 8192, 128256, 4096
+    op = ce.compile(graphs.identity(), "bfloat16", STREAMK_WIDE)
+    gen = rand.generator("streamk_workspace", device="cuda")
+    A, W, inputs = rand.op_inputs(op, M, N, K, gen)
+    rows = torch.randperm(M, generator=torch.Generator().manual_seed(3))[:64].to(A.device)
+    ref = A[rows].double() @ W.double().t()
+    same_dtype = (A[rows] @ W.t()).double()
+    for raster in ("heuristic", "along_m", "along_n"):
+        for swizzle in (1, 2, 4, 8):
+            op.config = dataclasses.replace(STREAMK_WIDE, swizzle=swizzle, raster=raster)
+            label = f"stream-K {M}x{N}x{K} swizzle {swizzle} {raster}"
+            (first,) = op(A, W, out=checks.nan_outputs(op, M, N), **inputs).values()
+            (again,) = op(A, W, out=checks.nan_outputs(op, M, N), **inputs).values()
+            torch.cuda.synchronize()
+            checks.assert_within_rule(label, first[rows].double(), ref, same_dtype, lambda line: None,
+                                      "torch_bf16_err", "PyTorch in bfloat16")
+            assert torch.equal(first, again), f"{label}: a second launch differs"
