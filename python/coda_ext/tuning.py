@@ -72,9 +72,19 @@ COOP_SMALL = KernelConfig((128, 128, 64), (1, 1), "cooperative")
 #: PINGPONG whose two warp groups' epilogues may run at the same time (csrc/kernels/sm90_pingpong_overlap.cuh):
 #: where PINGPONG is chosen over K <= SHORT_K with an epilogue to run (see heuristic)
 OVERLAP = dataclasses.replace(PINGPONG, schedule="overlap")
+#: LARGE's tiles and clusters with CUTLASS's stream-K scheduler (full waves data-parallel, the tiles of the last wave
+#: split along K across every SM): for a weight gradient ("mn") with a light epilogue (at most LIGHT_STREAMK_NODES
+#: lowered nodes, no reduction) whose grid of LARGE's tiles leaves its last wave at most STREAMK_MAX_FILL full over 8
+#: waves or more. Llama-8B's gate/up weight gradient (28672 x 4096 x 16384: 3584 tiles on 132 SMs, 27.15 waves) 0.968x
+#: cuBLAS against 0.996x, accumulating into the gradient 0.980x against 1.005x; where the last wave was 52-88 % full
+#: (every other weight gradient, the LM head's, linear + residual, the plain GEMM) stream-K was level or up to 1.6
+#: points slower (H200, one run, benchmarks/results/sweep_backward_streamk_h200.json, sweep_identity_streamk_h200.json)
+STREAMK_LARGE = KernelConfig((128, 256, 64), (2, 1), "streamk", swizzle=4)
+STREAMK_MAX_FILL = 0.25
+LIGHT_STREAMK_NODES = 5
 HEURISTIC_CONFIGS: tuple[KernelConfig, ...] = (LARGE, LARGE_TALL, PINGPONG, PINGPONG_PAIR_LOADS, PINGPONG_S8, WIDE,
                                                MEDIUM, WAVE_FILL, SKINNY, TALL_192, TALL_192_S8, TALL_192_ALONG_N,
-                                               TALL_192_PAIRS, OVERLAP, PINGPONG_S8_ALONG_M)
+                                               TALL_192_PAIRS, OVERLAP, PINGPONG_S8_ALONG_M, STREAMK_LARGE)
 STREAMK = KernelConfig((128, 128, 64), (1, 1), "streamk")
 #: What config="tune" measures: the heuristic's configs, stream-K and cooperative 128x128.
 CANDIDATES: tuple[KernelConfig, ...] = HEURISTIC_CONFIGS + (STREAMK, COOP_SMALL)
@@ -221,6 +231,9 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       at 1.65x cuBLAS in cooperative 128x256 2x1 with two stages and 1.13-1.19x in ping-pong 128x128
       with five; benchmarks/results/norm_backward_configs_h100.txt, docs/measured.md), or 128x192 where that
       epilogue is N-major over K >= 8192 and N <= 2048 (_deep_narrow_kn: Llama-1B's RMSNorm backward with dx_in);
+    - a weight gradient ("mn") with a light epilogue (the plain GEMM or the accumulating one) where cooperative
+      128x256 2x1 runs 8 waves or more and leaves its last one at most a quarter full: the same tiles with the stream-K
+      scheduler (STREAMK_LARGE: Llama-8B's gate/up weight gradient 0.968x cuBLAS against 0.996x);
     - and the choice's swizzle halved while it pads the scheduler's grid by more than MAX_SWIZZLE_PADDING
       (fit_swizzle: a launch argument, the same kernel); a weight gradient's ("mn": both operands read along M
       and N) first tries the other raster at its swizzle (fit_swizzle's flip)."""
@@ -248,9 +261,21 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
             return PINGPONG_S8_ALONG_M
         if major == "kk":
             return PINGPONG_S8
+    if choice == LARGE and _last_wave_nearly_empty(M, N, sms, epilogue, major):
+        return STREAMK_LARGE
     if choice == LARGE and -(-M // 128) >= 32:
         return LARGE_TALL
     return choice
+
+
+def _last_wave_nearly_empty(M: int, N: int, sms: int, epilogue: Epilogue, major: str) -> bool:
+    """A weight gradient ("mn") with a light epilogue whose LARGE tiles run 8 waves or more and leave the last one at
+    most STREAMK_MAX_FILL full: STREAMK_LARGE spreads that wave's tiles over every SM."""
+    if major != "mn" or epilogue.col_reduce or epilogue.nodes > LIGHT_STREAMK_NODES:
+        return False
+    bm, bn = _ctas(LARGE, M, N)
+    tiles = bm * bn
+    return tiles >= 8 * sms and 0 < tiles % sms <= STREAMK_MAX_FILL * sms
 
 
 def _deep_narrow_kn(M: int, N: int, K: int, epilogue: Epilogue, major: str) -> bool:
@@ -353,7 +378,9 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
         tall = (TALL_192,)
     skip = ((TALL_192, TALL_192_S8, TALL_192_ALONG_N, TALL_192_PAIRS)
             + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
-            + ((OVERLAP,) if epilogue.plain or not _overlap_fits(epilogue) else ()))
+            + ((OVERLAP,) if epilogue.plain or not _overlap_fits(epilogue) else ())
+            + ((STREAMK_LARGE,) if major != "mn" or epilogue.col_reduce or epilogue.nodes > LIGHT_STREAMK_NODES
+               else ()))
     return tuple(c for c in HEURISTIC_CONFIGS if c not in skip) + tall
 
 

@@ -26,6 +26,10 @@ pytestmark = pytest.mark.gpu
 
 DEVICE = "cuda"
 MODELS = {"1b": (2048, 8192), "8b": (4096, 14336)}
+#: (d, f) of the cases beside the models': "gate_up_8b" is Llama-8B's gate/up weight gradient as weight_grad runs it
+#: (dW (28672, 4096)), whose grid of cooperative 128x256 tiles leaves the last wave nearly empty: over 4100 tokens
+#: the heuristic takes stream-K (tuning.STREAMK_LARGE)
+DIMS = {**MODELS, "gate_up_8b": (28672, 4096)}
 LEADS = ((333,), (2, 77), (1,))
 DTYPES = ("bfloat16", "float16")
 
@@ -40,7 +44,8 @@ def _cases():
                                                           "swiglu_backward")]
     # 33 M tiles over K = 16384 and N = 2048: the RMSNorm backward with dx_in in ping-pong 128x192 (tuning's
     # _deep_narrow_kn), rows that are not a multiple of the tile
-    return out + [("norm_backward_acc", "1b", (4100,), "bfloat16")]
+    return out + [("norm_backward_acc", "1b", (4100,), "bfloat16")] + \
+        [(op, "gate_up_8b", (4100,), "bfloat16") for op in ("weight_grad", "weight_grad_acc", "weight_grad_scaled")]
 
 
 CASES = _cases()
@@ -73,7 +78,7 @@ def build_items(sms: int | None = None) -> list:
         gemms = []
         for op, model, lead, dt in CASES:
             if dt == dtype:
-                args, major, mnk = _gemm(op, *MODELS[model], math.prod(lead))
+                args, major, mnk = _gemm(op, *DIMS[model], math.prod(lead))
                 gemms.append((_MODULE[op].graph(*args), major, mnk))
         if dtype == "bfloat16":
             gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.gemms(M, V, d, True, LM_CHUNK_BYTES)]
@@ -99,7 +104,7 @@ def kernels():
 def _inputs(op, model, lead, dtype):
     gen = rand.generator(op, model, lead, dtype, device=DEVICE)
     dt = getattr(torch, dtype)
-    d, f = MODELS[model]
+    d, f = DIMS[model]
     def r(*s, scale=1.0):
         return rand.randn(gen, *s, dtype=dt, scale=scale)
     rstd = rand.positive(gen, lead)

@@ -620,3 +620,29 @@ def test_short_k_epilogues_take_the_overlap_schedule():
     assert tuning.fits(tuning.OVERLAP, TILE)
     assert tuning.heuristic(4096, 4096, 256, epilogue=PLAIN, major="kn") == tuning.PINGPONG
     assert tuning.OVERLAP not in tuning.heuristic_configs(PLAIN)
+
+
+def test_weight_gradient_with_a_nearly_empty_last_wave_takes_stream_k():
+    """A weight gradient ("mn") with a light epilogue whose cooperative 128x256 2x1 grid runs 8 waves or more and leaves
+    the last one at most a quarter full: the same tiles with the stream-K scheduler (Llama-8B's gate/up weight
+    gradient, 28672 x 4096 x 16384: 3584 tiles, 27.15 waves on 132 SMs, 0.968x cuBLAS against 0.996x; accumulating
+    0.980x against 1.005x; H200, sweep_backward_streamk_h200.json). Fuller last waves (the 8B down, o and qkv weight
+    gradients, 1B's gate/up at 7.76 waves), K-major and N-major GEMMs, few waves and heavier epilogues keep the
+    persistent scheduler."""
+    from coda_ext import graphs
+    from coda_ext.passes import lower
+
+    plain = tuning.Epilogue.of(lower(graphs.linear(False).build(), "bfloat16"))
+    accumulate = tuning.Epilogue.of(lower(graphs.linear(True).build(), "bfloat16"))
+    for epilogue in (plain, accumulate):
+        cfg = tuning.heuristic(28672, 4096, 16384, epilogue=epilogue, major="mn")
+        assert cfg == tuning.STREAMK_LARGE and cfg.schedule == "streamk" and cfg.tile[:2] == (128, 256)
+        assert tuning.STREAMK_LARGE in tuning.heuristic_configs(epilogue, "mn")
+        assert tuning.STREAMK_LARGE not in tuning.heuristic_configs(epilogue, "kk")
+    for M, N in ((4096, 14336), (4096, 4096), (6144, 4096), (16384, 2048)):   # 13.6, 3.9, 5.8, 7.8 waves
+        assert tuning.heuristic(M, N, 16384, epilogue=plain, major="mn").schedule != "streamk", (M, N)
+    assert tuning.heuristic(28672, 4096, 16384, epilogue=plain, major="kk").schedule != "streamk"
+    heavy = dataclasses.replace(accumulate, nodes=tuning.LIGHT_STREAMK_NODES + 1)
+    assert tuning.heuristic(28672, 4096, 16384, epilogue=heavy, major="mn").schedule != "streamk"
+    reduces = dataclasses.replace(plain, col_reduce=True)
+    assert tuning.STREAMK_LARGE not in tuning.heuristic_configs(reduces, "mn")
