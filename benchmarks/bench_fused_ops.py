@@ -10,11 +10,12 @@ The speed goals of the rows are benchmarks/goals.py's.
 
     python -m coda_ext prebuild benchmarks/bench_fused_ops.py -j 16   # every kernel of both families
     python -m benchmarks.bench_fused_ops [--backward] [--models 8B 1B] [--ms 16384 1024 128] [--ops ...]
-        [--no-lm-head | --only-lm-head] [--compile-all-shapes] [--sustained] [--out NAME] [--dry-run]
+        [--no-lm-head | --only-lm-head] [--compile-all-shapes | --no-compile] [--sustained] [--out NAME] [--dry-run]
     python -m benchmarks.bench_fused_ops --merge results/f.json results/b.json --out ops_h200  # b: --backward
 
 torch.compile is timed at the training shapes (M = 16384 tokens, the LM head's 8192; compiling per shape
-costs ~10-30 s each), at every shape with --compile-all-shapes. --dry-run lists the rows and the kernels
+costs ~10-30 s each), at every shape with --compile-all-shapes, at none with --no-compile (the coda rows alone, a few
+seconds each; the torch.compile goal is then not measured). --dry-run lists the rows and the kernels
 they need (no GPU). Writes results/<out>.json (rows of both families, each marked "pass": forward or
 backward; default: ops_<gpu>.json, <gpu> the GPU it runs on: h100, h200, …) and the .png beside it.
 --sustained times every variant at the GPU's power limit, where a training step runs (common.time_sustained:
@@ -249,17 +250,24 @@ def _fused(graph) -> bool:
     return graph.build().digest() != graphs.identity().build().digest()
 
 
-def run(selected, reps, compile_all=False, sustained=False):
+def with_compile(tokens: int, compile_all: bool = False, no_compile: bool = False) -> bool:
+    """Whether a row times torch.compile: at the training shapes (every shape with compile_all), never with
+    no_compile."""
+    return not no_compile and (compile_all or tokens not in goals.SMALL_M)
+
+
+def run(selected, reps, compile_all=False, sustained=False, no_compile=False):
     """Rows of the selected cases; sustained: each variant timed as blocks of back-to-back calls at the GPU's
-    power limit (common.time_sustained, a quarter of the rounds) instead of alone after an L2 flush."""
+    power limit (common.time_sustained, a quarter of the rounds) instead of alone after an L2 flush; no_compile:
+    without torch.compile (no compile time; its goal then not measured)."""
     results = []
     for case in selected:
         fields = row_fields(case)
-        train = fields["tokens"] not in goals.SMALL_M
+        comp = with_compile(fields["tokens"], compile_all, no_compile)
         if isinstance(case, backward_gemms.Gemm):
-            variants, cfg = _backward_variants(case, with_compile=train or compile_all)
+            variants, cfg = _backward_variants(case, with_compile=comp)
         else:
-            variants, cfg = _variants(*case, with_compile=train or compile_all, with_liger=case[0] == "lm_head_ce")
+            variants, cfg = _variants(*case, with_compile=comp, with_liger=case[0] == "lm_head_ce")
         for fn in variants.values():  # warm up: kernels, torch.compile, autotuning
             fn(0)
             fn(1)
@@ -276,7 +284,7 @@ def run(selected, reps, compile_all=False, sustained=False):
     return results
 
 
-def dry_run(selected, compile_all=False) -> list[str]:
+def dry_run(selected, compile_all=False, no_compile=False) -> list[str]:
     """One line per row: its variants and the two kernels it needs (op and plain twin, config "auto" picks on
     an H100); then the count of distinct kernels (build them with `python -m coda_ext prebuild
     benchmarks/bench_fused_ops.py`)."""
@@ -290,7 +298,7 @@ def dry_run(selected, compile_all=False) -> list[str]:
         cfg = TunedOp(graph, "bfloat16", tune=False, major=major).config_for(*mnk, tuning.DEFAULT_SMS)
         digest = graph.build().digest()
         kernels |= {(digest, cfg.tag), (identity, cfg.tag)}
-        compiled = ", torch.compile" if compile_all or f["tokens"] not in goals.SMALL_M else ""
+        compiled = ", torch.compile" if with_compile(f["tokens"], compile_all, no_compile) else ""
         out.append(f"{f['pass']} {f['op']} {f['model']} tokens={f['tokens']} {f['M']}x{f['N']}x{f['K']} {major}: "
                    f"cublas, coda [{digest} {cfg.tag}], {PLAIN} [identity {cfg.tag}], eager{compiled}")
     out.append(f"{len(selected)} rows, {len(kernels)} kernels")
@@ -388,6 +396,8 @@ def main(argv=None):
                    "pause; results default to ops_sustained_<gpu>.json")
     p.add_argument("--compile-all-shapes", action="store_true", help="torch.compile at every shape, not only the "
                    "training shapes")
+    p.add_argument("--no-compile", action="store_true", help="leave torch.compile out at every shape (no compile "
+                   "time; the torch.compile goal is then not measured)")
     p.add_argument("--out", default=None, help="a name under benchmarks/results/, or a path ending in .json "
                    "(default: ops_<gpu>, <gpu> the GPU it runs on, or with --merge the merged runs': h100, h200, …)")
     p.add_argument("--merge", nargs="+", default=None, help="combine earlier result files instead of running")
@@ -398,10 +408,10 @@ def main(argv=None):
     else:
         selected = select(a, p)
         if a.dry_run:
-            print("\n".join(dry_run(selected, a.compile_all_shapes)))
+            print("\n".join(dry_run(selected, a.compile_all_shapes, a.no_compile)))
             return 0
         doc = {"gpu": common.gpu_info(), "timing": "sustained" if a.sustained else "interleaved",
-               "results": run(selected, a.reps, a.compile_all_shapes, a.sustained)}
+               "results": run(selected, a.reps, a.compile_all_shapes, a.sustained, a.no_compile)}
     if a.out is None:   # named by the GPU the rows were measured on (the first merged file's)
         out = common.results_path("ops_sustained" if a.sustained else "ops", gpu=gpu_name(doc) or "cpu")
     else:

@@ -9,6 +9,7 @@ import torch
 
 from benchmarks import backward_gemms as bg
 from benchmarks import bench_fused_ops as bfo
+from benchmarks import goals
 from coda_ext import graphs, interpret
 from coda_ext.models import LlamaConfig
 from coda_ext.models.functions import training_kernels
@@ -222,3 +223,32 @@ def test_sustained_rows_time_blocks_at_the_power_limit(kernel_standin, monkeypat
     row = bfo.run([case], reps=20, sustained=True)[0]
     assert seen["reps"] == 5 and {"cublas", "coda", bfo.PLAIN} <= seen["variants"]
     assert row["epilogue_ratio"] == 1.0 and row["results"]["coda"]["median_ratio_to_cublas"] == 1.0
+
+
+def test_no_compile_leaves_torch_compile_out(kernel_standin, monkeypatch, capsys):
+    """--no-compile: no row compiles or times torch.compile (a full run's compile time, about 15 s a training row, is
+    most of its time), the dry run lists it nowhere, and the torch.compile goal reads "not measured"."""
+    import coda_ext
+
+    def no_compile(fn, *a, **k):
+        raise AssertionError("torch.compile called")
+
+    models = bfo.MODELS
+    monkeypatch.setattr(bfo, "MODELS", SMOKE)
+    monkeypatch.setattr(bfo, "DEVICE", "cpu")
+    monkeypatch.setattr(bfo, "_peak_memory", lambda fn: 0.0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stand-in")
+    monkeypatch.setattr(coda_ext, "compile", lambda graph, dtype, config: (lambda A, W: interpret(graph, A, W).out))
+    monkeypatch.setattr(bfo.common, "compile_for_one_shape", no_compile)
+    monkeypatch.setattr(bfo.common, "time_interleaved", lambda variants, reps: {n: [1.0, 1.0] for n in variants})
+    rows = bfo.run(bfo.cases(("tiny",), (32,))[:1] + bfo.backward_cases(("tiny",), (32,))[:1], reps=2,
+                   no_compile=True)
+    assert all(set(r["results"]) == {"cublas", "coda", bfo.PLAIN, "eager"} for r in rows)
+    goal = next(g for g in goals.check(op_rows=rows) if g.name == "no fused op slower than torch.compile")
+    assert goal.verdict == "not measured"
+    assert bfo.with_compile(16384) and not bfo.with_compile(128) and bfo.with_compile(128, compile_all=True)
+    assert not bfo.with_compile(16384, compile_all=True, no_compile=True)
+    monkeypatch.setattr(bfo, "MODELS", models)
+    assert bfo.main(["--dry-run", "--backward", "--models", "1B", "--ms", "16384", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    assert "torch.compile" not in out and "backward swiglu_backward_linear 1B" in out
