@@ -268,10 +268,16 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
     return choice
 
 
+def _streamk_may_take(epilogue: Epilogue, major: str) -> bool:
+    """A weight gradient ("mn") with a light epilogue (at most LIGHT_STREAMK_NODES lowered nodes, no column
+    reduction): the GEMMs STREAMK_LARGE was measured on."""
+    return major == "mn" and not epilogue.col_reduce and epilogue.nodes <= LIGHT_STREAMK_NODES
+
+
 def _last_wave_nearly_empty(M: int, N: int, sms: int, epilogue: Epilogue, major: str) -> bool:
     """A weight gradient ("mn") with a light epilogue whose LARGE tiles run 8 waves or more and leave the last one at
     most STREAMK_MAX_FILL full: STREAMK_LARGE spreads that wave's tiles over every SM."""
-    if major != "mn" or epilogue.col_reduce or epilogue.nodes > LIGHT_STREAMK_NODES:
+    if not _streamk_may_take(epilogue, major):
         return False
     bm, bn = _ctas(LARGE, M, N)
     tiles = bm * bn
@@ -379,8 +385,7 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     skip = ((TALL_192, TALL_192_S8, TALL_192_ALONG_N, TALL_192_PAIRS)
             + (() if epilogue.pair_loads else (PINGPONG_PAIR_LOADS,))
             + ((OVERLAP,) if epilogue.plain or not _overlap_fits(epilogue) else ())
-            + ((STREAMK_LARGE,) if major != "mn" or epilogue.col_reduce or epilogue.nodes > LIGHT_STREAMK_NODES
-               else ()))
+            + (() if _streamk_may_take(epilogue, major) else (STREAMK_LARGE,)))
     return tuple(c for c in HEURISTIC_CONFIGS if c not in skip) + tall
 
 
