@@ -7,7 +7,7 @@ and plain_ (the identity graph: the mainloop alone).
 
     python -m coda_ext prebuild benchmarks/sweep_backward.py -j 16
     python -m benchmarks.sweep_backward [--models 1B 8B] [--ops ...] [--configs TAG ...] [--launch s2,s8,along_m ...]
-        [--sustained] [--reps 10]
+        [--sustained] [--reps 10] [--bounds-tests]
 
 Each op runs as the ready op runs it, with its graph compiled in the swept config instead of "auto".
 Results: a JSON file in the results folder, named after the sweep and the GPU it runs on (sweep_backward_<gpu>.json,
@@ -192,6 +192,48 @@ def build_items(models=tuple(MODELS), tokens: int = 16384, ops=OPS, only=(), lau
     return items
 
 
+@contextlib.contextmanager
+def bounds_tests_kept():
+    """Inside, the emitter keeps every reduction's per-element bounds test (codegen/oob.py's analysis overridden):
+    a kernel as it was before the analysis learned to drop a test, beside the kernel without it (--bounds-tests)."""
+    import importlib
+
+    emit = importlib.import_module("coda_ext.codegen.emit")   # the module (the package exports a function emit)
+    original = emit.reduction_needs_bounds_check
+    emit.reduction_needs_bounds_check = lambda graph, node: True
+    try:
+        yield
+    finally:
+        emit.reduction_needs_bounds_check = original
+
+
+def prebuild(items, bounds_tests: bool = False) -> None:
+    """Builds the items' kernels in parallel; with bounds_tests also, in the same pool, each op kernel emitted with
+    its bounds tests kept where that is another kernel."""
+    import concurrent.futures
+
+    import coda_ext as ce
+    from coda_ext.jit import cached, kernel_source, nvcc
+
+    kept = []
+    if bounds_tests:
+        ops = [it for it in items if it[0].build().digest() != _identity_digest()]
+        plain = {kernel_source(*it).source for it in ops}
+        with bounds_tests_kept():
+            kept = [ks for ks in (kernel_source(*it) for it in ops) if ks.source not in plain and not cached(ks)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(kept) + 1) as pool:
+        futures = [pool.submit(nvcc.build, ks.source, ks.label) for ks in kept]
+        ce.prebuild(items)
+        for f in futures:
+            f.result()
+
+
+def _identity_digest() -> str:
+    from coda_ext import graphs
+
+    return graphs.identity().build().digest()
+
+
 #: The ops fixed_config compiled, kept across calls: each timed call enters fixed_config again, and compiling the
 #: graph anew there (its source emitted and hashed, its library looked up) was host time inside the timed span
 _FIXED_OPS: dict = {}
@@ -218,7 +260,7 @@ def fixed_config(cfg):
         ops_common.graph_op = original
 
 
-def sweep(g, reps: int, only=(), sustained: bool = False, launch=()) -> dict:
+def sweep(g, reps: int, only=(), sustained: bool = False, launch=(), bounds_tests: bool = False) -> dict:
     import torch
 
     import coda_ext as ce
@@ -241,6 +283,11 @@ def sweep(g, reps: int, only=(), sustained: bool = False, launch=()) -> dict:
         gen = torch.Generator(device="cuda").manual_seed(len(variants))
         args = [rand.op_inputs(kernel, g.M, g.N, g.K, gen) for _ in range(2)]
         variants[f"kernel_{cfg.tag}"] = lambda i, k=kernel, a=args: k(a[i][0], a[i][1], **a[i][2])
+        if bounds_tests:   # the same kernel with its reductions' bounds tests kept, where the analysis drops one
+            with bounds_tests_kept():
+                kept = ce.compile(g.graph(), "bfloat16", cfg)
+            if kept.source != kernel.source:
+                variants[f"kernel_{cfg.tag}_bounds_kept"] = lambda i, k=kept, a=args: k(a[i][0], a[i][1], **a[i][2])
         if not cfg.epilogue_stages:
             plain = ce.compile(graphs.identity(), "bfloat16", cfg)
             variants[f"plain_{cfg.tag}"] = lambda i, p=plain: p(*backward_gemms.operands(g, sets[i]))
@@ -265,19 +312,21 @@ def main(argv=None) -> None:
     p.add_argument("--sustained", action="store_true",
                    help="time each variant as blocks of back-to-back calls at the GPU's sustained (power-limited) "
                         "clocks (common.time_sustained) instead of one call after an L2 flush and a pause")
+    p.add_argument("--bounds-tests", action="store_true",
+                   help="also time each op kernel with its reductions' per-element bounds tests kept, where "
+                        "codegen/oob.py's analysis drops one (kernel_<tag>_bounds_kept)")
     p.add_argument("--out", default=None, help="results JSON (default: sweep_backward_<gpu>.json in "
                    "benchmarks/results/, <gpu> the GPU it runs on: h100, h200, …)")
     args = p.parse_args(argv)
 
-    import coda_ext as ce
-
     env = common.gpu_info()
     # every kernel of the rows and configs asked for, in parallel (each would otherwise build on its first call)
     launch = tuple(x for x in args.launch.split(",") if x)
-    ce.prebuild(build_items(tuple(args.models), args.tokens, tuple(args.ops), tuple(args.configs), launch))
+    prebuild(build_items(tuple(args.models), args.tokens, tuple(args.ops), tuple(args.configs), launch),
+             args.bounds_tests)
     doc = {"env": env, "timing": "sustained" if args.sustained else "interleaved", "rows": []}
     for g in rows(args.models, args.tokens, args.ops):
-        res = sweep(g, args.reps, tuple(args.configs), args.sustained, launch)
+        res = sweep(g, args.reps, tuple(args.configs), args.sustained, launch, args.bounds_tests)
         doc["rows"].append({"op": g.op, "model": g.model, "M": g.M, "N": g.N, "K": g.K, "major": g.major,
                             "variants": res})
         best = min((v for v in res if v.startswith("op_" if not args.sustained else "kernel_")),

@@ -178,7 +178,9 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
         rastered along N (PINGPONG_PAIR_LOADS): the kernel's DRAM reads fell from 5.0 to 3.9 GB and its
         time from 1.256x to 1.186x cuBLAS at 16384x14336x4096, from 1.65 to 1.25 GB and 1.440x to
         1.325x at 16384x8192x2048 (kernel alone, one run, benchmarks/results/sweep_raster_dswiglu_h100.json),
-        with its pair accesses in shared memory staggered (pair_smem, at PINGPONG_PAIR_LOADS);
+        with its pair accesses in shared memory staggered (pair_smem, at PINGPONG_PAIR_LOADS); over K >= 2048
+        where 128x192 tiles fit it, ping-pong 128x192 with swizzle 8 (TALL_192_S8: Llama's dSwiGLU at 8B 1.043x
+        against 1.084x, at 1B 1.18x against 1.20x);
     - the 2x1-cluster cooperative 128x256 config uses swizzle 8 with 32 or more M tiles (0-1.5 %
       faster than 4 in that sweep and at M = 8192 and 16384 in graphs_h100.json); with fewer the
       swizzled grid runs idle tiles: at 1024x28672x4096 swizzle 8 took 2.05-2.24x cuBLAS, 4 took
@@ -378,7 +380,7 @@ def heuristic_configs(epilogue: Epilogue = Epilogue(), major: str = "kk") -> tup
     tall = ()
     if major == "kk" and not epilogue.col_reduce and epilogue.tall_192:
         tall = (TALL_192, TALL_192_ALONG_N, TALL_192_PAIRS if epilogue.pairs else TALL_192_S8)
-    elif epilogue.pair_loads and epilogue.tall_192:   # the pair-tile epilogue over K >= 4096 (_by_shape)
+    elif epilogue.pair_loads and epilogue.tall_192:   # the pair-tile epilogue over K >= 2048 (_by_shape)
         tall = (TALL_192_S8,)
     elif major == "kn" and epilogue.tile_load and epilogue.col_reduce and epilogue.tall_192:   # _deep_narrow_kn
         tall = (TALL_192,)
@@ -414,12 +416,15 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) 
         if K > 4096 or (epilogue.plain and major == "kk"):
             return LARGE
         if epilogue.pair_loads and tiles_m >= 32:
-            # over K >= 4096, 128x192 tiles where they fit the pair-tile epilogue (dSwiGLU): half again the FLOPs per
+            # over K >= 2048, 128x192 tiles where they fit the pair-tile epilogue (dSwiGLU): half again the FLOPs per
             # operand byte now that the scheduler walks no padded tiles (14336 columns are 75 tiles of 192, which
-            # swizzle 8 had padded to 80): the 8B dSwiGLU (16384x14336x4096) 1.043x cuBLAS against 1.084x; over
-            # K = 2048 (1B) 1.245-1.263x against 1.220x, its epilogue pacing the kernel there (H200,
-            # benchmarks/results/sweep_backward_fitted_h200.json)
-            return TALL_192_S8 if K >= 4096 and epilogue.tall_192 else PINGPONG_PAIR_LOADS
+            # swizzle 8 had padded to 80): the 8B dSwiGLU (16384x14336x4096) 1.043x cuBLAS against 1.084x (H200,
+            # benchmarks/results/sweep_backward_fitted_h200.json). Over K = 2048 (1B) 128x192 lost while its row
+            # sum tested every element's bounds (1.245-1.263x against 1.220x; 8192 columns leave the last 192-wide
+            # tile part padding); without the test (codegen/oob.py: the summand is 0 in the padding) 1.176-1.181x
+            # against 1.194-1.200x in PINGPONG_PAIR_LOADS (two runs, sweep_dswiglu_bounds_h200.json and
+            # sweep_dswiglu_1b_192_h200.json; with the test kept 1.261x)
+            return TALL_192_S8 if K >= 2048 and epilogue.tall_192 else PINGPONG_PAIR_LOADS
         return PINGPONG
     return MEDIUM
 

@@ -88,12 +88,20 @@ def build_items(sms: int | None = None) -> list:
                       for g in lm_head_ce.gemms(M, V, d, s, train=True, train_chunk_bytes=LM_TRAIN_CHUNK_BYTES)]
             gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.dw_gemms(M, V, d, LM_TRAIN_CHUNK_BYTES)]
         items += auto_items(gemms, dtype, sms)
-    return items
+    return items + [(swiglu_backward.graph(), "bfloat16", c) for c in PADDED_CONFIGS]
 
 
 LM_SHAPES = ((333, 32000, 2048), (1024, 128256, 2048))   # (M, V, d)
 LM_CHUNK_BYTES = 8 * 2**20
 LM_TRAIN_CHUNK_BYTES = 16 * 2**20      # the training path in chunks of 256 (V 32000) and 128 rows (V 128256)
+
+
+#: Configs of the dSwiGLU whose last N tile is partly beyond N = 1000 (the row sum zdz runs without a per-element
+#: bounds test, codegen/oob.py): 128 wide (1000 = 7 · 128 + 104) and 192 wide (5 · 192 + 40), the latter also in
+#: 64 x 16 epilogue subtiles
+PADDED_CONFIGS = (ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", swizzle=8, major="kn"),
+                  ce.KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=8, major="kn"),
+                  ce.KernelConfig((128, 192, 64), (1, 1), "pingpong", swizzle=8, major="kn", epilogue_tile=(64, 16)))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -189,6 +197,25 @@ def test_backward_op(case, report):
         got = _run(op, args)
     torch.cuda.synchronize()
     _check("-".join(map(str, case)), got, _reference(op, args), _in_dtype(op, args), report)
+
+
+@pytest.mark.parametrize("config", PADDED_CONFIGS, ids=lambda c: c.tag)
+def test_swiglu_backward_row_sum_over_a_padded_last_tile(config, report):
+    """F = 1000: the last N tile's columns beyond F hold TMA's zeros, where the summand g·dg + u·du is 0 (dg's factor
+    1 + g(1 − σ(g)) is 1 there), so the row sum adds them without a bounds test; its rows must still equal the
+    reference's (z's padding read as 0, not as whatever lies beyond a row)."""
+    gen = rand.generator("padded_dswiglu", config.tag, device=DEVICE)
+    M, d, f = 333, 512, 1000
+    dy = rand.randn(gen, M, d, dtype=torch.bfloat16)
+    w = rand.randn(gen, d, f, dtype=torch.bfloat16, scale=d ** -0.5)
+    z = rand.randn(gen, M, 2 * f, dtype=torch.bfloat16, scale=3.0)
+    op = ce.compile(swiglu_backward.graph(), "bfloat16", config)
+    with nan_memory():
+        r = op(dy, w.t(), z=z)
+    torch.cuda.synchronize()
+    args = (dy, w, z)
+    _check(f"padded-{config.tag}", (r.dz, r.y, r.zdz), _reference("swiglu_backward", args),
+           _in_dtype("swiglu_backward", args), report)
 
 
 def test_backward_ops_repeat_bit_identical():

@@ -97,3 +97,20 @@ def test_kernel_symbols_name_each_loaded_kernel_by_graph_and_config(tmp_path):
     missing = object.__new__(rop.CompiledOp)
     missing.library_path = str(tmp_path / "absent.so")
     assert missing.device_symbol is None
+
+
+def test_an_op_s_key_names_its_kernel_source():
+    """Two kernels of one graph and config emitted differently (an ablation's override of the emitter: the dSwiGLU
+    with its row sum's bounds test kept) are two ops: one run_graph key for both ran whichever was compiled last."""
+    from benchmarks.sweep_backward import bounds_tests_kept
+    from coda_ext import graphs
+    from coda_ext.jit import kernel_source
+
+    ks = kernel_source(graphs.swiglu_backward_linear(), "bfloat16")
+    with bounds_tests_kept():
+        kept = kernel_source(graphs.swiglu_backward_linear(), "bfloat16")
+    assert kept.source != ks.source and kept.config == ks.config
+    key = rop.op_key(ks.graph, ks.dtype, ks.config, ks.source)
+    assert key != rop.op_key(kept.graph, kept.dtype, kept.config, kept.source)
+    assert key == rop.op_key(ks.graph, ks.dtype, ks.config, ks.source)
+    assert key.startswith(f"{ks.graph.digest()}|{ks.dtype}|{ks.config.tag}|")

@@ -63,3 +63,31 @@ def test_emitted_source_carries_the_choice():
     src = ce.emit_source(g, "bfloat16")
     assert src.count("RowReduce<Cfg, ReduceSum, /*CheckOOB=*/false>") == 1
     assert src.count("RowReduce<Cfg, ReduceSum>") == 1
+
+
+def test_values_the_padding_determines_are_evaluated_there():
+    """A factor that is not 0 beyond the problem but determined there (a function of zero leaves and constants,
+    evaluated in fp32) is finite, so its product with a value that is 0 there is 0: the dSwiGLU's row sum
+    g·dg + u·du, whose dg carries 1 + g(1 − σ(g)) (1 where g is 0), skips the test. Values that are infinite, or
+    so large that the GPU's approximations could make them so, or that read beside the padding (the partner
+    column of pair_swap) or a runtime value keep it."""
+    def build(g, acc):
+        x = g.tile("x")
+        g.output(acc)
+        sig = ce.sigmoid(x)
+        g.row_reduce("swiglu", x * (acc * sig * (1.0 + x * (1.0 - sig))), "sum")
+        g.row_reduce("shift", acc * (ce.exp(x) + 2.0), "sum")              # e^0 + 2 = 3
+        g.row_reduce("inf", acc * (1.0 / x), "sum")                         # 1/0 = inf: 0 · inf = nan
+        g.row_reduce("huge", acc * ce.exp(x + 50.0), "sum")                 # e^50 > 2^64: too close to overflow
+        g.row_reduce("partner", acc * (ce.pair_swap(x) + 1.0), "sum")       # the partner column is real data
+        g.row_reduce("runtime", acc * (x + g.scalar("alpha")), "sum")       # a runtime scalar may be inf
+        g.col_reduce("rows", acc * (g.row_vector("b") + 1.0), "sum")        # a row vector is real beyond M
+    assert _needs(build) == {"swiglu": False, "shift": False, "inf": True, "huge": True, "partner": True,
+                             "runtime": True, "rows": True}
+
+
+def test_the_library_dswiglu_row_sum_runs_without_the_bounds_test():
+    from coda_ext import graphs
+
+    src = ce.emit_source(graphs.swiglu_backward_linear(), "bfloat16")
+    assert src.count("RowReduce<Cfg, ReduceSum, /*CheckOOB=*/false>") == 1

@@ -6,10 +6,21 @@ are 0 beyond their own length (CUTLASS fills them with the null default, 0). A r
 (over N) sees columns n >= N; a column reduction (over M) sees rows m >= M. If the reduced value
 is exactly 0 there and the reduction's identity is 0 (sum, sum of squares), the per-element
 bounds test can go. Everything not proven 0 keeps the test.
+
+A product is 0 there when one factor is 0 and the other finite. Finite: a finite leaf, a bounded function of a
+finite value, or a value the padding determines — an element-wise function of leaves that are 0 there and of
+constants, evaluated at those values in fp32 (the dSwiGLU's 1 + g(1 - sigmoid(g)) is 1 where g is 0). Such a value
+counts as finite only with every intermediate finite and far from overflow (|v| < 2**64), so the GPU's approximate
+functions cannot make it infinite.
 """
 from __future__ import annotations
 
+import math
+
+import torch
+
 from ..graph import ir
+from ..graph.kinds import KINDS
 
 #: f(0) == 0 exactly (and f is finite at 0).
 _ZERO_PRESERVING = ("neg", "abs", "sqrt", "square", "tanh", "silu", "relu", "gelu_tanh", "gelu_erf", "cast")
@@ -18,6 +29,13 @@ _FINITE_LEAVES = ("accumulator", "tile", "row_vector", "col_vector")
 #: Bounded element-wise kinds: finite where their input is (a GELU derivative of a tile that is 0 outside is
 #: 0.5 there, so dy · gelu_grad(x) is 0 outside with dy).
 _BOUNDED = ("tanh", "sigmoid", "gelu_erf_grad", "gelu_tanh_grad", "cos_turns", "sin_turns")
+#: Element-wise kinds whose value at an element depends on that element's inputs alone (not pair_swap,
+#: rotate_pairs or segment_reduce, which read the partner column or the segment: real data beside the padding),
+#: evaluated at the padding by their reference semantics.
+_EVALUATED = tuple(k for k in KINDS if "compute" in KINDS[k].flags and k not in
+                   ("pair_swap", "rotate_pairs", "segment_reduce", "keep_first", "turns"))
+#: The magnitude below which an evaluated value counts as finite on the GPU too.
+_FINITE_BOUND = 2.0 ** 64
 
 
 def zero_outside(graph: ir.GraphIR, node: int, axis: str) -> bool:
@@ -58,7 +76,37 @@ def _finite(graph: ir.GraphIR, node: int, axis: str) -> bool:
         return True
     if n.kind in _BOUNDED:
         return _finite(graph, n.inputs[0], axis)
-    return zero_outside(graph, node, axis)
+    return zero_outside(graph, node, axis) or padding_value(graph, node, axis) is not None
+
+
+def padding_value(graph: ir.GraphIR, node: int, axis: str) -> float | None:
+    """The value of `node` beyond the problem along `axis` when the padding determines it (its leaves are 0 there
+    or constants), evaluated in fp32; None where it does not, or where a value on the way is not finite or not
+    below _FINITE_BOUND in magnitude."""
+    return _padding_value(graph, node, axis, {})
+
+
+def _padding_value(graph: ir.GraphIR, node: int, axis: str, memo: dict) -> float | None:
+    if node in memo:
+        return memo[node]
+    n = graph[node]
+    k = n.kind
+    if k in ("accumulator", "tile", "unpack") or (k == "row_vector" and axis == "cols") or \
+            (k == "col_vector" and axis == "rows"):
+        value = 0.0
+    elif k == "scalar" and n.attr("mode") == "constant":
+        value = float(n.attr("value"))
+    elif k in _EVALUATED or k == "cast":
+        inputs = [_padding_value(graph, i, axis, memo) for i in n.inputs]
+        if any(v is None for v in inputs):
+            return None
+        x = [torch.tensor(v, dtype=torch.float32) for v in inputs]
+        value = float(KINDS[k].interpret(None, n, *x).float()) if k != "cast" else \
+            float(x[0].to(getattr(torch, n.attr("dtype"))).float())
+    else:
+        value = math.nan
+    memo[node] = value if math.isfinite(value) and abs(value) < _FINITE_BOUND else None
+    return memo[node]
 
 
 def reduction_needs_bounds_check(graph: ir.GraphIR, node: int) -> bool:

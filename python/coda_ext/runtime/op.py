@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import re
 import weakref
 from typing import Any
@@ -51,6 +52,13 @@ def kernel_symbols() -> dict[str, str]:
     return out
 
 
+def op_key(graph: ir.GraphIR, dtype: str, config: KernelConfig, source: str) -> str:
+    """The key an op is registered under for run_graph: its graph, dtype and config, and its kernel's source (the
+    same graph and config emitted otherwise, as an ablation's override of the emitter does, is another kernel:
+    one key for both would run whichever was compiled last)."""
+    return f"{graph.digest()}|{dtype}|{config.tag}|{hashlib.sha256(source.encode()).hexdigest()[:16]}"
+
+
 def compile_config(graph: Any, dtype: Any, config: KernelConfig | None) -> CompiledOp:
     """The op of `graph` on one concrete kernel config, building its kernel on a cache miss."""
     from ..jit import kernel_source, nvcc
@@ -81,7 +89,7 @@ class CompiledOp(GraphOp):
         self._run = ctypes.cast(self._lib.coda_run, ctypes.c_void_p).value
         self._workspace = ctypes.cast(self._lib.coda_workspace_size, ctypes.c_void_p).value
         self._specs: dict[tuple[int, int], dict] = {}
-        self._init_interface(lowered, dtype, f"{graph.digest()}|{dtype}|{config.tag}")
+        self._init_interface(lowered, dtype, op_key(graph, dtype, config, source))
         _LOADED.add(self)   # once whole: a library that fails to load leaves no op behind
 
     @property
