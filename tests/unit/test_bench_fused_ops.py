@@ -44,7 +44,7 @@ def test_backward_rows_are_the_training_steps_gemms(capsys):
     assert out[-1] == f"{len(bg.STEP_OPS) + 2 * len(bg.LM_HEAD_OPS)} rows, " + out[-1].split(", ")[1]
     line = next(x for x in out if x.startswith("backward swiglu_backward_linear 1B"))
     assert "16384x8192x2048 kn" in line and "[identity " in line and "torch.compile" in line
-    assert "_kn_ps]" in line   # the operand layout the op launches, the dSwiGLU's staggered pairs (tuning)
+    assert "ping_128x192x64_c1x1_s8_kn]" in line   # the operand layout and the tiles the op launches (tuning)
 
 
 def test_every_kernel_of_a_training_step_is_prebuilt():
