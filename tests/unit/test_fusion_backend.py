@@ -125,6 +125,62 @@ def test_cpu_inputs_build_no_kernel_whatever_the_target(monkeypatch):
     assert cf.report_of(fused).kernels and built == []
 
 
+def _sized_inputs(B: int, T: int):
+    g = torch.Generator().manual_seed(100 * B + T)
+    x = torch.randn(B, T, 16, generator=g)
+    t = torch.randint(0, 24, (B, T), generator=g)
+    t[0, :2] = -100
+    return x, t
+
+
+def _matches_eager_at(compiled, eager, shapes) -> None:
+    """One fp32 step of each model at each (batch, sequence) shape: equal loss and gradients."""
+    for B, T in shapes:
+        x, t = _sized_inputs(B, T)
+        loss, grads = step(compiled, x, t)
+        loss_e, grads_e = step(eager, x, t)
+        torch.testing.assert_close(loss, loss_e, rtol=1e-6, atol=1e-6)
+        for got, want in zip(grads, grads_e, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fallback", ["eager", "inductor"])
+def test_a_dynamic_recompilation_is_fused_at_each_call_s_sizes(fallback):
+    """torch.compile(model, backend=...) without dynamic=False: a call at other sizes makes Dynamo compile the graph
+    with symbolic sizes, which ran unfused. Each shape it is called at is now fused at that shape (traced and
+    compiled on its first call there, the fallback compiler given that call's tensors; reused after), loss and
+    gradients equal to eager's, no graph break."""
+    torch.manual_seed(0)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    backend = cf.CodaBackend(fallback=fallback)
+    compiled = torch.compile(model, backend=backend)
+    counters.clear()
+    _matches_eager_at(compiled, eager, ((2, 8), (2, 12), (2, 5), (2, 12)))
+    graphs = backend.report.graphs
+    assert len(graphs) == 3   # the static graph at (2, 8); the symbolic one fused at T = 12 and 5 (12 again reused)
+    assert all(g.kernels for g in graphs) and not any("unfused" in g.note for g in graphs)
+    assert all("fused at one call's sizes (" in g.note for g in graphs[1:])
+    assert sum(counters["graph_break"].values()) == 0
+
+
+def test_past_the_specializations_a_symbolic_graph_runs_unfused(monkeypatch):
+    """Beyond MAX_SPECIALIZATIONS shapes the further ones run Dynamo's graph op by op (unfused), correct, and the
+    report says so once."""
+    from coda_ext.fusion import frontend
+
+    monkeypatch.setattr(frontend, "MAX_SPECIALIZATIONS", 1)
+    torch.manual_seed(0)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    backend = cf.CodaBackend(fallback="eager")
+    compiled = torch.compile(model, backend=backend)
+    _matches_eager_at(compiled, eager, ((2, 8), (2, 12), (2, 5), (2, 7)))
+    graphs = backend.report.graphs
+    assert len(graphs) == 3 and graphs[1].kernels and not graphs[2].kernels   # T = 12 fused; then said once
+    assert "more than 1 shapes" in graphs[2].note and "unfused" in graphs[2].note
+
+
 def test_the_registered_backend_name_and_options(capsys):
     torch.manual_seed(0)
     model = MLP()

@@ -13,6 +13,11 @@ What is not fused goes to the fallback compiler: "inductor" (torch.compile's def
 fused kernels are extern calls to it) or "eager" (the FX graphs run op by op). "auto" takes Inductor
 when the inputs are on CUDA and eager elsewhere (on CPU the kernels run in the reference interpreter,
 for tests: Inductor would only add compile time there).
+
+A graph Dynamo compiles with symbolic sizes (its automatic dynamic shapes: a second call at other sizes) is
+fused at the sizes of each call instead (PerShape): the first call at a shape traces it with those sizes,
+fuses and compiles it as above, later calls at that shape reuse it; beyond MAX_SPECIALIZATIONS shapes of one
+graph the rest run unfused (the fallback on the symbolic graph), and the report says so.
 """
 from __future__ import annotations
 
@@ -39,6 +44,9 @@ FALLBACKS = ("auto", "inductor", "eager")
 MAX_FOLD_ROUNDS = 3
 
 REPORT_ENV = "CODA_FUSION_REPORT"
+#: Shapes a graph with symbolic sizes is fused at (each a trace, a partition and the fallback's compile on its first
+#: call, as a static recompilation would cost); calls at further shapes run that graph unfused.
+MAX_SPECIALIZATIONS = 8
 
 
 @dataclasses.dataclass
@@ -261,6 +269,13 @@ class CodaBackend:
         self.plan_only = False      # plan(): stop once the graph is fused (nothing compiles or runs)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
+        if not self.plan_only and symbolic(example_inputs):
+            return PerShape(self, gm, example_inputs, kwargs)
+        return self.compile(gm, example_inputs, **kwargs)
+
+    def compile(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
+        """The graph fused (where its sizes are concrete) and compiled: AOTAutograd with the fusion in its
+        partition_fn, the fallback compiler on what is left."""
         from torch._functorch.aot_autograd import aot_module_simplified
         from torch._functorch.partitioners import default_partition
 
@@ -310,6 +325,56 @@ class CodaBackend:
                 prebuild(items)
         except CodaError as e:   # they build on first use instead (and say why there if they cannot)
             rep.note = (rep.note + "; " if rep.note else "") + f"prebuild failed: {e}"
+
+
+def symbolic(example_inputs: list[Any]) -> bool:
+    """Whether Dynamo compiled the graph with symbolic sizes: a size among its inputs, or a tensor of symbolic
+    shape."""
+    return any(isinstance(x, torch.SymInt) or
+               (isinstance(x, torch.Tensor) and not all(isinstance(s, int) for s in x.shape))
+               for x in example_inputs)
+
+
+class PerShape:
+    """A graph Dynamo compiled with symbolic sizes, fused at the concrete sizes of each call: the first call at
+    a shape (its tensors' sizes and strides, its size arguments) compiles the graph traced at those sizes
+    (CodaBackend.compile with the call's inputs as example inputs), later calls at that shape run it. Past
+    MAX_SPECIALIZATIONS shapes the further ones run Dynamo's graph op by op (eager, unfused; compiling the
+    symbolic graph here, after Dynamo has made its guards, could specialize its sizes unguarded)."""
+
+    def __init__(self, backend: CodaBackend, gm: fx.GraphModule, example_inputs: list[Any], kwargs: dict):
+        self.backend, self.gm, self.kwargs = backend, gm, kwargs
+        self.compiled: dict[tuple, Callable] = {}
+        self.said = False   # the report has said that further shapes run unfused
+
+    @staticmethod
+    def key(args: tuple) -> tuple:
+        return tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in args)
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.key(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            fn = self._compile(key, args)
+        return fn(*args)
+
+    def _compile(self, key: tuple, args: tuple) -> Callable:
+        reports = self.backend.report.graphs
+        if len(self.compiled) >= MAX_SPECIALIZATIONS:
+            if not self.said:
+                self.said = True
+                self.backend.report.add(GraphReport(
+                    f"dynamic graph {len(reports)}", len(self.gm.graph.nodes), 0, "none", "unfused", 0.0, [], [],
+                    note=f"a graph Dynamo compiled with symbolic sizes, called at more than {MAX_SPECIALIZATIONS} "
+                         "shapes: the further shapes run it op by op, unfused"))
+            return self.gm.forward
+        first = len(reports)
+        fn = self.compiled[key] = self.backend.compile(self.gm, list(args), **self.kwargs)
+        for rep in reports[first:]:
+            rep.note = (rep.note + "; " if rep.note else "") + (
+                f"fused at one call's sizes ({len(self.compiled)} of at most {MAX_SPECIALIZATIONS} for a graph "
+                "Dynamo compiled with symbolic sizes)")
+        return fn
 
 
 def coda_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
