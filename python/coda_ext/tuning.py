@@ -111,6 +111,8 @@ class Epilogue:
     pairs: it stores pairs of adjacent columns at half width (SwiGLU);
     pair_loads: it reads a pair tile (M x 2N 16-bit values: the dSwiGLU's saved pre-activation);
     tall_192: a 128x192 tile fits it (its segments divide 192 and it leaves three mainloop stages);
+    bounds_tests: a reduction of it tests each element's bounds (codegen/oob.py could not show its input 0 beyond
+        the problem): per-element work that a tile partly beyond N pays;
     nodes: the lowered graph's node count (how much the epilogue computes and holds);
     overlap_stages: the mainloop stages OVERLAP leaves it (its epilogue storage counts twice);
     pingpong_stages: the mainloop stages PINGPONG leaves it."""
@@ -122,6 +124,7 @@ class Epilogue:
     pairs: bool = False
     pair_loads: bool = False
     tall_192: bool = True
+    bounds_tests: bool = False
     nodes: int = 0
     overlap_stages: int = 8
     pingpong_stages: int = 8
@@ -129,14 +132,17 @@ class Epilogue:
     @classmethod
     def of(cls, lowered: Any) -> Epilogue:
         from .codegen.constraints import mainloop_stages, segment_size
+        from .codegen.oob import reduction_needs_bounds_check
 
         kinds = {n.kind for n in lowered.nodes}
+        bounds_tests = any(lowered[i].kind in ("row_reduce", "col_reduce") and reduction_needs_bounds_check(lowered, i)
+                           for i in range(len(lowered)))
         segment = segment_size(lowered)
         tall_192 = (segment is None or 192 % segment == 0) and mainloop_stages(lowered, "bfloat16", TALL_192) >= 3
         return cls(plain=kinds <= {"accumulator", "output", "cast"}, tile_load=bool(kinds & {"tile", "pair_tile"}),
                    col_reduce="col_reduce" in kinds, large_stages=mainloop_stages(lowered, "bfloat16", LARGE),
                    pairs=bool(kinds & {"pair_gate", "pair_gated_store"}), pair_loads="pair_tile" in kinds,
-                   tall_192=tall_192, nodes=len(lowered.nodes),
+                   tall_192=tall_192, bounds_tests=bounds_tests, nodes=len(lowered.nodes),
                    overlap_stages=mainloop_stages(lowered, "bfloat16", OVERLAP),
                    pingpong_stages=mainloop_stages(lowered, "bfloat16", PINGPONG))
 
@@ -178,9 +184,9 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
         rastered along N (PINGPONG_PAIR_LOADS): the kernel's DRAM reads fell from 5.0 to 3.9 GB and its
         time from 1.256x to 1.186x cuBLAS at 16384x14336x4096, from 1.65 to 1.25 GB and 1.440x to
         1.325x at 16384x8192x2048 (kernel alone, one run, benchmarks/results/sweep_raster_dswiglu_h100.json),
-        with its pair accesses in shared memory staggered (pair_smem, at PINGPONG_PAIR_LOADS); over K >= 2048
-        where 128x192 tiles fit it, ping-pong 128x192 with swizzle 8 (TALL_192_S8: Llama's dSwiGLU at 8B 1.043x
-        against 1.084x, at 1B 1.18x against 1.20x);
+        with its pair accesses in shared memory staggered (pair_smem, at PINGPONG_PAIR_LOADS); where 128x192 tiles
+        fit it, over K >= 4096, or K >= 2048 where no reduction of it tests bounds, ping-pong 128x192 with swizzle 8
+        (TALL_192_S8: Llama's dSwiGLU at 8B 1.043x against 1.084x, at 1B 1.18x against 1.20x);
     - the 2x1-cluster cooperative 128x256 config uses swizzle 8 with 32 or more M tiles (0-1.5 %
       faster than 4 in that sweep and at M = 8192 and 16384 in graphs_h100.json); with fewer the
       swizzled grid runs idle tiles: at 1024x28672x4096 swizzle 8 took 2.05-2.24x cuBLAS, 4 took
@@ -423,8 +429,10 @@ def _by_shape(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) 
             # sum tested every element's bounds (1.245-1.263x against 1.220x; 8192 columns leave the last 192-wide
             # tile part padding); without the test (codegen/oob.py: the summand is 0 in the padding) 1.176-1.181x
             # against 1.194-1.200x in PINGPONG_PAIR_LOADS (two runs, sweep_dswiglu_bounds_h200.json and
-            # sweep_dswiglu_1b_192_h200.json; with the test kept 1.261x)
-            return TALL_192_S8 if K >= 2048 and epilogue.tall_192 else PINGPONG_PAIR_LOADS
+            # sweep_dswiglu_1b_192_h200.json; with the test kept 1.261x): over K < 4096 only where no reduction
+            # tests bounds
+            deep = K >= 4096 or (K >= 2048 and not epilogue.bounds_tests)
+            return TALL_192_S8 if deep and epilogue.tall_192 else PINGPONG_PAIR_LOADS
         return PINGPONG
     return MEDIUM
 

@@ -145,28 +145,29 @@ def _matches_eager_at(compiled, eager, shapes) -> None:
 
 
 @pytest.mark.parametrize("fallback", ["eager", "inductor"])
-def test_a_dynamic_recompilation_is_fused_at_each_call_s_sizes(fallback):
+def test_a_dynamic_recompilation_is_fused_at_the_shapes_that_recur(fallback):
     """torch.compile(model, backend=...) without dynamic=False: a call at other sizes makes Dynamo compile the graph
-    with symbolic sizes, which ran unfused. Each shape it is called at is now fused at that shape (traced and
-    compiled on its first call there, the fallback compiler given that call's tensors; reused after), loss and
-    gradients equal to eager's, no graph break."""
+    with symbolic sizes, which ran unfused only. It still compiles that graph unfused (a shape's first call runs
+    it), and the second call at a shape fuses the graph at that shape (the fallback compiler given the call's
+    tensors) for every later call there; loss and gradients equal to eager's throughout, no graph break."""
     torch.manual_seed(0)
     model = MLP()
     eager = copy.deepcopy(model)
     backend = cf.CodaBackend(fallback=fallback)
     compiled = torch.compile(model, backend=backend)
     counters.clear()
-    _matches_eager_at(compiled, eager, ((2, 8), (2, 12), (2, 5), (2, 12)))
+    _matches_eager_at(compiled, eager, ((2, 8), (2, 12), (2, 5), (2, 12), (2, 12), (2, 5)))
     graphs = backend.report.graphs
-    assert len(graphs) == 3   # the static graph at (2, 8); the symbolic one fused at T = 12 and 5 (12 again reused)
-    assert all(g.kernels for g in graphs) and not any("unfused" in g.note for g in graphs)
-    assert all("fused at one call's sizes (" in g.note for g in graphs[1:])
+    # the static graph at (2, 8); the symbolic one unfused; fused at T = 12 (its second call), then T = 5
+    assert len(graphs) == 4 and graphs[0].kernels and not graphs[1].kernels
+    assert "symbolic shapes" in graphs[1].note and "its second call fuses" in graphs[1].note
+    assert all(g.kernels and "fused at one shape (" in g.note for g in graphs[2:])
     assert sum(counters["graph_break"].values()) == 0
 
 
 def test_past_the_specializations_a_symbolic_graph_runs_unfused(monkeypatch):
-    """Beyond MAX_SPECIALIZATIONS shapes the further ones run Dynamo's graph op by op (unfused), correct, and the
-    report says so once."""
+    """Beyond MAX_SPECIALIZATIONS fused shapes the others keep running the graph compiled with symbolic sizes
+    (unfused), correct."""
     from coda_ext.fusion import frontend
 
     monkeypatch.setattr(frontend, "MAX_SPECIALIZATIONS", 1)
@@ -175,10 +176,9 @@ def test_past_the_specializations_a_symbolic_graph_runs_unfused(monkeypatch):
     eager = copy.deepcopy(model)
     backend = cf.CodaBackend(fallback="eager")
     compiled = torch.compile(model, backend=backend)
-    _matches_eager_at(compiled, eager, ((2, 8), (2, 12), (2, 5), (2, 7)))
+    _matches_eager_at(compiled, eager, ((2, 8), (2, 12), (2, 12), (2, 5), (2, 5), (2, 5)))
     graphs = backend.report.graphs
-    assert len(graphs) == 3 and graphs[1].kernels and not graphs[2].kernels   # T = 12 fused; then said once
-    assert "more than 1 shapes" in graphs[2].note and "unfused" in graphs[2].note
+    assert len(graphs) == 3 and graphs[2].kernels and not graphs[1].kernels   # T = 12 fused; T = 5 not
 
 
 def test_the_registered_backend_name_and_options(capsys):

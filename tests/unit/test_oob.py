@@ -86,6 +86,39 @@ def test_values_the_padding_determines_are_evaluated_there():
                              "runtime": True, "rows": True}
 
 
+def test_values_the_gpu_may_flush_or_that_are_singular_at_0_are_not_evaluated():
+    """The GPU's exp and reciprocal flush subnormals to 0: a tiny value counts as unknown (e^-100 is 3.8e-44 in fp32
+    on the CPU, 0 on the GPU, and 0/0 there is NaN); div, log, rsqrt and sqrt are not evaluated (beside a 0 the GPU's
+    approximate input may be 0 or below where fp32's is not)."""
+    def build(g, acc):
+        x = g.tile("x")
+        g.output(acc)
+        tiny = ce.exp(x - 100.0)
+        g.row_reduce("tiny", acc * tiny, "sum")
+        g.row_reduce("ratio", acc * (tiny / tiny), "sum")
+        g.row_reduce("log", acc * ce.log(x + 1.0), "sum")
+        g.row_reduce("small", acc * ce.exp(x - 40.0), "sum")   # e^-40 = 4e-18: normal, far from the flush
+    assert _needs(build) == {"tiny": True, "ratio": True, "log": True, "small": False}
+
+
+def test_the_padding_evaluation_visits_each_node_once():
+    """Shared subexpressions whose value is unknown are not walked again (it was exponential in the depth)."""
+    import time
+
+    g = ce.Graph()
+    acc = g.accumulator()
+    y = g.col_vector("v") + acc     # unknown beyond N (a column vector's real values)
+    for _ in range(40):
+        y = ce.sigmoid(y) + ce.tanh(y)
+    g.output(acc)
+    g.row_reduce("deep", acc * ce.exp(y), "sum")
+    lowered = lower(g.build(), "bfloat16")
+    t0 = time.perf_counter()
+    assert [reduction_needs_bounds_check(lowered, i) for i in range(len(lowered))
+            if lowered[i].kind == "row_reduce"] == [True]
+    assert time.perf_counter() - t0 < 5.0
+
+
 def test_the_library_dswiglu_row_sum_runs_without_the_bounds_test():
     from coda_ext import graphs
 

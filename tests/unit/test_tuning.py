@@ -445,6 +445,11 @@ def test_pair_tile_epilogues_launch_ping_pong_with_swizzle_8_along_n():
     # 1.20x at 16384x8192x2048 once the row sum skips its bounds test, H200)
     assert e.tall_192 and tuning.heuristic(16384, 14336, 4096, epilogue=e, major="kn") == tuning.TALL_192_S8
     assert tuning.heuristic(16384, 8192, 2048, epilogue=e, major="kn") == tuning.TALL_192_S8
+    assert not e.bounds_tests   # its row sum's summand is 0 beyond N (codegen/oob.py)
+    # a pair-tile epilogue whose reduction keeps its bounds test: 128x192 over K >= 4096 only (1B: 1.261x vs 1.214x)
+    checked = dataclasses.replace(e, bounds_tests=True)
+    assert tuning.heuristic(16384, 8192, 2048, epilogue=checked, major="kn") == tuning.PINGPONG_PAIR_LOADS
+    assert tuning.heuristic(16384, 14336, 4096, epilogue=checked, major="kn") == tuning.TALL_192_S8
     assert tuning.TALL_192_S8 in tuning.heuristic_configs(e, "kn")
     assert tuning.heuristic(2048, 14336, 4096, epilogue=e, major="kn") == tuning.PINGPONG
     assert tuning.heuristic(16384, 14336, 4096, epilogue=TILE, major="kn") == tuning.PINGPONG

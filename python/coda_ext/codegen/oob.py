@@ -10,8 +10,10 @@ bounds test can go. Everything not proven 0 keeps the test.
 A product is 0 there when one factor is 0 and the other finite. Finite: a finite leaf, a bounded function of a
 finite value, or a value the padding determines — an element-wise function of leaves that are 0 there and of
 constants, evaluated at those values in fp32 (the dSwiGLU's 1 + g(1 - sigmoid(g)) is 1 where g is 0). Such a value
-counts as finite only with every intermediate finite and far from overflow (|v| < 2**64), so the GPU's approximate
-functions cannot make it infinite.
+counts as finite only with every intermediate finite, far from overflow (|v| < 2**64) and 0 or far from underflow
+(|v| >= 2**-64: the GPU's exp and reciprocal flush subnormals to 0), and without the kinds that are singular at 0
+(div, log, rsqrt, sqrt: the GPU's approximate value beside a 0 may be 0 or below it where fp32's is not), so the
+GPU's approximate functions cannot make it infinite or NaN.
 """
 from __future__ import annotations
 
@@ -33,9 +35,12 @@ _BOUNDED = ("tanh", "sigmoid", "gelu_erf_grad", "gelu_tanh_grad", "cos_turns", "
 #: rotate_pairs or segment_reduce, which read the partner column or the segment: real data beside the padding),
 #: evaluated at the padding by their reference semantics.
 _EVALUATED = tuple(k for k in KINDS if "compute" in KINDS[k].flags and k not in
-                   ("pair_swap", "rotate_pairs", "segment_reduce", "keep_first", "turns"))
+                   ("pair_swap", "rotate_pairs", "segment_reduce", "keep_first", "turns",
+                    "div", "log", "rsqrt", "sqrt"))
 #: The magnitude below which an evaluated value counts as finite on the GPU too.
 _FINITE_BOUND = 2.0 ** 64
+#: The magnitude of a nonzero evaluated value below which it counts as unknown (flushed to 0 on the GPU).
+_TINY_BOUND = 2.0 ** -64
 
 
 def zero_outside(graph: ir.GraphIR, node: int, axis: str) -> bool:
@@ -99,13 +104,15 @@ def _padding_value(graph: ir.GraphIR, node: int, axis: str, memo: dict) -> float
     elif k in _EVALUATED or k == "cast":
         inputs = [_padding_value(graph, i, axis, memo) for i in n.inputs]
         if any(v is None for v in inputs):
+            memo[node] = None
             return None
         x = [torch.tensor(v, dtype=torch.float32) for v in inputs]
         value = float(KINDS[k].interpret(None, n, *x).float()) if k != "cast" else \
             float(x[0].to(getattr(torch, n.attr("dtype"))).float())
     else:
         value = math.nan
-    memo[node] = value if math.isfinite(value) and abs(value) < _FINITE_BOUND else None
+    ok = math.isfinite(value) and abs(value) < _FINITE_BOUND and (value == 0.0 or abs(value) >= _TINY_BOUND)
+    memo[node] = value if ok else None
     return memo[node]
 
 

@@ -14,10 +14,10 @@ fused kernels are extern calls to it) or "eager" (the FX graphs run op by op). "
 when the inputs are on CUDA and eager elsewhere (on CPU the kernels run in the reference interpreter,
 for tests: Inductor would only add compile time there).
 
-A graph Dynamo compiles with symbolic sizes (its automatic dynamic shapes: a second call at other sizes) is
-fused at the sizes of each call instead (PerShape): the first call at a shape traces it with those sizes,
-fuses and compiles it as above, later calls at that shape reuse it; beyond MAX_SPECIALIZATIONS shapes of one
-graph the rest run unfused (the fallback on the symbolic graph), and the report says so.
+A graph Dynamo compiles with symbolic sizes (its automatic dynamic shapes: a call at other sizes) is compiled
+as it is, unfused, and fused at the sizes of each shape it is called at again (PerShape): the second call at a
+shape traces the graph with those sizes, fuses and compiles it as above, and later calls at that shape reuse
+it, for up to MAX_SPECIALIZATIONS shapes of one graph; the report says which graphs are which.
 """
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ FALLBACKS = ("auto", "inductor", "eager")
 MAX_FOLD_ROUNDS = 3
 
 REPORT_ENV = "CODA_FUSION_REPORT"
-#: Shapes a graph with symbolic sizes is fused at (each a trace, a partition and the fallback's compile on its first
-#: call, as a static recompilation would cost); calls at further shapes run that graph unfused.
+#: Shapes a graph with symbolic sizes is fused at (each a trace, a partition and the fallback's compile on its second
+#: call, as a static recompilation would cost); further shapes run that graph as compiled with symbolic sizes, unfused.
 MAX_SPECIALIZATIONS = 8
 
 
@@ -336,44 +336,57 @@ def symbolic(example_inputs: list[Any]) -> bool:
 
 
 class PerShape:
-    """A graph Dynamo compiled with symbolic sizes, fused at the concrete sizes of each call: the first call at
-    a shape (its tensors' sizes and strides, its size arguments) compiles the graph traced at those sizes
-    (CodaBackend.compile with the call's inputs as example inputs), later calls at that shape run it. Past
-    MAX_SPECIALIZATIONS shapes the further ones run Dynamo's graph op by op (eager, unfused; compiling the
-    symbolic graph here, after Dynamo has made its guards, could specialize its sizes unguarded)."""
+    """A graph Dynamo compiled with symbolic sizes, fused at the concrete sizes of the shapes it is called at
+    again. Made inside Dynamo's compilation, it compiles the graph as it is (unfused: fuse_graph leaves a graph
+    of symbolic sizes to the fallback, under Dynamo's guards), which runs a shape's first call; the second call
+    at a shape (its symbolic inputs' sizes and strides, its size arguments) compiles the graph traced at those
+    sizes (CodaBackend.compile with the call's inputs, under a tracing context of static sizes, as Dynamo's own
+    runtime specializations do), which runs that shape from then on. A shape seen once (sequence lengths that
+    never recur) thus costs no compile; past MAX_SPECIALIZATIONS fused shapes the others keep the unfused graph."""
 
     def __init__(self, backend: CodaBackend, gm: fx.GraphModule, example_inputs: list[Any], kwargs: dict):
         self.backend, self.gm, self.kwargs = backend, gm, kwargs
+        first = len(backend.report.graphs)
+        self.generic = backend.compile(gm, example_inputs, **kwargs)
+        for rep in backend.report.graphs[first:]:
+            rep.note += (f"; a shape's first call runs it, its second call fuses the graph at that shape (at most "
+                         f"{MAX_SPECIALIZATIONS} shapes)")
+        #: the inputs whose sizes are symbolic (their sizes and strides key a shape), the size arguments
+        self.varying = tuple(i for i, x in enumerate(example_inputs) if symbolic([x]))
         self.compiled: dict[tuple, Callable] = {}
-        self.said = False   # the report has said that further shapes run unfused
+        self.seen: set[tuple] = set()
 
-    @staticmethod
-    def key(args: tuple) -> tuple:
-        return tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a for a in args)
+    def key(self, args: tuple) -> tuple:
+        return tuple((tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a
+                     for a in (args[i] for i in self.varying))
 
     def __call__(self, *args: Any) -> Any:
         key = self.key(args)
         fn = self.compiled.get(key)
         if fn is None:
-            fn = self._compile(key, args)
+            fn = self._specialize(key, args)
         return fn(*args)
 
-    def _compile(self, key: tuple, args: tuple) -> Callable:
-        reports = self.backend.report.graphs
-        if len(self.compiled) >= MAX_SPECIALIZATIONS:
-            if not self.said:
-                self.said = True
-                self.backend.report.add(GraphReport(
-                    f"dynamic graph {len(reports)}", len(self.gm.graph.nodes), 0, "none", "unfused", 0.0, [], [],
-                    note=f"a graph Dynamo compiled with symbolic sizes, called at more than {MAX_SPECIALIZATIONS} "
-                         "shapes: the further shapes run it op by op, unfused"))
-            return self.gm.forward
-        first = len(reports)
-        fn = self.compiled[key] = self.backend.compile(self.gm, list(args), **self.kwargs)
-        for rep in reports[first:]:
-            rep.note = (rep.note + "; " if rep.note else "") + (
-                f"fused at one call's sizes ({len(self.compiled)} of at most {MAX_SPECIALIZATIONS} for a graph "
-                "Dynamo compiled with symbolic sizes)")
+    def _specialize(self, key: tuple, args: tuple) -> Callable:
+        from torch._dynamo.convert_frame import compile_lock
+        from torch._guards import TracingContext, tracing
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        if key not in self.seen or len(self.compiled) >= MAX_SPECIALIZATIONS:
+            self.seen.add(key)
+            return self.generic
+        with compile_lock:   # one compilation at a time, as Dynamo's
+            if key in self.compiled:
+                return self.compiled[key]
+            reports = self.backend.report.graphs
+            first = len(reports)
+            with tracing(TracingContext(FakeTensorMode())):
+                fn = self.backend.compile(self.gm, list(args), **self.kwargs)
+            self.compiled[key] = fn
+            for rep in reports[first:]:
+                rep.note = (rep.note + "; " if rep.note else "") + (
+                    f"fused at one shape ({len(self.compiled)} of at most {MAX_SPECIALIZATIONS}) of a graph Dynamo "
+                    "compiled with symbolic sizes")
         return fn
 
 
