@@ -181,6 +181,35 @@ def test_past_the_specializations_a_symbolic_graph_runs_unfused(monkeypatch):
     assert len(graphs) == 3 and graphs[2].kernels and not graphs[1].kernels   # T = 12 fused; T = 5 not
 
 
+def test_torch_compile_s_mode_reaches_the_backend(monkeypatch):
+    """mode="reduce-overhead" (CUDA graphs) is Options(cudagraphs=True) where the fallback is Inductor; where it
+    cannot be (an eager fallback) or for another mode, a warning says it is not applied (it was ignored silently)."""
+    from coda_ext.fusion import cudagraphs, frontend
+
+    asked = []
+    original = cudagraphs.compilers
+
+    def compilers(*args, **kwargs):
+        asked.append(True)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(cudagraphs, "compilers", compilers)
+    opts = frontend.Options(fallback="inductor")
+    assert frontend._with_mode(opts, "reduce-overhead", "inductor").cudagraphs
+    assert frontend._with_mode(opts, None, "inductor") is opts and frontend._with_mode(opts, "default", "x") is opts
+    with pytest.warns(UserWarning, match="mode='max-autotune' is not applied"):
+        assert not frontend._with_mode(opts, "max-autotune", "inductor").cudagraphs
+    with pytest.warns(UserWarning, match="this one is eager"):
+        assert not frontend._with_mode(frontend.Options(), "reduce-overhead", "eager").cudagraphs
+    torch.manual_seed(0)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    compiled = torch.compile(model, backend=cf.CodaBackend(fallback="inductor"), mode="reduce-overhead")
+    x, t = mlp_inputs()
+    torch.testing.assert_close(step(compiled, x, t)[0], step(eager, x, t)[0], rtol=1e-6, atol=1e-6)
+    assert asked   # the fallback's CUDA-graph compilers (which record CUDA graphs only, and run the rest as before)
+
+
 def test_the_registered_backend_name_and_options(capsys):
     torch.manual_seed(0)
     model = MLP()

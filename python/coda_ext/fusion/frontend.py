@@ -285,6 +285,7 @@ class CodaBackend:
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
         target = opts.target if opts.target != "auto" else ("cuda" if on_cuda else "interpret")
         fallback = opts.fallback if opts.fallback != "auto" else ("inductor" if on_cuda else "eager")
+        opts = _with_mode(opts, kwargs.get("mode"), fallback)
         compile_fn = _stop if self.plan_only else _inductor if fallback == "inductor" else _eager
         gm = passes.gelu_tanh_form(gm)
 
@@ -325,6 +326,19 @@ class CodaBackend:
                 prebuild(items)
         except CodaError as e:   # they build on first use instead (and say why there if they cannot)
             rep.note = (rep.note + "; " if rep.note else "") + f"prebuild failed: {e}"
+
+
+def _with_mode(opts: Options, mode: str | None, fallback: str) -> Options:
+    """torch.compile's `mode` as the backend takes it: "reduce-overhead" (CUDA graphs) is Options(cudagraphs=True)
+    where the fallback is Inductor; any other mode but "default" is not applied, and said."""
+    if mode in (None, "default") or (mode == "reduce-overhead" and opts.cudagraphs):
+        return opts
+    if mode == "reduce-overhead" and fallback == "inductor":
+        return dataclasses.replace(opts, cudagraphs=True)
+    why = ("CUDA graphs record the Inductor fallback's graphs, and this one is eager" if mode == "reduce-overhead"
+           else "the fallback compiles in Inductor's default mode")
+    warnings.warn(f"coda fusion: torch.compile's mode={mode!r} is not applied ({why})", stacklevel=3)
+    return opts
 
 
 def symbolic(example_inputs: list[Any]) -> bool:
