@@ -195,12 +195,21 @@ def test_torch_compile_s_mode_reaches_the_backend(monkeypatch):
 
     monkeypatch.setattr(cudagraphs, "compilers", compilers)
     opts = frontend.Options(fallback="inductor")
-    assert frontend._with_mode(opts, "reduce-overhead", "inductor").cudagraphs
-    assert frontend._with_mode(opts, None, "inductor") is opts and frontend._with_mode(opts, "default", "x") is opts
-    with pytest.warns(UserWarning, match="mode='max-autotune' is not applied"):
-        assert not frontend._with_mode(opts, "max-autotune", "inductor").cudagraphs
-    with pytest.warns(UserWarning, match="this one is eager"):
-        assert not frontend._with_mode(frontend.Options(), "reduce-overhead", "eager").cudagraphs
+    assert frontend._with_mode(opts, "reduce-overhead", "inductor")[0].cudagraphs
+    assert frontend._with_mode(opts, None, "inductor") == (opts, None) == frontend._with_mode(opts, "default", "x")
+    tuned, why = frontend._with_mode(opts, "max-autotune", "inductor")
+    assert not tuned.cudagraphs and "mode='max-autotune' is not applied" in why and "default mode" in why
+    assert "the fallback is eager" in frontend._with_mode(frontend.Options(), "reduce-overhead", "eager")[1]
+    model = MLP()   # said once a backend, not at each graph it compiles (a dynamic recompilation compiles several)
+    compiled = torch.compile(model, backend=cf.CodaBackend(fallback="eager"), mode="max-autotune")
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for T in (8, 12, 12):
+            step(compiled, *_sized_inputs(2, T))
+    assert [str(w.message) for w in said if "is not applied" in str(w.message)] == \
+        ["coda fusion: torch.compile's mode='max-autotune' is not applied (the fallback is eager)"]
     torch.manual_seed(0)
     model = MLP()
     eager = copy.deepcopy(model)

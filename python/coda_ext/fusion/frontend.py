@@ -267,6 +267,7 @@ class CodaBackend:
         self.report = FusionReport()
         self.lowered: list[Lowered] = []
         self.plan_only = False      # plan(): stop once the graph is fused (nothing compiles or runs)
+        self.mode_said = False      # a torch.compile mode it does not apply has been warned of
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
         if not self.plan_only and symbolic(example_inputs):
@@ -285,7 +286,10 @@ class CodaBackend:
         on_cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
         target = opts.target if opts.target != "auto" else ("cuda" if on_cuda else "interpret")
         fallback = opts.fallback if opts.fallback != "auto" else ("inductor" if on_cuda else "eager")
-        opts = _with_mode(opts, kwargs.get("mode"), fallback)
+        opts, unapplied = _with_mode(opts, kwargs.get("mode"), fallback)
+        if unapplied and not self.mode_said:   # once a backend, not at each graph it compiles
+            self.mode_said = True
+            warnings.warn(unapplied, stacklevel=2)
         compile_fn = _stop if self.plan_only else _inductor if fallback == "inductor" else _eager
         gm = passes.gelu_tanh_form(gm)
 
@@ -328,17 +332,15 @@ class CodaBackend:
             rep.note = (rep.note + "; " if rep.note else "") + f"prebuild failed: {e}"
 
 
-def _with_mode(opts: Options, mode: str | None, fallback: str) -> Options:
+def _with_mode(opts: Options, mode: str | None, fallback: str) -> tuple[Options, str | None]:
     """torch.compile's `mode` as the backend takes it: "reduce-overhead" (CUDA graphs) is Options(cudagraphs=True)
-    where the fallback is Inductor; any other mode but "default" is not applied, and said."""
+    where the fallback is Inductor; any other mode but "default" is not applied: (the options, why not) then."""
     if mode in (None, "default") or (mode == "reduce-overhead" and opts.cudagraphs):
-        return opts
+        return opts, None
     if mode == "reduce-overhead" and fallback == "inductor":
-        return dataclasses.replace(opts, cudagraphs=True)
-    why = ("CUDA graphs record the Inductor fallback's graphs, and this one is eager" if mode == "reduce-overhead"
-           else "the fallback compiles in Inductor's default mode")
-    warnings.warn(f"coda fusion: torch.compile's mode={mode!r} is not applied ({why})", stacklevel=3)
-    return opts
+        return dataclasses.replace(opts, cudagraphs=True), None
+    why = "the fallback compiles in Inductor's default mode" if fallback == "inductor" else "the fallback is eager"
+    return opts, f"coda fusion: torch.compile's mode={mode!r} is not applied ({why})"
 
 
 def symbolic(example_inputs: list[Any]) -> bool:
@@ -356,7 +358,10 @@ class PerShape:
     at a shape (its symbolic inputs' sizes and strides, its size arguments) compiles the graph traced at those
     sizes (CodaBackend.compile with the call's inputs, under a tracing context of static sizes, as Dynamo's own
     runtime specializations do), which runs that shape from then on. A shape seen once (sequence lengths that
-    never recur) thus costs no compile; past MAX_SPECIALIZATIONS fused shapes the others keep the unfused graph."""
+    never recur) thus costs no compile; past MAX_SPECIALIZATIONS fused shapes the others keep the unfused graph.
+    A shape is the graph's symbolic inputs: the size arguments Dynamo passes (it makes sizes, and strides that
+    vary, into such arguments and guards the rest), and any other Python int among them, which a trace would
+    bake in (a graph whose int argument changes at every call is never fused)."""
 
     def __init__(self, backend: CodaBackend, gm: fx.GraphModule, example_inputs: list[Any], kwargs: dict):
         self.backend, self.gm, self.kwargs = backend, gm, kwargs
@@ -365,7 +370,8 @@ class PerShape:
         for rep in backend.report.graphs[first:]:
             rep.note += (f"; a shape's first call runs it, its second call fuses the graph at that shape (at most "
                          f"{MAX_SPECIALIZATIONS} shapes)")
-        #: the inputs whose sizes are symbolic (their sizes and strides key a shape), the size arguments
+        #: the symbolic inputs, whose values key a shape (size arguments; a tensor of symbolic sizes would key by
+        #: its sizes and strides)
         self.varying = tuple(i for i, x in enumerate(example_inputs) if symbolic([x]))
         self.compiled: dict[tuple, Callable] = {}
         self.seen: set[tuple] = set()
@@ -386,7 +392,9 @@ class PerShape:
         from torch._guards import TracingContext, tracing
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        if key not in self.seen or len(self.compiled) >= MAX_SPECIALIZATIONS:
+        if len(self.compiled) >= MAX_SPECIALIZATIONS:
+            return self.generic
+        if key not in self.seen:
             self.seen.add(key)
             return self.generic
         with compile_lock:   # one compilation at a time, as Dynamo's
