@@ -128,13 +128,21 @@ def clocks_while(fn, seconds: float = 2.0, period_ms: int = 100) -> dict | None:
 
 def commit() -> str:
     """The commit results are recorded against: $CODA_COMMIT (or $CODA_BENCH_COMMIT) where the tree was
-    copied to the machine without its git metadata (or with stale metadata), else `git rev-parse HEAD`."""
+    copied to the machine without its git metadata (or with stale metadata), else `git rev-parse HEAD`, with
+    "+modified" where the tracked files differ from that commit (uncommitted changes, or a copy whose git
+    metadata is older than its files): such results are not that commit's."""
     named = os.environ.get("CODA_COMMIT") or os.environ.get("CODA_BENCH_COMMIT")
     if named:
         return named
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=HERE, timeout=10).stdout.strip()
+
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=HERE,
-                              timeout=10).stdout.strip() or "unknown"
+        head = git("rev-parse", "HEAD")
+        if not head:
+            return "unknown"
+        return head + ("+modified" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.SubprocessError):  # no git, or it hung
         return "unknown"
 

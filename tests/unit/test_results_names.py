@@ -49,3 +49,32 @@ def test_gpu_spec_reads_device_names():
     assert current_gpu() == "H100 SXM"   # no GPU here: the default
     with pytest.raises(ValueError, match="unknown GPU"):
         gpu_spec("NVIDIA A100-SXM4-80GB")
+
+
+def test_results_name_the_commit_and_whether_the_tree_differs_from_it(tmp_path, monkeypatch):
+    """A results file records `git rev-parse HEAD`; where the tracked files differ from that commit (uncommitted
+    changes, or a tree copied to a machine with stale git metadata) it says so ("+modified"): such numbers are
+    not that commit's. $CODA_COMMIT overrides both."""
+    import subprocess
+
+    from benchmarks import common
+
+    def git(*args):
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "first")
+    sha = git("rev-parse", "HEAD")
+    monkeypatch.delenv("CODA_COMMIT", raising=False)
+    monkeypatch.delenv("CODA_BENCH_COMMIT", raising=False)
+    monkeypatch.setattr(common, "HERE", tmp_path)
+    assert common.commit() == sha
+    (tmp_path / "untracked.txt").write_text("results\n")   # untracked files do not count
+    assert common.commit() == sha
+    (tmp_path / "a.txt").write_text("two\n")
+    assert common.commit() == sha + "+modified"
+    monkeypatch.setenv("CODA_COMMIT", "abc1234")
+    assert common.commit() == "abc1234"
