@@ -217,7 +217,10 @@ def prebuild(items, bounds_tests: bool = False) -> None:
 
     kept = []
     if bounds_tests:
-        ops = [it for it in items if it[0].build().digest() != _identity_digest()]
+        from coda_ext import graphs
+
+        identity = graphs.identity().build().digest()
+        ops = [it for it in items if it[0].build().digest() != identity]
         plain = {kernel_source(*it).source for it in ops}
         with bounds_tests_kept():
             kept = [ks for ks in (kernel_source(*it) for it in ops) if ks.source not in plain and not cached(ks)]
@@ -226,12 +229,6 @@ def prebuild(items, bounds_tests: bool = False) -> None:
         ce.prebuild(items)
         for f in futures:
             f.result()
-
-
-def _identity_digest() -> str:
-    from coda_ext import graphs
-
-    return graphs.identity().build().digest()
 
 
 #: The ops fixed_config compiled, kept across calls: each timed call enters fixed_config again, and compiling the

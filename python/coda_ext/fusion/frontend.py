@@ -132,8 +132,8 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
     rep.folded = tuple(f"{f.norm} into {', '.join(gemm for gemm, _ in f.gemms)}" for f in g.meta[NORM_FOLDS])
     rep.merged = g.meta.get(passes.hmerge.META, ())
     if unfolded:
-        rep.note = (rep.note + "; " if rep.note else "") + ("layer norms not folded, as their GEMM's kernel did "
-                                                            f"not take the fold's math: {', '.join(sorted(unfolded))}")
+        rep.add_note("layer norms not folded, as their GEMM's kernel did not take the fold's math: "
+                     f"{', '.join(sorted(unfolded))}")
     return fused, rep, lowered
 
 
@@ -329,7 +329,7 @@ class CodaBackend:
             if items:
                 prebuild(items)
         except CodaError as e:   # they build on first use instead (and say why there if they cannot)
-            rep.note = (rep.note + "; " if rep.note else "") + f"prebuild failed: {e}"
+            rep.add_note(f"prebuild failed: {e}")
 
 
 def _with_mode(opts: Options, mode: str | None, fallback: str) -> tuple[Options, str | None]:
@@ -368,7 +368,7 @@ class PerShape:
         first = len(backend.report.graphs)
         self.generic = backend.compile(gm, example_inputs, **kwargs)
         for rep in backend.report.graphs[first:]:
-            rep.note += (f"; a shape's first call runs it, its second call fuses the graph at that shape (at most "
+            rep.add_note(f"a shape's first call runs it, its second call fuses the graph at that shape (at most "
                          f"{MAX_SPECIALIZATIONS} shapes)")
         #: the symbolic inputs, whose values key a shape (size arguments; a tensor of symbolic sizes would key by
         #: its sizes and strides)
@@ -406,7 +406,7 @@ class PerShape:
                 fn = self.backend.compile(self.gm, list(args), **self.kwargs)
             self.compiled[key] = fn
             for rep in reports[first:]:
-                rep.note = (rep.note + "; " if rep.note else "") + (
+                rep.add_note(
                     f"fused at one shape ({len(self.compiled)} of at most {MAX_SPECIALIZATIONS}) of a graph Dynamo "
                     "compiled with symbolic sizes")
         return fn

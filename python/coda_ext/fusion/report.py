@@ -58,6 +58,10 @@ class GraphReport:
     merged: tuple[str, ...] = ()      # GEMMs of one input merged into one (passes/hmerge.py)
     bytes_moved: int = 0              # HBM bytes the graph moves under this partition (bytes_moved())
 
+    def add_note(self, text: str) -> None:
+        """Appends `text` to the note ("; " between notes)."""
+        self.note = f"{self.note}; {text}" if self.note else text
+
     @property
     def bytes_kept(self) -> int:
         return sum(k.bytes_kept for k in self.kernels if k.kernel)
