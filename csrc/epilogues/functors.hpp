@@ -232,6 +232,29 @@ struct RoundVia {
     return cutlass::NumericConverter<float, S>{}(cutlass::NumericConverter<S, float>{}(a));
   }
 };
+// An fp32 value in three bytes: rounded to its top 24 bits (to nearest, ties to even, on the bits: a carry
+// moves into the exponent as it should), split into the top 16 (a value bfloat16 holds exactly) and the next 8
+// (an integer 0..255, exact in a uint8), and joined back. Integer ops only.
+CUTLASS_HOST_DEVICE uint32_t bits24(float a) {
+  uint32_t b;
+  memcpy(&b, &a, sizeof(b));
+  return (b + 0x7fu + ((b >> 8) & 1u)) & 0xffffff00u;
+}
+CUTLASS_HOST_DEVICE float from_bits(uint32_t b) {
+  float f;
+  memcpy(&f, &b, sizeof(f));
+  return f;
+}
+struct Hi16 { CUTLASS_HOST_DEVICE float operator()(float a) const { return from_bits(bits24(a) & 0xffff0000u); } };
+struct Lo8 { CUTLASS_HOST_DEVICE float operator()(float a) const { return float((bits24(a) >> 8) & 0xffu); } };
+struct Join24 {
+  CUTLASS_HOST_DEVICE float operator()(float hi, float lo) const {
+    uint32_t h;
+    memcpy(&h, &hi, sizeof(h));
+    float byte = fminf(fmaxf(lo, 0.0f), 255.0f);   // as a uint8 store would hold it
+    return from_bits((h & 0xffff0000u) | (uint32_t(rintf(byte)) << 8));
+  }
+};
 }  // namespace scalar
 
 // One-parameter templates for Sm90Compute (the parameter is the fragment type, unused).
@@ -271,6 +294,9 @@ CODA_EPI_FUNCTOR(Where)
 CODA_EPI_FUNCTOR(Turns)
 CODA_EPI_FUNCTOR(CosTurns)
 CODA_EPI_FUNCTOR(SinTurns)
+CODA_EPI_FUNCTOR(Hi16)
+CODA_EPI_FUNCTOR(Lo8)
+CODA_EPI_FUNCTOR(Join24)
 #undef CODA_EPI_FUNCTOR
 
 // A cast: round to S and continue in fp32 (Compute<Cfg, RoundThrough<S>::Fn>).

@@ -103,6 +103,12 @@ def _turns(pos, hi, lo):
     return (t - torch.round(t)).to(pos.dtype)
 
 
+def _round24(x):
+    """x rounded to 16 significant bits (to nearest, ties to even): what join24(hi16(x), lo8(x)) keeps of it."""
+    m, e = torch.frexp(x)
+    return torch.ldexp(torch.round(m * 2 ** 16), e - 16).to(x.dtype)
+
+
 def _pair_swap(x):
     return x.reshape(x.shape[0], -1, 2).flip(-1).reshape(x.shape)
 
@@ -285,6 +291,7 @@ OPS = [
     Row("gt", "ce.gt({0}, {1})", _compare(torch.gt), needs="gt", exact=True, decide=_near_tie),
     Row("ge", "ce.ge({0}, {1})", _compare(torch.ge), needs="ge", exact=True, decide=_near_tie),
     Row("fma", "ce.fma({0}, {1}, {2})", lambda a, b, c: a * b + c),
+    Row("join24", "ce.join24(ce.hi16({0}), ce.lo8({0}))", _round24, needs="join24", adds=("hi16", "lo8")),
     Row("where", "ce.where({0}, {1}, {2})", _where, needs="where", exact=True, decide=_near_zero, guard="condition"),
     Row("turns", "ce.turns({0}, {1}, {2})", _turns, needs="turns", decide=_near_half_turn, guard="leaves"),
     Row("segment_reduce", "ce.segment_reduce({0}, {size}, {op!r})", _segment, needs="segment_reduce",

@@ -112,3 +112,68 @@ def test_tanh_gelu_and_its_derivative(evaluate):
     special = evaluate(torch.tensor([math.nan, 40.0, -40.0], dtype=torch.float64))
     assert all(math.isnan(v) for v in special[0, 3:].tolist())
     assert special[1, 3:].tolist() == [40.0, 1.0] and special[2, 3:].abs().tolist() == [0.0, 0.0]
+
+
+_SPLIT_PROGRAM = r"""
+#include <cstdio>
+#include <cstring>
+#include <cstdint>
+#include "epilogues/functors.hpp"
+int main() {
+  using namespace coda::epi::scalar;
+  unsigned bits, lo;
+  while (std::scanf("%x %u", &bits, &lo) == 2) {
+    float x, hi;
+    std::memcpy(&x, &bits, 4);
+    hi = Hi16{}(x);
+    float joined = Join24{}(hi, float(lo)), back = Join24{}(hi, Lo8{}(x));
+    unsigned h, j, b;
+    std::memcpy(&h, &hi, 4); std::memcpy(&j, &joined, 4); std::memcpy(&b, &back, 4);
+    std::printf("%08x %.1f %08x %08x\n", h, Lo8{}(x), j, b);
+  }
+  return 0;
+}
+"""
+
+
+def test_hi16_lo8_join24_match_the_interpreter_bit_for_bit(tmp_path):
+    """Hi16, Lo8 and Join24 (an fp32 value in a bfloat16 and a uint8) against the interpreter's semantics on
+    fp32 bit patterns of every magnitude, rounding ties, signed zeros, the largest finite value (its rounding
+    carries into inf), inf and NaN, and bytes out of range for Join24 (clamped to 0..255 as a uint8 store holds
+    them)."""
+    from coda_ext.graph import semantics
+
+    (tmp_path / "main.cu").write_text(_SPLIT_PROGRAM)
+    incs = [f"-I{p}" for p in paths.include_dirs()]
+    subprocess.run(["nvcc", "-std=c++17", "-O2", *incs, "-o", str(tmp_path / "main"), str(tmp_path / "main.cu")],
+                   check=True, capture_output=True, timeout=300)
+    g = torch.Generator().manual_seed(7)
+    rand_bits = torch.randint(0, 2**32, (4000,), generator=g, dtype=torch.int64)
+    ties = torch.tensor([0x3F800080, 0x3F800180, 0x3F80007F, 0x3F8000FF, 0xBF800080, 0x3FFFFF80, 0x3FFFFFFF])
+    special = torch.tensor([0, 0x80000000, 1, 0x7F7FFFFF, 0x7F7FFF7F, 0x7F800000, 0xFF800000, 0x7FC00000,
+                            0x00800000, 0x0000FFFF])
+    bits = torch.cat([rand_bits, ties, special])
+    lo = torch.randint(0, 256, (len(bits),), generator=g)
+    lo[:3] = torch.tensor([300, 0, 255])
+    text = "\n".join(f"{b:x} {v}" for b, v in zip(bits.tolist(), lo.tolist()))
+    out = subprocess.run([str(tmp_path / "main")], input=text, capture_output=True, text=True, check=True).stdout
+    rows = [line.split() for line in out.splitlines()]
+
+    def as_float(b: torch.Tensor) -> torch.Tensor:
+        return torch.where(b >= 2**31, b - 2**32, b).to(torch.int32).view(torch.float32)
+
+    def as_bits(f: torch.Tensor) -> list[int]:
+        return (f.view(torch.int32).to(torch.int64) & 0xFFFFFFFF).tolist()
+
+    x = as_float(bits)
+    hi = semantics.hi16(x)
+    assert [int(r[0], 16) for r in rows] == as_bits(hi)
+    assert [float(r[1]) for r in rows] == semantics.lo8(x).tolist()
+    assert [int(r[2], 16) for r in rows] == as_bits(semantics.join24(hi, lo.float()))
+    assert [int(r[3], 16) for r in rows] == as_bits(semantics.join24(hi, semantics.lo8(x)))
+    normal = torch.isfinite(x) & (x.abs() < 3e38) & (x.abs() >= 2.0 ** -126)   # subnormals: 2^-142 absolute
+    back = semantics.join24(hi, semantics.lo8(x))
+    rel = ((back.double() - x.double()).abs() / x.double().abs())[normal]
+    assert rel.max() <= 2.0 ** -16
+    number = ~torch.isnan(x)
+    assert torch.equal(hi.to(torch.bfloat16).float()[number], hi[number])   # hi is exact in bfloat16

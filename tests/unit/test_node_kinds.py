@@ -43,7 +43,7 @@ def test_every_kind_has_every_field():
     assert not bad, f"registry entries with a missing or malformed field: {bad}"
     assert [n for n, k in KINDS.items() if k.arity is None] == ["keep_first"]
     assert {n for n, k in KINDS.items() if k.cpp is None} == set(NO_VISITOR)
-    assert kinds.OP_DEFAULT_RULES == ("float", "float_or_int", "pair16")
+    assert kinds.OP_DEFAULT_RULES == ("float", "tensor", "float_or_int", "pair16")
 
 
 def test_ir_names_are_the_registry_s():
@@ -123,6 +123,30 @@ def _gelu_tanh_grad(a: float) -> float:
     return 0.5 * (1 + math.tanh(u)) + 0.5 * a * k * (1 + 3 * 0.044715 * a * a) / math.cosh(u) ** 2
 
 
+def _q16(a: float) -> tuple[int, int]:
+    """a (an fp32 value) as ±q · 2^(e-16) with q 16 significant bits (rounded to nearest, ties to even)."""
+    m, e = math.frexp(a)
+    q = round(abs(m) * 2 ** 16)
+    if q == 2 ** 16:   # the rounding carried into the next power of two
+        q, e = 2 ** 15, e + 1
+    return int(math.copysign(1, a)) * q, e
+
+
+def _hi16(a: float) -> float:
+    q, e = _q16(a)
+    return math.copysign((abs(q) >> 8 << 8) * 2.0 ** (e - 16), a)
+
+
+def _lo8(a: float) -> float:
+    return float(abs(_q16(a)[0]) & 0xFF)
+
+
+def _join24(hi: float, lo: float) -> float:
+    m, e = math.frexp(hi)
+    top = math.trunc(m * 2 ** 8) * 2.0 ** (e - 8)   # hi's top 16 bits (a bfloat16, truncated)
+    return top + math.copysign(min(max(round(lo), 0), 255) * 2.0 ** (e - 16), hi)
+
+
 #: Independent references of the element-wise kinds, on Python floats.
 _SCALAR = {
     "neg": lambda a: -a, "abs": abs, "exp": math.exp, "log": lambda a: math.log(abs(a)),
@@ -138,6 +162,7 @@ _SCALAR = {
     "max": max, "min": min, "eq": lambda a, b: float(a == b), "ne": lambda a, b: float(a != b),
     "lt": lambda a, b: float(a < b), "le": lambda a, b: float(a <= b), "gt": lambda a, b: float(a > b),
     "ge": lambda a, b: float(a >= b), "fma": lambda a, b, c: a * b + c, "where": lambda c, a, b: a if c else b,
+    "hi16": _hi16, "lo8": _lo8, "join24": _join24,
 }
 _LOG_LIKE = ("log", "sqrt", "rsqrt")   # evaluated on |x|
 

@@ -18,7 +18,7 @@ from ..graph import ir
 from ..graph.kinds import KINDS
 
 #: Bytes per element of every dtype a tensor of a graph may have.
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "int32": 4, "int64": 8}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1, "int32": 4, "int64": 8}
 #: Per element reduced, by reduction op (logsumexp online: max, subtract, exp, add).
 REDUCE_FLOPS = {"sum": 1.0, "max": 1.0, "sumsq": 2.0, "logsumexp": 7.0}
 

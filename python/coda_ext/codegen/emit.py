@@ -20,7 +20,7 @@ from .plan import Op, Plan, plan
 
 _TEMPLATE = string.Template((pathlib.Path(__file__).parent / "kernel.cu.tmpl").read_text())
 
-CPP_TYPES = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t", "float32": "float"}
+CPP_TYPES = {"bfloat16": "cutlass::bfloat16_t", "float16": "cutlass::half_t", "float32": "float", "uint8": "uint8_t"}
 #: The functor of every element-wise kind (emitted as Compute<Cfg, functor>).
 FUNCTORS = {k.name: k.cpp for k in KINDS.values() if "compute" in k.flags}
 #: Integer vectors reach the kernel as int32 (CUTLASS's broadcast partitioning takes 32-bit or

@@ -22,19 +22,22 @@ from . import ir
 Operand = Union["Value", int, float]
 
 
-def dtype_name(dtype: Any, allow_int: bool = False) -> str:
+def dtype_name(dtype: Any, allow_int: bool = False, allow_byte: bool = False) -> str:
     """'bfloat16' for torch.bfloat16 or 'bfloat16'; raises for unsupported dtypes.
-    allow_int: also int32/int64 (row and column vectors only)."""
+    allow_int: also int32/int64 (row and column vectors only); allow_byte: also uint8 (tiles and stores only)."""
     name = str(dtype).replace("torch.", "")
     aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32",
                "int": "int32", "long": "int64"}
     name = aliases.get(name, name)
-    allowed = ir.DTYPES + (ir.INT_DTYPES if allow_int else ())
+    allowed = ir.DTYPES + (ir.INT_DTYPES if allow_int else ()) + (ir.BYTE_DTYPES if allow_byte else ())
     if name not in allowed:
         if name in ir.INT_DTYPES:
             raise GraphError(f"unsupported dtype {dtype!r} here: integer dtypes are only allowed for row and column "
                              "vectors (targets, positions); "
                              "tiles, stores and casts take torch.bfloat16, torch.float16 or torch.float32")
+        if name in ir.BYTE_DTYPES:
+            raise GraphError(f"unsupported dtype {dtype!r} here: uint8 is only allowed for tiles and stores "
+                             "(integers 0..255, as lo8 makes and join24 reads)")
         names = ", ".join(f"torch.{d}" for d in allowed)
         raise GraphError(f"unsupported dtype {dtype!r}: use one of {names}")
     return name
@@ -146,7 +149,8 @@ class Graph:
 
     def _input(self, kind: str, name: str, dtype: Any) -> Value:
         is_vector = kind in ("row_vector", "col_vector")
-        resolved = None if dtype is None else _named_dtype(dtype, f"{kind.replace('_', ' ')} {name!r}", is_vector)
+        resolved = None if dtype is None else _named_dtype(dtype, f"{kind.replace('_', ' ')} {name!r}", is_vector,
+                                                           allow_byte=kind == "tile")
         self._claim(name, kind.replace("_", " "))
         attrs = ir.make_attrs(name=name, dtype=resolved)
         return Value(self, self._add(ir.Node(kind, (), attrs), dedup=False))
@@ -162,7 +166,8 @@ class Graph:
         return self._input("col_vector", name, dtype)
 
     def tile(self, name: str, dtype: Any = None) -> Value:
-        """A full M x N tensor input (a residual), row-major, TMA-loaded."""
+        """A full M x N tensor input (a residual), row-major, TMA-loaded. dtype: the op's by default; a float
+        dtype, or uint8 (integers 0..255, exact in fp32)."""
         return self._input("tile", name, dtype)
 
     def pair_tile(self, name: str, dtype: Any = None) -> tuple[Value, Value]:
@@ -188,9 +193,10 @@ class Graph:
         self._add(ir.Node("output", (src,), ir.make_attrs(name=name)), dedup=False)
 
     def store(self, name: str, value: Value, dtype: Any = None) -> None:
-        """An extra output holding `value` (M x N, or M x N/2 for a pair op). dtype: the op's by default."""
+        """An extra output holding `value` (M x N, or M x N/2 for a pair op). dtype: the op's by default; a float
+        dtype, or uint8 (rounded to the nearest integer, saturating at 0 and 255)."""
         src = self._value(value, f"store {name!r} value")
-        resolved = None if dtype is None else _named_dtype(dtype, f"store {name!r}")
+        resolved = None if dtype is None else _named_dtype(dtype, f"store {name!r}", allow_byte=True)
         self._claim(name, "store")
         attrs = ir.make_attrs(name=name, dtype=resolved)
         self._add(ir.Node("store", (src,), attrs), dedup=False)
@@ -243,10 +249,10 @@ class Graph:
         return canonicalize(verify(self.raw()))
 
 
-def _named_dtype(dtype: Any, what: str, allow_int: bool = False) -> str:
+def _named_dtype(dtype: Any, what: str, allow_int: bool = False, allow_byte: bool = False) -> str:
     """dtype_name(), with the node it is for in the message."""
     try:
-        return dtype_name(dtype, allow_int)
+        return dtype_name(dtype, allow_int, allow_byte)
     except GraphError as e:
         raise GraphError(f"{what}: {e}") from None
 

@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 from typing import Any
 
-from .kinds import DTYPES, INT_DTYPES, KINDS, with_flag  # noqa: F401  (DTYPES, INT_DTYPES: ir's names)
+from .kinds import BYTE_DTYPES, DTYPES, INT_DTYPES, KINDS, with_flag  # noqa: F401  (the dtype lists: ir's names)
 
 # --- node kinds: derived from the registry (kinds.py), in its order ----------------------------
 

@@ -28,18 +28,22 @@ DTYPES = ("bfloat16", "float16", "float32")
 #: Integer element types a row or column vector may have (targets, positions); the epilogue
 #: converts them to fp32, exact below 2**24.
 INT_DTYPES = ("int32", "int64")
+#: Byte element types a tile or a store may have: integers 0..255, exact in fp32 (a store rounds to the nearest
+#: and saturates). With hi16, lo8 and join24 an fp32 value lives in a bfloat16 and a uint8 tensor (3 bytes).
+BYTE_DTYPES = ("uint8",)
 
 #: Dtype rules: the element types a kind's `dtype` attribute may name.
 DTYPE_RULES: dict[str, tuple[str, ...]] = {
     "fp32": (),                          # fp32 math in the epilogue; no dtype attribute
     "float": DTYPES,                     # a tensor it loads or stores: the op's dtype where none is given
+    "tensor": DTYPES + BYTE_DTYPES,      # a tile or a store: also bytes; the op's dtype where none is given
     "float_or_int": DTYPES + INT_DTYPES,  # a vector: also integers (targets, positions)
     "pair16": ("bfloat16", "float16"),   # 16-bit pairs (one 32-bit element each): the op's where none is given
     "cast": DTYPES,                      # the dtype it rounds to, always given
     "input": (),                         # the element type of the pair tile it reads (set when lowering)
 }
 #: Rules whose dtype, where the graph gives none, is the op's (passes/resolve_dtypes.py).
-OP_DEFAULT_RULES = ("float", "float_or_int", "pair16")
+OP_DEFAULT_RULES = ("float", "tensor", "float_or_int", "pair16")
 
 #: Flags, and what each means.
 FLAGS = {
@@ -96,7 +100,7 @@ _ENTRIES = (
     _k("scalar", 0, "fp32", sem.scalar, "Scalar", 0.0),
     _k("row_vector", 0, "float_or_int", sem.row_vector, "RowVector", 0.0, "input"),
     _k("col_vector", 0, "float_or_int", sem.col_vector, "ColVector", 0.0, "input"),
-    _k("tile", 0, "float", sem.tile, "TileLoad", 0.0, "input"),
+    _k("tile", 0, "tensor", sem.tile, "TileLoad", 0.0, "input"),
     _k("col_index", 0, "fp32", sem.col_index, "ColIndex", 0.0),
     _k("pair_tile", 0, "pair16", sem.pair_tile, "TileLoad", 0.0, "input", "packed"),  # (M, 2N) read as N pairs
     # element-wise math, one input
@@ -126,6 +130,10 @@ _ENTRIES = (
     _k("pair_swap", 1, "fp32", sem.pair_swap, "PairSwap", 0.0, "compute"),
     # one element (attr half: 0 even, 1 odd column) of each pair of a pair_tile; a shift or mask, and a widening
     _k("unpack", 1, "input", sem.unpack, "Unpack", 1.0),
+    # an fp32 value rounded to 24 bits (8 exponent, 15 mantissa bits) and split: its top 16 bits as a value exact in
+    # bfloat16, the next 8 as an integer 0..255 exact in uint8; join24 puts the two back together (integer ops)
+    _k("hi16", 1, "fp32", pointwise(sem.hi16), "Hi16", 3.0, "compute"),
+    _k("lo8", 1, "fp32", pointwise(sem.lo8), "Lo8", 4.0, "compute"),
     # element-wise math, two inputs
     _k("add", 2, "fp32", pointwise(torch.add), "Add", 1.0, "compute", "commutative"),
     _k("sub", 2, "fp32", pointwise(torch.sub), "Sub", 1.0, "compute"),
@@ -133,6 +141,7 @@ _ENTRIES = (
     _k("div", 2, "fp32", pointwise(torch.div), "Div", 1.0, "compute"),
     _k("max", 2, "fp32", pointwise(torch.maximum), "Max", 1.0, "compute", "commutative"),
     _k("min", 2, "fp32", pointwise(torch.minimum), "Min", 1.0, "compute", "commutative"),
+    _k("join24", 2, "fp32", pointwise(sem.join24), "Join24", 3.0, "compute"),
     # rotate_pairs(x, t): each pair (x[2i], x[2i+1]) rotated by 2π·t[2i] (RoPE), full width;
     # a cos and a sin per pair, two products and a sum
     _k("rotate_pairs", 2, "fp32", sem.rotate_pairs, "RotatePairs", _T + 3, "compute"),
@@ -155,7 +164,7 @@ _ENTRIES = (
     _k("segment_reduce", 1, "fp32", sem.segment_reduce, "SegmentReduce", 0.0, "segment"),
     # sinks, in the order the canonical form sorts them
     _k("output", 1, "fp32", sem.store, None, 0.0, "sink"),
-    _k("store", 1, "float", sem.store, "TileStore", 0.0, "sink"),
+    _k("store", 1, "tensor", sem.store, "TileStore", 0.0, "sink"),
     _k("row_reduce", 1, "fp32", sem.row_reduce, "RowReduce", 0.0, "sink", "reduction"),
     _k("col_reduce", 1, "fp32", sem.col_reduce, "ColReduce", 0.0, "sink", "reduction"),
     _k("pair_store", 1, "pair16", sem.pair_store, "TileStore", 0.0, "sink"),  # (M, 2N): 32-bit pairs

@@ -106,6 +106,26 @@ def where(cond: Operand, a: Operand, b: Operand) -> Value:
     return _op("where", cond, a, b)
 
 
+# --- an fp32 value in three bytes (a bfloat16 and a uint8) ---------------------------------------
+
+def hi16(x: Value) -> Value:
+    """x rounded to 24 bits (8 exponent and 15 mantissa bits, to nearest, ties to even) with its low 16 bits
+    cleared: a value bfloat16 holds exactly, so g.store(name, hi16(x), "bfloat16") writes it without rounding."""
+    return _op("hi16", x)
+
+
+def lo8(x: Value) -> Value:
+    """The 8 bits below hi16(x) of x rounded to 24 bits, as an integer 0..255 (exact in a uint8 store)."""
+    return _op("lo8", x)
+
+
+def join24(hi: Operand, lo: Operand) -> Value:
+    """The fp32 value whose top 16 bits are hi's and the next 8 lo: join24(hi16(x), lo8(x)) is x rounded to 24
+    bits. With a bfloat16 tile and a uint8 tile, an fp32 accumulator kept across launches in 3 bytes an element
+    (graphs.weight_grad_split): hi read from a 16-bit tile, lo from a uint8 tile."""
+    return _op("join24", hi, lo)
+
+
 # --- pairs and rotations (RoPE) --------------------------------------------------------------
 
 def pair_swap(x: Value) -> Value:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
-                 "int32": torch.int32, "int64": torch.int64}
+                 "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
 
 #: Reduction ops (row, column and segment reductions) over dimension d.
 REDUCE: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
@@ -88,6 +88,38 @@ def gelu_tanh_grad(x: torch.Tensor) -> torch.Tensor:
 def gelu_erf_grad(x: torch.Tensor) -> torch.Tensor:
     """d/dx GELU(x) (the erf form): Φ(x) + x φ(x)."""
     return 0.5 * (1.0 + torch.erf(x * math.sqrt(0.5))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def _bits24(x: torch.Tensor) -> torch.Tensor:
+    """The fp32 bits of x rounded to its top 24 (to nearest, ties to even), as int64 in [0, 2**32)."""
+    b = x.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    return (b + 0x7F + ((b >> 8) & 1)) & 0xFFFFFF00
+
+
+def _from_bits(b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The fp32 value of bits b (int64 in [0, 2**32)), in like's dtype."""
+    b = b & 0xFFFFFFFF
+    return torch.where(b >= 2**31, b - 2**32, b).to(torch.int32).view(torch.float32).to(like.dtype)
+
+
+def hi16(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to 24 bits, its low 16 cleared: a value bfloat16 holds exactly (hi16 + lo8 · 2^-16 · ulp
+    spacing, joined by join24, is x to 15 mantissa bits)."""
+    return _from_bits(_bits24(x) & 0xFFFF0000, x)
+
+
+def lo8(x: torch.Tensor) -> torch.Tensor:
+    """Bits 8..15 of x rounded to 24 bits, as an integer 0..255 (what hi16 drops)."""
+    return ((_bits24(x) >> 8) & 0xFF).to(x.dtype)
+
+
+def join24(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
+    """The fp32 value whose top 16 bits are hi's (a bfloat16 value) and the next 8 lo (an integer 0..255, rounded
+    and clamped as a uint8 store would): the inverse of (hi16, lo8)."""
+    hi, lo = torch.broadcast_tensors(hi, lo)
+    h = hi.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFF0000
+    byte = lo.to(torch.float32).round().clamp(0, 255).to(torch.int64)
+    return _from_bits(h | (byte << 8), hi)
 
 
 # --- leaves --------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ def _check_dtype(n: ir.Node, where: str) -> None:
         raise GraphError(f"{where}: cast needs a dtype in {allowed}")
     if rule == "pair16" and dtype not in (None,) + allowed:
         raise GraphError(f"{where}: pairs are 16-bit elements; dtype must be bfloat16 or float16, got {dtype!r}")
-    if rule in ("float", "float_or_int") and dtype not in (None,) + allowed:
+    if rule in ("float", "tensor", "float_or_int") and dtype not in (None,) + allowed:
         raise GraphError(f"{where}: dtype {dtype!r} is not one of {allowed}")
 
 
