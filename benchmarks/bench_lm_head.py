@@ -3,12 +3,13 @@
     python -m benchmarks.bench_lm_head                   # Llama-3 1B and 8B heads at 16384 tokens (GPU)
     python -m benchmarks.bench_lm_head --tokens 8192 --reps 10
     python -m benchmarks.bench_lm_head --train-chunk-mb 1024 2048     # + coda with bigger exp(logits) chunks
-    python -m benchmarks.bench_lm_head --coda-dw --train-chunk-mb 512 # + coda with coda_ext's weight-gradient kernels
+    python -m benchmarks.bench_lm_head --dw coda_f32 cublas           # + coda with its weight gradient on each backend
 
 Variants (the gradients of x and W of the 'mean' loss; one process, interleaved, L2 flushed, inputs rotated):
   cublas_3   the floor: logits = x @ Wᵀ, dx = logits @ W, dW = logitsᵀ @ x, bare cuBLAS GEMMs (bf16)
   coda       ops.lm_head_cross_entropy_loss: the gradients with the loss, rows in chunks, three GEMMs
-  coda_dw    the same with the weight gradient's GEMMs in coda_ext kernels (lm_head_ce.dw_backend("coda"), --coda-dw)
+  coda_dw_<backend>  the same with the weight gradient's GEMMs on another lm_head_ce.dw_backend (--dw): coda_f32
+             (coda_ext's kernel with an fp32 accumulator), cublas
   coda_recompute  ops.lm_head_cross_entropy: statistics forward, logits recomputed in the backward (four GEMMs)
   liger      liger_kernel's fused linear cross-entropy (skipped, with the reason, when it does not import)
   torch      logits in bf16, F.cross_entropy (eager)
@@ -31,10 +32,10 @@ VARIANTS = ("cublas_3", "coda", "coda_recompute", "liger", "torch", "compile")
 GOAL = 1.05
 
 
-def build_items(tokens: int = 16384, train_chunk_mb: tuple[int, ...] = (), coda_dw: bool = False) -> list:
+def build_items(tokens: int = 16384, train_chunk_mb: tuple[int, ...] = (), dw: tuple[str, ...] = ()) -> list:
     """(graph, dtype, config) of coda's kernels for every shape (for prebuild, on any machine with nvcc), with
-    the training path's kernels at each extra chunk budget too (--train-chunk-mb), and its weight-gradient
-    kernels at every budget (--coda-dw)."""
+    the training path's kernels at each extra chunk budget too (--train-chunk-mb), and the weight-gradient
+    kernels of each backend in `dw` at every budget (--dw)."""
     from coda_ext.ops import lm_head_ce
     from coda_ext.runtime import auto_items
 
@@ -43,20 +44,23 @@ def build_items(tokens: int = 16384, train_chunk_mb: tuple[int, ...] = (), coda_
         gemms += lm_head_ce.gemms(tokens, V, d, False, train=True) + lm_head_ce.gemms(tokens, V, d, False)
         for mb in train_chunk_mb:
             gemms += lm_head_ce.gemms(tokens, V, d, False, train=True, train_chunk_bytes=mb << 20)
-        if coda_dw:
-            gemms += [g for mb in (None, *train_chunk_mb)
-                      for g in lm_head_ce.dw_gemms(tokens, V, d, None if mb is None else mb << 20)]
+        for backend in dw:
+            with lm_head_ce.dw_backend(backend):
+                gemms += [g for mb in (None, *train_chunk_mb)
+                          for g in lm_head_ce.dw_gemms(tokens, V, d, None if mb is None else mb << 20)]
     return auto_items(gemms, "bfloat16")
 
 
-def _with_chunk_budget(mb: int | None, dw: str = "cublas"):
+def _with_chunk_budget(mb: int | None, dw: str | None = None):
     """ops.lm_head_cross_entropy_loss with the training path's exp(logits) chunk budget at mb MiB (None: the
-    default) and its weight-gradient GEMMs on `dw` (lm_head_ce.DW_BACKENDS)."""
+    default) and its weight-gradient GEMMs on `dw` (lm_head_ce.DW_BACKENDS; None: the default)."""
+    import contextlib
+
     from coda_ext import ops
     from coda_ext.ops import lm_head_ce
 
     def loss(x, w, t):
-        with lm_head_ce.dw_backend(dw):
+        with lm_head_ce.dw_backend(dw) if dw else contextlib.nullcontext():
             return ops.lm_head_cross_entropy_loss(x, w, t, chunk_bytes=None if mb is None else mb << 20)
     return loss
 
@@ -70,11 +74,12 @@ def _liger():
     return lambda x, w, t: liger_fused_linear_cross_entropy(x, w, t)
 
 
-def variants(M: int, V: int, d: int, train_chunk_mb: tuple[int, ...] = (), coda_dw: bool = False) -> tuple[dict, dict]:
+def variants(M: int, V: int, d: int, train_chunk_mb: tuple[int, ...] = (),
+             dw: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """({name: fn(i)}, {name: reason skipped}) on two input sets (i = 0, 1); train_chunk_mb: also coda's training
-    path at these exp(logits) chunk budgets ("coda_chunk<MB>": fewer chunks, fewer passes over the fp32 weight
-    gradient, more memory); coda_dw: also each coda training variant with coda_ext's weight-gradient kernels
-    ("coda_dw", "coda_dw_chunk<MB>")."""
+    path at these exp(logits) chunk budgets ("coda_chunk<MB>": fewer chunks, fewer passes over the weight
+    gradient's accumulator, more memory); dw: also each coda training variant with its weight-gradient GEMMs on
+    these backends ("coda_dw_<backend>", "coda_dw_<backend>_chunk<MB>")."""
     import torch
     import torch.nn.functional as F
 
@@ -112,10 +117,10 @@ def variants(M: int, V: int, d: int, train_chunk_mb: tuple[int, ...] = (), coda_
     }
     for mb in train_chunk_mb:
         out[f"coda_chunk{mb}"] = grads(_with_chunk_budget(mb))
-    if coda_dw:
-        out["coda_dw"] = grads(_with_chunk_budget(None, "coda"))
+    for backend in dw:
+        out[f"coda_dw_{backend}"] = grads(_with_chunk_budget(None, backend))
         for mb in train_chunk_mb:
-            out[f"coda_dw_chunk{mb}"] = grads(_with_chunk_budget(mb, "coda"))
+            out[f"coda_dw_{backend}_chunk{mb}"] = grads(_with_chunk_budget(mb, backend))
     skipped = {}
     liger = _liger()
     if isinstance(liger, str):
@@ -211,8 +216,9 @@ def main(argv=None) -> None:
     p.add_argument("--train-chunk-mb", nargs="*", type=int, default=[], metavar="MB",
                    help="also time coda's training path at these exp(logits) chunk budgets (default budget: "
                         "lm_head_ce.TRAIN_CHUNK_BYTES, 1 GiB)")
-    p.add_argument("--coda-dw", action="store_true", help="also time coda's training path with its weight "
-                   "gradients in coda_ext kernels (lm_head_ce.dw_backend('coda'))")
+    p.add_argument("--dw", nargs="*", default=[], metavar="BACKEND", choices=["coda_f32", "cublas", "coda"],
+                   help="also time coda's training path with its weight gradients on these lm_head_ce.dw_backend "
+                        "backends (default: coda, the 24-bit split accumulator)")
     p.add_argument("--profile", action="store_true", help="also print the per-kernel time of coda's path per shape")
     p.add_argument("--trace", default=None, metavar="DIR", help="with --profile: a gzipped Chrome trace of coda's "
                    "path per shape in DIR (lm_head_<shape>.json.gz)")
@@ -225,7 +231,7 @@ def main(argv=None) -> None:
     for name in args.shapes:
         V, d = SHAPES[name]
         M = args.tokens
-        fns, skipped = variants(M, V, d, tuple(args.train_chunk_mb), args.coda_dw)
+        fns, skipped = variants(M, V, d, tuple(args.train_chunk_mb), tuple(args.dw))
         times = common.time_interleaved(fns, args.reps)
         row = {"M": M, "V": V, "d": d, "skipped": skipped, "errors": check(min(M, 4096), V, d), "variants": {}}
         for v, ts in times.items():

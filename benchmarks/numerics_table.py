@@ -122,7 +122,8 @@ def _select(dtype: str) -> fz.Case:
 
 
 def _binary(dtype: str) -> fz.Case:
-    """Binary ops with every leaf kind, fma, scalars; turns, cos/sin_turns and rotate_pairs (RoPE)."""
+    """Binary ops with every leaf kind, fma, scalars; turns, cos/sin_turns and rotate_pairs (RoPE); hi16, lo8 and
+    join24 (the accumulator rounded to 24 bits)."""
     c = _Calls()
     a = c.add("g.accumulator()")
     r = c.add("g.row_vector({name!r})", name="r")
@@ -146,6 +147,7 @@ def _binary(dtype: str) -> fz.Case:
     c.store("cos_turns", c.add("ce.cos_turns({0})", turns))
     c.store("sin_turns", c.add("ce.sin_turns({0})", turns))
     c.store("rotate_pairs", c.add("ce.rotate_pairs({0}, {1})", a, turns))
+    c.store("join24", c.add("ce.join24(ce.hi16({0}), ce.lo8({0}))", a))
     return c.case(dtype)
 
 
@@ -207,6 +209,7 @@ LABELS = {
     "binary/mul_scalar": "mul (runtime scalar)", "binary/mul_pointer": "mul (pointer scalar)",
     "binary/fma_const": "fma (constants)", "binary/turns": "turns (int32 pos, fp32 hi/lo)",
     "binary/cos_turns": "cos_turns", "binary/sin_turns": "sin_turns", "binary/rotate_pairs": "rotate_pairs",
+    "binary/join24": "join24(hi16(acc), lo8(acc)) (acc to 24 bits)",
     "segments/segment_sum": "segment_reduce sum (32)", "segments/segment_sumsq": "segment_reduce sumsq (32)",
     "segments/segment_max": "segment_reduce max (32)", "segments/pair_gate_silu": "pair_gate silu",
     "segments/pair_gate_sigmoid": "pair_gate sigmoid", "segments/pair_gate_relu": "pair_gate relu",

@@ -74,8 +74,8 @@ class Family:
     shapes: tuple[tuple[int, int, int], ...]
 
 
-def _weight_grad_accumulate():
-    return graphs.linear(True)
+def _weight_grad_split():
+    return graphs.weight_grad_split(True, False)
 
 
 def _kind(name: str, dtype: str = "bfloat16") -> Callable[[], Any]:
@@ -105,8 +105,9 @@ FAMILIES: tuple[Family, ...] = (
            "predicated ld.global), store_pairs dz, store y, row reduction; W transposed (kn)",
            graphs.swiglu_backward_linear, "bfloat16", dataclasses.replace(DEFAULT, major="kn", tile_loads="direct"),
            (RAGGED,)),
-    Family("major_mn", "weight_grad with accumulate (acc + tile); A and W transposed (mn); ping-pong 64x128",
-           _weight_grad_accumulate, "bfloat16", dataclasses.replace(tuning.SKINNY, major="mn"), ((336, 264, 72),)),
+    Family("major_mn", "weight_grad_split with accumulate: acc + join24 of a bf16 and a uint8 tile (TMA loads), "
+           "hi16 and lo8 stored as bf16 and uint8 (TMA stores); A and W transposed (mn); ping-pong 64x128",
+           _weight_grad_split, "bfloat16", dataclasses.replace(tuning.SKINNY, major="mn"), ((336, 272, 72),)),
     Family("overlap", "the reductions graph, ping-pong 128x128 with overlapping epilogues (per-warp-group smem, "
            "named barriers 1 and 8); 323 tiles: two or three a CTA", _kind("reductions"), "bfloat16",
            dataclasses.replace(DEFAULT, schedule="overlap"), ((2333, 2056, 136),)),

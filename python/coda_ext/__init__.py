@@ -55,9 +55,9 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_CONFIG", "CodaError", "CompileError", "Graph", "GraphError", "KernelConfig", "LaunchError", "Outputs",
     "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "diagram", "div", "emit_source",
-    "eq", "exp", "explain", "fma", "fuse", "ge", "gelu", "gelu_grad", "gt", "hi16", "interpret", "join24", "kernel_source",
-    "le", "lo8", "log", "lt", "maximum", "minimum", "mul", "ne", "neg", "pair_gate", "pair_swap", "prebuild", "relu",
-    "rotate_pairs", "rsqrt", "segment_reduce", "sigmoid", "silu", "sin_turns", "sqrt", "square", "sub",
+    "eq", "exp", "explain", "fma", "fuse", "ge", "gelu", "gelu_grad", "gt", "hi16", "interpret", "join24",
+    "kernel_source", "le", "lo8", "log", "lt", "maximum", "minimum", "mul", "ne", "neg", "pair_gate", "pair_swap",
+    "prebuild", "relu", "rotate_pairs", "rsqrt", "segment_reduce", "sigmoid", "silu", "sin_turns", "sqrt", "square", "sub",
     "swiglu_pairs", "tanh", "turns", "where",
 ]
 

@@ -86,7 +86,9 @@ def build_items(sms: int | None = None) -> list:
             gemms += [(lm_head_ce.graph(False), "kk", (M, V, d)) for M, V, d in LM_SHAPES]
             gemms += [g for M, V, d in LM_SHAPES for s in (False, True)
                       for g in lm_head_ce.gemms(M, V, d, s, train=True, train_chunk_bytes=LM_TRAIN_CHUNK_BYTES)]
-            gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.dw_gemms(M, V, d, LM_TRAIN_CHUNK_BYTES)]
+            for backend in lm_head_ce.DW_BACKENDS:   # the weight gradient's kernels of each (none for cuBLAS)
+                with lm_head_ce.dw_backend(backend):
+                    gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.dw_gemms(M, V, d, LM_TRAIN_CHUNK_BYTES)]
         items += auto_items(gemms, dtype, sms)
     return items + [(swiglu_backward.graph(), "bfloat16", c) for c in PADDED_CONFIGS]
 

@@ -75,10 +75,12 @@ def operands(gen: torch.Generator, M: int, N: int, K: int, dtype: torch.dtype, m
 
 
 def tensor_input(gen: torch.Generator, shape: tuple, dtype: torch.dtype, N: int) -> torch.Tensor:
-    """A graph's tensor input: integer vectors in [0, max(N, 2)) (a column index can match them),
-    every other dtype normal values."""
+    """A graph's tensor input: integer vectors in [0, max(N, 2)) (a column index can match them), uint8 tiles
+    bytes in [0, 256), every other dtype normal values."""
     if dtype in INT_DTYPES:
         return indices(gen, shape, high=max(N, 2), dtype=dtype)
+    if dtype == torch.uint8:
+        return indices(gen, shape, high=256, dtype=dtype)
     return randn(gen, shape, dtype=dtype)
 
 

@@ -227,7 +227,7 @@ def test_lm_head_bench_prebuild_items_and_plot(tmp_path):
 
 
 def test_lm_head_bench_chunk_budget_and_dw_backend_are_set_for_the_call_only(monkeypatch):
-    """coda_chunk<MB> / coda_dw: the call gets the chunk budget (MB MiB) as its chunk_bytes and runs under the
+    """coda_chunk<MB> / coda_dw_<backend>: the call gets the chunk budget (MB MiB) as its chunk_bytes and runs under the
     weight-gradient backend asked for, restored after it, also when the call raises."""
     from benchmarks import bench_lm_head
     from coda_ext import ops
@@ -240,11 +240,13 @@ def test_lm_head_bench_chunk_budget_and_dw_backend_are_set_for_the_call_only(mon
         raise RuntimeError("stop")
 
     monkeypatch.setattr(ops, "lm_head_cross_entropy_loss", fake_loss)
-    for mb, dw in ((512, "cublas"), (None, "coda"), (2048, "coda")):
+    for mb, dw in ((512, "cublas"), (None, "coda_f32"), (2048, None)):
         with pytest.raises(RuntimeError, match="stop"):
             bench_lm_head._with_chunk_budget(mb, dw)(None, None, None)
-    assert seen == [(512 << 20, "cublas"), (None, "coda"), (2048 << 20, "coda")]
+    assert seen == [(512 << 20, "cublas"), (None, "coda_f32"), (2048 << 20, "coda")]   # None: the default's
     assert lm_head_ce._dw["backend"] == "coda"
+    more = bench_lm_head.build_items(16384, (), ("coda_f32",))   # the fp32 accumulator's kernels too
+    assert len(more) > len(bench_lm_head.build_items(16384))
 
 
 def test_ptxas_usage_reads_the_gemm_entry_of_ptxas_output():

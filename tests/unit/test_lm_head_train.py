@@ -111,43 +111,138 @@ def test_train_chunk_rows_and_gemms():
 
 
 def test_dw_backend_lists_its_kernels_and_refuses_unknown_names():
-    """Under dw_backend("coda") the training path's kernel list (prebuild's) carries the weight-gradient kernels:
-    per chunk height and accumulator half, the first chunk's plain product and the accumulating one."""
+    """Under dw_backend("coda") (the default) the training path's kernel list (prebuild's) carries the weight
+    gradient's kernels: per chunk its split-accumulator graph (the first chunk's plain product, the middle ones
+    accumulating, the last one writing the gradient) at its height; under "coda_f32" per chunk height and
+    accumulator half the plain product and the accumulating one."""
     assert lm_head_ce._dw["backend"] == "coda"   # the default
     with lm_head_ce.dw_backend("cublas"):
         assert all(major == "kk" for _, major, _ in lm_head_ce.gemms(5000, 128256, 2048, False, train=True))
     assert lm_head_ce._dw["backend"] == "coda"
-    launched = lm_head_ce.gemms(5000, 128256, 2048, False, train=True)
-    dw = [(g.build().digest(), major, shape) for g, major, shape in launched if major == "mn"]
-    plain, accumulate = (graphs.weight_grad_f32(a).build().digest() for a in (False, True))
-    assert sorted(dw) == sorted((graph, "mn", (64128, 2048, rows)) for rows in (904, 4096)
-                                for graph in (plain, accumulate))
-    assert {a for _, _, (_, _, a) in lm_head_ce.dw_gemms(100, 128256, 2048)} == {100}   # one chunk: no accumulation
-    assert len(lm_head_ce.dw_gemms(100, 128256, 2048)) == 1
+
+    def split(a, f):
+        return graphs.weight_grad_split(a, f).build().digest()
+
+    def listed(M):
+        launched = lm_head_ce.gemms(M, 128256, 2048, False, train=True)
+        return [(g.build().digest(), major, shape) for g, major, shape in launched if major == "mn"]
+
+    assert listed(5000) == [(split(False, False), "mn", (128256, 2048, 4096)),
+                            (split(True, True), "mn", (128256, 2048, 904))]
+    assert listed(12288) == [(split(False, False), "mn", (128256, 2048, 4096)),
+                             (split(True, False), "mn", (128256, 2048, 4096)),
+                             (split(True, True), "mn", (128256, 2048, 4096))]
+    assert listed(100) == [(split(False, True), "mn", (128256, 2048, 100))]   # one chunk: the gradient itself
+    with lm_head_ce.dw_backend("coda_f32"):
+        dw = listed(5000)
+        plain, accumulate = (graphs.weight_grad_f32(a).build().digest() for a in (False, True))
+        assert sorted(dw) == sorted((graph, "mn", (64128, 2048, rows)) for rows in (904, 4096)
+                                    for graph in (plain, accumulate))
+        assert {a for _, _, (_, _, a) in lm_head_ce.dw_gemms(100, 128256, 2048)} == {100}   # one chunk
+        assert len(lm_head_ce.dw_gemms(100, 128256, 2048)) == 1
     with pytest.raises(ValueError, match="one of"), lm_head_ce.dw_backend("cutlass"):
         pass
 
 
 def test_dw_kernel_takes_heads_whose_halves_are_16_byte_aligned(monkeypatch):
-    """The kernel reads each accumulator half of exp(logits)ᵀ along V: V/2 must be a multiple of 8 (bf16), else the
-    head's weight gradient stays with cuBLAS (listed nowhere, and the training path does not launch it).
-    Regression: V = 50264 (a multiple of 8, V/2 = 25132 is not) was handed to the kernel, whose operand check raised."""
-    assert lm_head_ce.dw_kernel_fits(128256, 4096) and lm_head_ce.dw_kernel_fits(32000, 2048)
-    assert not lm_head_ce.dw_kernel_fits(50264, 768)      # V/2 = 25132
-    assert not lm_head_ce.dw_kernel_fits(128256, 4100)    # d not a multiple of 8
-    assert lm_head_ce.dw_gemms(4096, 50264, 768) == []
-    assert all(g[1] == "kk" for g in lm_head_ce.gemms(4096, 50264, 768, False, train=True))
+    """Under "coda_f32" the kernel reads each accumulator half of exp(logits)ᵀ along V: V/2 must be a multiple of 8
+    (bf16), else the head's weight gradient stays with cuBLAS (listed nowhere, and the training path does not
+    launch it). Regression: V = 50264 (a multiple of 8, V/2 = 25132 is not) was handed to the kernel, whose operand
+    check raised. The split accumulator ("coda") needs only d a multiple of 16 (its uint8 rows)."""
+    assert lm_head_ce.dw_kernel_fits(50264, 768) and lm_head_ce.dw_kernel_fits(50257, 768)   # "coda"
+    assert not lm_head_ce.dw_kernel_fits(128256, 4104)    # "coda": d not a multiple of 16
+    assert not lm_head_ce.dw_kernel_fits(128256, 4096, torch.float32)
+    with lm_head_ce.dw_backend("coda_f32"):
+        assert lm_head_ce.dw_kernel_fits(128256, 4096) and lm_head_ce.dw_kernel_fits(32000, 2048)
+        assert not lm_head_ce.dw_kernel_fits(50264, 768)      # V/2 = 25132
+        assert not lm_head_ce.dw_kernel_fits(128256, 4100)    # d not a multiple of 8
+        assert lm_head_ce.dw_gemms(4096, 50264, 768) == []
+        assert all(g[1] == "kk" for g in lm_head_ce.gemms(4096, 50264, 768, False, train=True))
     launched = []
     monkeypatch.setattr(lm_head_ce, "_dw_gemm", lambda a, b, acc, backend: launched.append(backend) or (
         lm_head_ce._mm_f32(a, b) if acc is None else acc.add_(lm_head_ce._mm_f32(a, b))))
     monkeypatch.setattr(lm_head_ce, "_logits_chunk", reference_step)
     gen = rand.generator("dw_kernel_fits")
     x = rand.randn(gen, 40, 16, dtype=torch.bfloat16)
-    for V, want in ((72, "cublas"), (80, "coda")):   # V/2 = 36: not a multiple of 8; 40: one
-        w = rand.randn(gen, V, 16, dtype=torch.bfloat16, scale=0.25)
-        launched.clear()
-        lm_head_ce.train_gradients(x, w, rand.targets(gen, 40, vocab=V), None, -100, "mean", 16)
-        assert len(launched) == 6 and set(launched) == {want}   # 3 chunks x 2 halves
+    with lm_head_ce.dw_backend("coda_f32"):
+        for V, want in ((72, "cublas"), (80, "coda_f32")):   # V/2 = 36: not a multiple of 8; 40: one
+            w = rand.randn(gen, V, 16, dtype=torch.bfloat16, scale=0.25)
+            launched.clear()
+            lm_head_ce.train_gradients(x, w, rand.targets(gen, 40, vocab=V), None, -100, "mean", 16)
+            assert len(launched) == 6 and set(launched) == {want}   # 3 chunks x 2 halves
+
+
+def _interpreted_split(calls):
+    """lm_head_ce._dw_split with the reference interpreter in place of the kernel (outputs rounded to their stored
+    dtypes, written over the accumulator's tensors as the kernel writes them)."""
+    from coda_ext.graph.interpret import interpret
+
+    def run(a, b, acc, final):
+        calls.append((acc is not None, final))
+        graph = graphs.weight_grad_split(acc is not None, final)
+        out = interpret(graph, a.float(), b.t().float(), **({} if acc is None else {"hi_in": acc[0], "lo_in": acc[1]}))
+        if final:
+            dw = out["dw"].to(b.dtype)
+            return dw if acc is None else acc[0].view(b.dtype).copy_(dw)
+        hi, lo = out["hi"].to(torch.bfloat16), out["lo"].to(torch.uint8)
+        assert torch.equal(hi.float(), out["hi"]) and torch.equal(lo.float(), out["lo"])   # exact in their dtypes
+        return (hi, lo) if acc is None else (acc[0].copy_(hi), acc[1].copy_(lo))
+
+    return run
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [M, CHUNK], ids=["one chunk", "three chunks"])
+def test_split_accumulator_gives_the_fp32_accumulator_s_gradient(monkeypatch, dtype, rows):
+    """dw_backend "coda": the weight gradient kept across chunks in 24 bits (a bfloat16 and a uint8 tensor) and
+    written by the last chunk in the weight's dtype over the bfloat16 part equals the fp32 accumulator's gradient
+    to within one rounding in the weight's dtype, plus 2^-16 of the partial sums per chunk (where chunks cancel,
+    an element far below the tensor's largest moves by more than its own ulp: bounded by 2^-14 of the largest),
+    and stays within the weight dtype's rounding of fp64 autograd."""
+    calls = []
+    monkeypatch.setattr(lm_head_ce, "_dw_split", _interpreted_split(calls))
+    monkeypatch.setattr(lm_head_ce, "_logits_chunk", reference_step)
+    gen = rand.generator(("split accumulator", str(dtype), rows))
+    x = rand.randn(gen, M, 32, dtype=dtype, scale=2.0)
+    w = rand.randn(gen, V, 32, dtype=dtype, scale=32 ** -0.5)
+    target = rand.targets(gen, M, vocab=V)
+    *_, dW, _, _ = lm_head_ce.train_gradients(x, w, target, None, -100, "sum", rows)
+    assert calls == ([(False, False), (True, False), (True, True)] if rows == CHUNK else [(False, True)])
+    with lm_head_ce.dw_backend("cublas"):
+        *_, want, _, _ = lm_head_ce.train_gradients(x, w, target, None, -100, "sum", rows)
+    assert dW.dtype == dtype and dW.shape == w.shape
+    ulp = 2.0 ** (-7 if dtype == torch.bfloat16 else -10)   # one ulp, relative, at the bottom of a binade
+    assert ((dW.double() - want.double()).abs() <= ulp * want.double().abs() + 2.0 ** -14 * want.abs().max()).all()
+    ref = _reference_grads(x, w, target, None, "sum")[2]
+    assert ((dW.double() - ref).abs() <= 2 * ulp * ref.abs().max()).all()
+
+
+def test_weight_grad_split_graph_keeps_the_sum_to_24_bits():
+    """graphs.weight_grad_split: each chunk's sum rounded to 24 bits and split into hi16 (bfloat16) and lo8
+    (uint8), joined back by the next chunk; the final graph stores the sum in the op's dtype."""
+    from coda_ext.graph.interpret import interpret
+    from coda_ext.graph.semantics import join24
+
+    gen = torch.Generator().manual_seed(0)
+    A, W = (torch.randn(*s, generator=gen) for s in ((40, 7), (24, 7)))
+    for accumulate in (False, True):
+        ir = graphs.weight_grad_split(accumulate, False).build()
+        assert sorted((n.attr("name"), n.attr("dtype")) for n in ir.nodes if n.kind == "store") == \
+            [("hi", "bfloat16"), ("lo", "uint8")]
+        assert sorted((n.attr("name"), n.attr("dtype")) for n in ir.nodes if n.kind == "tile") == \
+            ([("hi_in", "bfloat16"), ("lo_in", "uint8")] if accumulate else [])
+    first = interpret(graphs.weight_grad_split(False, False), A, W)
+    exact = A.double() @ W.double().t()
+    v = join24(first["hi"], first["lo"]).double()
+    assert ((v - exact).abs() <= 2.0 ** -15 * exact.abs() + 1e-12).all()
+    second = interpret(graphs.weight_grad_split(True, False), A, W, hi_in=first["hi"].to(torch.bfloat16),
+                       lo_in=first["lo"].to(torch.uint8))
+    v2 = join24(second["hi"], second["lo"]).double()
+    assert ((v2 - 2 * exact).abs() <= 2.0 ** -14 * (2 * exact).abs() + 1e-12).all()
+    last = interpret(graphs.weight_grad_split(True, True), A, W, hi_in=second["hi"].to(torch.bfloat16),
+                     lo_in=second["lo"].to(torch.uint8))
+    assert set(last) == {"dw"}
+    assert ((last["dw"].double() - 3 * exact).abs() <= 2.0 ** -13 * (3 * exact).abs() + 1e-12).all()
 
 
 def test_weight_grad_f32_graph_is_the_product_plus_the_accumulator():

@@ -27,7 +27,8 @@ SMEM_BYTES = 232448       # shared memory per CTA on SM90 (227 KB)
 MIN_MAINLOOP_STAGES = 2   # CUTLASS's SM90 mainloops need at least two stages
 SMEM_ALIGN = 1024         # alignment of a 128-byte-swizzled TMA buffer
 STAGE_BARRIERS = 16       # bytes of pipeline barriers per mainloop stage (full + empty)
-_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1, "int32": 4, "int64": 4}   # int64 vectors are narrowed to int32
+#: Bytes an element in the kernel (int64 vectors are narrowed to int32).
+_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1, "int32": 4, "int64": 4}
 
 
 def segment_size(graph: ir.GraphIR) -> int | None:

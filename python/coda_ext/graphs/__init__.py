@@ -8,7 +8,8 @@ IO model describes are one graph.
                 lm_head_cross_entropy (and its training form, lm_head_cross_entropy_train)
     backward    the backward GEMMs: linear (linear_residual, linear_dx, weight_grad),
                 rms_norm_backward_linear, swiglu_backward_linear, lm_head_cross_entropy_backward,
-                weight_grad_f32 (the training LM head's fp32 weight gradient, accumulated in place)
+                weight_grad_split (the training LM head's weight gradient, accumulated in place in 3 bytes an
+                element), weight_grad_f32 (the same in an fp32 accumulator)
     epilogues   the README/demo example, the benchmark families and the ablation's graphs
     coverage    the GPU suite's graphs that, with the others, use every node kind
 """
@@ -20,6 +21,7 @@ from .backward import (
     swiglu_backward_linear,
     swiglu_backward_math,
     weight_grad_f32,
+    weight_grad_split,
 )
 from .coverage import binary, pair_gates, reductions, unary_a, unary_b
 from .epilogues import (
@@ -29,6 +31,7 @@ from .epilogues import (
     bias_gelu,
     bias_gelu_stores,
     bias_silu,
+    crowded_smem,
     design,
     example,
     gelu_backward_dbias,
@@ -52,10 +55,12 @@ from .forward import (
 
 __all__ = [
     "ACTIVATIONS", "acc_aux", "acc_bias", "acc_rowsum", "bias_gelu", "bias_gelu_stores", "bias_silu", "binary",
-    "design", "example", "gelu_backward_dbias", "identity", "linear", "linear_residual_norm", "linear_swiglu",
+    "crowded_smem", "design", "example", "gelu_backward_dbias", "identity", "linear", "linear_residual_norm",
+    "linear_swiglu",
     "lm_head_cross_entropy",
     "lm_head_cross_entropy_backward", "lm_head_cross_entropy_train", "pair_gates", "pair_tile_read", "qkv_rope",
     "reductions", "rms_linear",
     "rms_norm_backward_linear", "rstd_scale", "rstd_swiglu", "silu_acc", "silu_aux_bias", "store_rowsum", "swiglu",
     "swiglu_backward_linear", "swiglu_backward_math", "unary_a", "unary_b", "weight_grad_f32",
+    "weight_grad_split",
 ]

@@ -4,7 +4,7 @@ product (for the dX GEMMs acc = dz @ W)."""
 from __future__ import annotations
 
 from ..graph.builder import Graph
-from ..graph.math import eq, exp, sigmoid, where
+from ..graph.math import eq, exp, hi16, join24, lo8, sigmoid, where
 
 
 def linear(residual: bool, scaled: bool = False) -> Graph:
@@ -28,6 +28,29 @@ def weight_grad_f32(accumulate: bool) -> Graph:
     g = Graph()
     acc = g.accumulator()
     g.store("out", acc + g.tile("acc", "float32") if accumulate else acc, dtype="float32")
+    return g
+
+
+def weight_grad_split(accumulate: bool, final: bool) -> Graph:
+    """A weight gradient kept across chunks of rows in 3 bytes an element (the training LM head's dW): the fp32
+    sum rounded to 24 bits, its top 16 bits in a bfloat16 tensor and the next 8 in a uint8 one; no main output:
+
+        v          = acc [+ join24(tile "hi_in" (bfloat16), tile "lo_in" (uint8))]     (accumulate)
+        store "hi" (bfloat16) = hi16(v),  store "lo" (uint8) = lo8(v)               (not final)
+        store "dw" (the op's dtype) = v, rounded once                               (final)
+
+    With accumulate the op may write "hi" over "hi_in", "lo" over "lo_in" and "dw" over "hi_in" (each element is
+    read before it is written, "dw" a 16-bit value where "hi_in" held one). Each chunk's sum is rounded to 15
+    mantissa bits (relative error 2^-16, a 128th of a bfloat16 rounding); an fp32 accumulator takes 4 bytes."""
+    g = Graph()
+    v = g.accumulator()
+    if accumulate:
+        v = v + join24(g.tile("hi_in", "bfloat16"), g.tile("lo_in", "uint8"))
+    if final:
+        g.store("dw", v)
+    else:
+        g.store("hi", hi16(v), dtype="bfloat16")
+        g.store("lo", lo8(v), dtype="uint8")
     return g
 
 

@@ -1,9 +1,26 @@
 """Epilogue graphs of the examples, the speed and IO benchmarks and the GPU suite: the README and
-demo example, the benchmark families and the ablation's one-feature-at-a-time graphs."""
+demo example, the benchmark families, the ablation's one-feature-at-a-time graphs and a fuzz sample kept as a
+regression graph (crowded_smem)."""
 from __future__ import annotations
 
 from ..graph.builder import Graph
-from ..graph.math import gelu, gelu_grad, silu, swiglu_pairs
+from ..graph.math import (
+    add,
+    cast,
+    eq,
+    fma,
+    gelu,
+    gelu_grad,
+    le,
+    pair_gate,
+    relu,
+    segment_reduce,
+    silu,
+    sin_turns,
+    sqrt,
+    swiglu_pairs,
+    tanh,
+)
 from .backward import linear
 
 
@@ -143,4 +160,24 @@ def silu_aux_bias() -> Graph:
     """D = silu(acc) ⊙ aux + bias[n] (design() without its reduction)."""
     g = Graph()
     g.output(silu(g.accumulator()) * g.tile("aux") + g.row_vector("bias"))
+    return g
+
+
+def crowded_smem() -> Graph:
+    """A fuzz sample (float16) whose tile loads, stores and vectors fill shared memory beside a gated (pair) store:
+    in 64 x 64 subtiles with mn operands it needed 170 KB with the gated store staged for TMA, 162 KB without
+    (constraints.fit_gated_store then writes it from registers)."""
+    g = Graph()
+    acc, s1 = g.accumulator(), g.scalar("s1")
+    r2, c3, c4 = g.row_vector("r2", "float16"), g.col_vector("c3", "bfloat16"), g.col_vector("c4", "int32")
+    t5, (even, odd) = g.tile("t5", "float32"), g.pair_tile("pt6", "float16")
+    v12 = cast(gelu_grad(relu(tanh(sqrt(abs(acc))))), "float16")
+    v15 = add(acc, sin_turns(v12) + s1)
+    v20 = segment_reduce(fma(le(eq(acc / r2, c3), c4), t5, even), 64, "sum")
+    g.store("st7", pair_gate(v20, "silu"))
+    v24 = add(v15, add(v20, odd))
+    g.store("st8", v24, dtype="float16")
+    g.row_reduce("rr9", v24, "sum")
+    g.row_reduce("rr10", v24, "logsumexp")
+    g.col_reduce("cr11", v24, "sumsq")
     return g

@@ -152,7 +152,7 @@ def gemms(M: int, V: int, d: int, scaled: bool, chunk_bytes: int | None = None, 
     path it falls back to on out-of-range logits builds on use."""
     if train:
         rows = train_chunk_rows(M, V, train_chunk_bytes)
-        dw = dw_gemms(M, V, d, train_chunk_bytes) if _dw["backend"] == "coda" else []
+        dw = dw_gemms(M, V, d, train_chunk_bytes)   # none under "cublas"
         return [(train_graph(scaled), "kk", (m, V, d)) for m in chunk_sizes(M, rows)] + dw
     c = chunk_columns(M, V, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
     out = [(graph(scaled), "kk", (M, V, d))]
@@ -234,8 +234,10 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 #     M-element fix-up                e[m, target[m]] = (p_target − 1) · exp(lse)      (p = softmax)
 #                                     so that dlogits = g · exp(−lse) ⊙row e, with no pass over e
 #     GEMM 2 (cuBLAS, fp32 out)       dx = a ⊙row (e @ W),            a = g · exp(−lse) [· rstd]
-#     GEMM 3 (cuBLAS, fp32 accum)     dW += eᵀ @ (a ⊙row x)           (fp32 accumulator across chunks; a coda_ext
-#                                     kernel under dw_backend("coda"), graphs.weight_grad_f32)
+#     GEMM 3 (coda_ext)               dW += eᵀ @ (a ⊙row x)           (kept across chunks rounded to 24 bits in a
+#                                     bfloat16 and a uint8 tensor, the last chunk writing dW in the weight's
+#                                     dtype: graphs.weight_grad_split; an fp32 accumulator under dw_backend
+#                                     "coda_f32" or "cublas")
 #                                     drstd = g · exp(−lse) · Σ_k x ⊙ (e @ W)
 #
 # g is each row's loss gradient for dloss = 1 (1/n_valid for 'mean'); the backward scales the gradients by dloss
@@ -251,7 +253,7 @@ _op.register_autograd(_backward, setup_context=_setup_context)
 
 train_graph = graphs.lm_head_cross_entropy_train
 #: Bytes of the one exp(logits) chunk the training forward holds (chunk rows × V, 16-bit): 4096 rows at
-#: V = 128256. Each chunk after the first reads and writes the fp32 dW accumulator (8·V·d bytes) beside its
+#: V = 128256. Each chunk after the first reads and writes the dW accumulator (6·V·d bytes; 8 in fp32) beside its
 #: three GEMMs (6·C·V·d FLOPs), so that pass costs about 1.3·(FLOP/s ÷ bytes/s) ÷ C of the GEMMs' time
 #: whatever V and d: 2048 rows made the head 1.18x its three bare GEMMs at 16384 tokens (Llama-3.2-1B-like
 #: on an H200), 4096 rows 1.056x (+0.56 GB), 8192 rows 1.070x (benchmarks/results/lm_head_h200.json).
@@ -296,13 +298,16 @@ def _addmm_f32_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         acc += a.float() @ b.float()
 
 
-#: Who runs the training path's weight-gradient GEMMs (dW += eᵀ @ y per chunk, fp32): "coda" (the default:
-#: graphs.weight_grad_f32 in a ping-pong kernel, the fp32 accumulator read and written in the epilogue, over the
-#: accumulator itself, hidden under the other warp group's MMAs) or "cublas" (torch.mm / torch.addmm with an fp32
-#: output: its epilogue's pass over the accumulator adds to the GEMM). The Llama-3 heads at 16384 tokens, 4096-row
-#: chunks, H200: 1.024x the three bare GEMMs against 1.071x (d 2048), 1.030x against 1.053x (d 4096)
+#: Who runs the training path's weight-gradient GEMMs (dW += eᵀ @ y per chunk):
+#: "coda" (the default: graphs.weight_grad_split, the sum kept in 3 bytes an element between chunks, a bfloat16
+#: and a uint8 tensor read and written in the epilogue over themselves, the last chunk writing the gradient in
+#: the weight's dtype over the bfloat16 part: V · d bytes less at the op's peak than an fp32 accumulator, and
+#: no conversion pass), "coda_f32" (graphs.weight_grad_f32: the same kernel with an fp32 accumulator, converted
+#: at the end) or "cublas" (torch.mm / torch.addmm with an fp32 output: its epilogue's pass over the accumulator
+#: adds to the GEMM). With fp32 accumulators the Llama-3 heads at 16384 tokens, 4096-row chunks, H200: "coda_f32"
+#: 1.024x the three bare GEMMs against "cublas" 1.071x (d 2048), 1.030x against 1.053x (d 4096)
 #: (benchmarks/results/lm_head_dw_h200.json). dw_backend() sets it for a block.
-DW_BACKENDS = ("cublas", "coda")
+DW_BACKENDS = ("cublas", "coda_f32", "coda")
 _dw = {"backend": "coda"}
 
 
@@ -314,7 +319,7 @@ def dw_backend(name: str):
 
 def _dw_gemm(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, backend: str) -> torch.Tensor:
     """a @ b [+ acc] in fp32 (a = eᵀ rows (R, C) read along R, b = y (C, d)), written over acc when given: the
-    training path's weight-gradient GEMM of one chunk on `backend` (DW_BACKENDS)."""
+    training path's weight-gradient GEMM of one chunk on `backend` ("cublas" or "coda_f32")."""
     if backend == "cublas":
         if acc is None:
             return _mm_f32(a, b)
@@ -327,21 +332,46 @@ def _dw_gemm(a: torch.Tensor, b: torch.Tensor, acc: torch.Tensor | None, backend
                      aliases={"out": "acc"}).out
 
 
-def dw_kernel_fits(V: int, d: int, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether the weight gradient's kernel takes this head: it reads each accumulator half's rows of exp(logits)ᵀ
-    along the vocabulary (its M) and y along d (its N), so each half must start and end on 16 bytes (V/2 and d
-    multiples of 8 for 16-bit values); else that head's weight gradient stays with cuBLAS."""
+def _dw_split(a: torch.Tensor, b: torch.Tensor, acc: tuple[torch.Tensor, torch.Tensor] | None, final: bool):
+    """The weight-gradient GEMM of one chunk on backend "coda" (a = eᵀ (V, C), b = y (C, d)): a @ b [+ the sum so
+    far, acc = (hi, lo)], as the next (hi, lo) written over acc, or where `final` as the gradient in b's dtype
+    written over hi (graphs.weight_grad_split)."""
+    inputs = {} if acc is None else {"hi_in": acc[0], "lo_in": acc[1]}
+    op = common.check_gemm(NAME, graphs.weight_grad_split, (acc is not None, final), a, b.t(), inputs, "mn",
+                           ("e.t()", "y.t()"))
+    out, aliases = {}, {}
+    if acc is not None and final:
+        out, aliases = {"dw": acc[0].view(b.dtype)}, {"dw": "hi_in"}
+    elif acc is not None:
+        out, aliases = {"hi": acc[0], "lo": acc[1]}, {"hi": "hi_in", "lo": "lo_in"}
+    r = op.launch(a, b.t(), inputs, out, a.shape[0], b.shape[1], aliases=aliases)
+    return r.dw if final else (r.hi, r.lo)
+
+
+def dw_kernel_fits(V: int, d: int, dtype: torch.dtype = torch.bfloat16, backend: str | None = None) -> bool:
+    """Whether the weight gradient's kernel on `backend` (default: the current dw_backend) takes this head, else
+    that head's weight gradient stays with cuBLAS. "coda" writes rows of d bytes (the uint8 part): d a multiple
+    of 16. "coda_f32" reads each accumulator half's rows of exp(logits)ᵀ along the vocabulary (its M) and y along
+    d (its N), so each half must start and end on 16 bytes (V/2 and d multiples of 8 for 16-bit values)."""
+    backend = _dw["backend"] if backend is None else backend
+    if backend == "cublas" or dtype.itemsize != 2:
+        return False
+    if backend == "coda":
+        return d % 16 == 0
     per16 = 16 // dtype.itemsize
     return d % per16 == 0 and all(r.start % per16 == 0 and (r.stop - r.start) % per16 == 0
                                   for r in accumulator_halves(V, dtype))
 
 
 def dw_gemms(M: int, V: int, d: int, chunk_bytes: int | None = None) -> list:
-    """(graph, major, (M, N, K)) of the training path's weight-gradient kernels (dw_backend "coda") at M tokens:
-    none where dw_kernel_fits says cuBLAS runs them."""
+    """(graph, major, (M, N, K)) of the training path's weight-gradient kernels (dw_backend "coda" or "coda_f32")
+    at M tokens: none where dw_kernel_fits says cuBLAS runs them."""
     if not dw_kernel_fits(V, d):
         return []
     rows = train_chunk_rows(M, V, chunk_bytes)
+    if _dw["backend"] == "coda":   # each chunk's (accumulate, final) and height, first to last, without repeats
+        chunks = [(m0 > 0, m0 + rows >= M, min(rows, M - m0)) for m0 in range(0, M, rows)]
+        return [(graphs.weight_grad_split(a, f), "mn", (V, d, c)) for a, f, c in dict.fromkeys(chunks)]
     heights = sorted({r.stop - r.start for r in accumulator_halves(V, torch.bfloat16)})
     return [(graphs.weight_grad_f32(accumulate), "mn", (h, d, c)) for c in chunk_sizes(M, rows)
             for h in heights for accumulate in ((False, True) if M > rows else (False,))]
@@ -383,7 +413,8 @@ def _logits_chunk(x, weight, target, rstd):
 
 def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, chunk: int, logits_chunk=None):
     """(loss, lse, dx, dW, drstd, in_range) for dloss = 1, rows `chunk` at a time (the algorithm above); dW
-    accumulates in fp32 and is returned in the weight's dtype (weight_gradient); in_range (a bool read on the host
+    accumulates across chunks as dw_backend says (24 bits in 3 bytes an element, or fp32) and is returned in the
+    weight's dtype; in_range (a bool read on the host
     after every kernel is queued): whether every counted row's |lse| ≤ LSE_RANGE, which the result needs.
     logits_chunk(x_c, weight, target_c, rstd_c) -> (e, lse, target_logit): the GEMM (default the kernel;
     the CPU tests pass a reference, which also keeps the weight gradient's GEMMs in torch)."""
@@ -419,9 +450,13 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
         if rc is not None:
             drstd[rows] = dr
         et = e.t()
-        dW = [_dw_gemm(et[r], y, None if dW is None else dW[i], dw) for i, r in enumerate(halves)]
+        if dw == "coda":   # the sum in 3 bytes an element; the last chunk writes the gradient itself
+            dW = _dw_split(et, y, dW, final=m0 + chunk >= M)
+        else:
+            dW = [_dw_gemm(et[r], y, None if dW is None else dW[i], dw) for i, r in enumerate(halves)]
         del e, et, ew, y   # the last chunk's buffers go before dW is converted (the op's peak)
-    dW = weight_gradient(*dW, weight.dtype) if len(dW) == 2 else dW[0].to(weight.dtype)
+    if dw != "coda":
+        dW = weight_gradient(*dW, weight.dtype) if len(dW) == 2 else dW[0].to(weight.dtype)
     return finish(lse, tl, target, ignore_index, reduction), lse, dx, dW, drstd, check.passed()
 
 
