@@ -57,8 +57,8 @@ __all__ = [
     "UnsupportedError", "Value", "abs", "add", "cast", "compile", "cos_turns", "diagram", "div", "emit_source",
     "eq", "exp", "explain", "fma", "fuse", "ge", "gelu", "gelu_grad", "gt", "hi16", "interpret", "join24",
     "kernel_source", "le", "lo8", "log", "lt", "maximum", "minimum", "mul", "ne", "neg", "pair_gate", "pair_swap",
-    "prebuild", "relu", "rotate_pairs", "rsqrt", "segment_reduce", "sigmoid", "silu", "sin_turns", "sqrt", "square", "sub",
-    "swiglu_pairs", "tanh", "turns", "where",
+    "prebuild", "relu", "rotate_pairs", "rsqrt", "segment_reduce", "sigmoid", "silu", "sin_turns", "sqrt", "square",
+    "sub", "swiglu_pairs", "tanh", "turns", "where",
 ]
 
 from . import ops  # noqa: F401  (the ready ops register their torch custom ops; imported last)
