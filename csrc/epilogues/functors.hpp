@@ -234,10 +234,12 @@ struct RoundVia {
 };
 // An fp32 value in three bytes: rounded to its top 24 bits (to nearest, ties to even, on the bits: a carry
 // moves into the exponent as it should), split into the top 16 (a value bfloat16 holds exactly) and the next 8
-// (an integer 0..255, exact in a uint8), and joined back. Integer ops only.
+// (an integer 0..255, exact in a uint8), and joined back. Integer ops only. A NaN stays a NaN (quieted: the GPU's
+// 0x7fffffff would otherwise carry into the sign bit, and a payload in the low 8 bits alone would become inf).
 CUTLASS_HOST_DEVICE uint32_t bits24(float a) {
   uint32_t b;
   memcpy(&b, &a, sizeof(b));
+  if ((b & 0x7fffffffu) > 0x7f800000u) return (b | 0x00400000u) & 0xffffff00u;
   return (b + 0x7fu + ((b >> 8) & 1u)) & 0xffffff00u;
 }
 CUTLASS_HOST_DEVICE float from_bits(uint32_t b) {
@@ -251,7 +253,7 @@ struct Join24 {
   CUTLASS_HOST_DEVICE float operator()(float hi, float lo) const {
     uint32_t h;
     memcpy(&h, &hi, sizeof(h));
-    float byte = fminf(fmaxf(lo, 0.0f), 255.0f);   // as a uint8 store would hold it
+    float byte = fminf(fmaxf(lo, 0.0f), 255.0f);   // as a uint8 store would hold it (NaN: 0)
     return from_bits((h & 0xffff0000u) | (uint32_t(rintf(byte)) << 8));
   }
 };

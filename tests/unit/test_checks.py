@@ -190,6 +190,10 @@ def test_an_allowed_alias_is_the_input_itself():
         checks.check_no_overlap({"dz": z, "y": z[:, :36]}, {"z": z}, aliases={"dz": "z"})
     with pytest.raises(ValueError, match=r"output 'dz' overlaps 'z'"):
         checks.check_no_overlap({"dz": z}, {"z": z})
+    # the same bytes in another dtype of the same size (the LM head's fp16 weight gradient over its bfloat16 part)
+    checks.check_no_overlap({"dw": z.view(torch.float16)}, {"z": z}, aliases={"dw": "z"})
+    with pytest.raises(ValueError, match=r"output 'dw' may alias input 'z' only as the same tensor"):
+        checks.check_no_overlap({"dw": z.view(torch.uint8)}, {"z": z}, aliases={"dw": "z"})
 
 
 def test_strided_view_extent_counts_its_last_element():

@@ -148,10 +148,15 @@ def test_dw_kernel_takes_heads_whose_halves_are_16_byte_aligned(monkeypatch):
     """Under "coda_f32" the kernel reads each accumulator half of exp(logits)ᵀ along V: V/2 must be a multiple of 8
     (bf16), else the head's weight gradient stays with cuBLAS (listed nowhere, and the training path does not
     launch it). Regression: V = 50264 (a multiple of 8, V/2 = 25132 is not) was handed to the kernel, whose operand
-    check raised. The split accumulator ("coda") needs only d a multiple of 16 (its uint8 rows)."""
-    assert lm_head_ce.dw_kernel_fits(50264, 768) and lm_head_ce.dw_kernel_fits(50257, 768)   # "coda"
+    check raised. The split accumulator ("coda") needs V a multiple of 8 and d of 16 (its uint8 rows); where d is
+    not, the head takes the fp32 accumulator's kernel ("coda_f32") if that fits, else cuBLAS (dw_runs_on)."""
+    assert lm_head_ce.dw_kernel_fits(50264, 768) and not lm_head_ce.dw_kernel_fits(50257, 768)   # "coda"
     assert not lm_head_ce.dw_kernel_fits(128256, 4104)    # "coda": d not a multiple of 16
     assert not lm_head_ce.dw_kernel_fits(128256, 4096, torch.float32)
+    assert [lm_head_ce.dw_runs_on(*vd) for vd in ((128256, 4096), (128256, 4104), (50264, 4104), (50257, 768))] == \
+        ["coda", "coda_f32", "cublas", "cublas"]
+    assert [g.build().digest() for g, _, _ in lm_head_ce.dw_gemms(5000, 128256, 4104)] == \
+        [graphs.weight_grad_f32(a).build().digest() for a in (False, True)] * 2   # two chunk heights, f32 kernels
     with lm_head_ce.dw_backend("coda_f32"):
         assert lm_head_ce.dw_kernel_fits(128256, 4096) and lm_head_ce.dw_kernel_fits(32000, 2048)
         assert not lm_head_ce.dw_kernel_fits(50264, 768)      # V/2 = 25132

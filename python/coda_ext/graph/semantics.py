@@ -91,9 +91,11 @@ def gelu_erf_grad(x: torch.Tensor) -> torch.Tensor:
 
 
 def _bits24(x: torch.Tensor) -> torch.Tensor:
-    """The fp32 bits of x rounded to its top 24 (to nearest, ties to even), as int64 in [0, 2**32)."""
+    """The fp32 bits of x rounded to its top 24 (to nearest, ties to even), as int64 in [0, 2**32); a NaN stays a
+    NaN (quieted, its top bits kept)."""
     b = x.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    return (b + 0x7F + ((b >> 8) & 1)) & 0xFFFFFF00
+    nan = (b & 0x7FFFFFFF) > 0x7F800000
+    return torch.where(nan, b | 0x00400000, b + 0x7F + ((b >> 8) & 1)) & 0xFFFFFF00
 
 
 def _from_bits(b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -118,7 +120,7 @@ def join24(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     and clamped as a uint8 store would): the inverse of (hi16, lo8)."""
     hi, lo = torch.broadcast_tensors(hi, lo)
     h = hi.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFF0000
-    byte = lo.to(torch.float32).round().clamp(0, 255).to(torch.int64)
+    byte = torch.nan_to_num(lo.to(torch.float32), nan=0.0).round().clamp(0, 255).to(torch.int64)   # as fmaxf/fminf
     return _from_bits(h | (byte << 8), hi)
 
 

@@ -41,7 +41,7 @@ def weight_grad_split(accumulate: bool, final: bool) -> Graph:
 
     With accumulate the op may write "hi" over "hi_in", "lo" over "lo_in" and "dw" over "hi_in" (each element is
     read before it is written, "dw" a 16-bit value where "hi_in" held one). Each chunk's sum is rounded to 15
-    mantissa bits (relative error 2^-16, a 128th of a bfloat16 rounding); an fp32 accumulator takes 4 bytes."""
+    mantissa bits (relative error 2^-16, a 256th of a bfloat16 rounding); an fp32 accumulator takes 4 bytes."""
     g = Graph()
     v = g.accumulator()
     if accumulate:

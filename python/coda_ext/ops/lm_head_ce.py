@@ -349,27 +349,38 @@ def _dw_split(a: torch.Tensor, b: torch.Tensor, acc: tuple[torch.Tensor, torch.T
 
 
 def dw_kernel_fits(V: int, d: int, dtype: torch.dtype = torch.bfloat16, backend: str | None = None) -> bool:
-    """Whether the weight gradient's kernel on `backend` (default: the current dw_backend) takes this head, else
-    that head's weight gradient stays with cuBLAS. "coda" writes rows of d bytes (the uint8 part): d a multiple
-    of 16. "coda_f32" reads each accumulator half's rows of exp(logits)ᵀ along the vocabulary (its M) and y along
-    d (its N), so each half must start and end on 16 bytes (V/2 and d multiples of 8 for 16-bit values)."""
+    """Whether the weight gradient's kernel on `backend` (default: the current dw_backend) takes this head (16-bit
+    values). Both read exp(logits)ᵀ along the vocabulary (its M) and y along d (its N): V and d multiples of 8.
+    "coda" also writes rows of d bytes (the uint8 part): d a multiple of 16. "coda_f32" reads each accumulator
+    half's rows, so each half must start and end on 16 bytes: V/2 a multiple of 8 too."""
     backend = _dw["backend"] if backend is None else backend
     if backend == "cublas" or dtype.itemsize != 2:
         return False
-    if backend == "coda":
-        return d % 16 == 0
     per16 = 16 // dtype.itemsize
+    if backend == "coda":
+        return V % per16 == 0 and d % 16 == 0
     return d % per16 == 0 and all(r.start % per16 == 0 and (r.stop - r.start) % per16 == 0
                                   for r in accumulator_halves(V, dtype))
 
 
+def dw_runs_on(V: int, d: int, dtype: torch.dtype = torch.bfloat16) -> str:
+    """The backend this head's weight gradient runs on under the current dw_backend: that one where its kernel
+    takes the head, else the fp32 accumulator's kernel ("coda" → "coda_f32") where that one does, else cuBLAS."""
+    backend = _dw["backend"]
+    for b in (backend, "coda_f32") if backend == "coda" else (backend,):
+        if dw_kernel_fits(V, d, dtype, b):
+            return b
+    return "cublas"
+
+
 def dw_gemms(M: int, V: int, d: int, chunk_bytes: int | None = None) -> list:
-    """(graph, major, (M, N, K)) of the training path's weight-gradient kernels (dw_backend "coda" or "coda_f32")
-    at M tokens: none where dw_kernel_fits says cuBLAS runs them."""
-    if not dw_kernel_fits(V, d):
+    """(graph, major, (M, N, K)) of the training path's weight-gradient kernels at M tokens (bf16), as
+    train_gradients launches them: none where dw_runs_on says cuBLAS."""
+    backend = dw_runs_on(V, d)
+    if backend == "cublas":
         return []
     rows = train_chunk_rows(M, V, chunk_bytes)
-    if _dw["backend"] == "coda":   # each chunk's (accumulate, final) and height, first to last, without repeats
+    if backend == "coda":   # each chunk's (accumulate, final) and height, first to last, without repeats
         chunks = [(m0 > 0, m0 + rows >= M, min(rows, M - m0)) for m0 in range(0, M, rows)]
         return [(graphs.weight_grad_split(a, f), "mn", (V, d, c)) for a, f, c in dict.fromkeys(chunks)]
     heights = sorted({r.stop - r.start for r in accumulator_halves(V, torch.bfloat16)})
@@ -419,9 +430,8 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
     logits_chunk(x_c, weight, target_c, rstd_c) -> (e, lse, target_logit): the GEMM (default the kernel;
     the CPU tests pass a reference, which also keeps the weight gradient's GEMMs in torch)."""
     step = logits_chunk or _logits_chunk
-    dw = "cublas" if logits_chunk is not None else _dw["backend"]   # a reference step: torch's GEMMs throughout
-    if not dw_kernel_fits(*weight.shape, weight.dtype):
-        dw = "cublas"
+    # a reference step (logits_chunk given): torch's GEMMs throughout
+    dw = "cublas" if logits_chunk is not None else dw_runs_on(*weight.shape, weight.dtype)
     M = x.shape[0]
     check = None
     _, g = row_gradients(torch.ones((), device=x.device), None, target, ignore_index, reduction)

@@ -159,16 +159,16 @@ def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.T
     """Outputs may overlap neither each other nor any input. given: the names of the outputs the caller
     gave (default all); the others were just allocated and overlap nothing, so they are not compared
     (each extent is computed once). aliases: {output: input} pairs where the output may be that input's
-    tensor itself (same memory, shape and strides: an epilogue that reads each element before it writes it
-    there), never a partial overlap."""
+    tensor itself (same memory, shape and strides, and elements of the same size, as a bfloat16 input read over by
+    a float16 output: an epilogue that reads each element before it writes it there), never a partial overlap."""
     names = [n for n in outputs if given is None or n in given]
     if not names:
         return
     aliases = aliases or {}
     for out, inp in aliases.items():
         if out in outputs and inp in inputs and not _same_tensor(outputs[out], inputs[inp]):
-            raise ValueError(f"output {out!r} may alias input {inp!r} only as the same tensor (same memory, shape "
-                             "and strides); give it its own tensor or the input itself")
+            raise ValueError(f"output {out!r} may alias input {inp!r} only as the same tensor (same memory, shape, "
+                             "strides and element size); give it its own tensor or the input itself")
     items = [(name, _extent(outputs[name])) for name in names]
     others = items + [(name, _extent(t)) for name, t in inputs.items()]
     for i, (a, (lo_a, hi_a)) in enumerate(items):
@@ -178,5 +178,6 @@ def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.T
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """The same elements of memory: same data pointer, shape, strides and element size (the dtype may differ)."""
     return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-            and a.dtype == b.dtype)
+            and a.element_size() == b.element_size())
