@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import coda_ext as ce
-from coda_ext import ops
+from coda_ext import graphs, ops
+from coda_ext.graph import semantics
 from coda_ext.ops import linear_grad, lm_head_ce, norm_backward, swiglu_backward
 from coda_ext.runtime import auto_items
 from tests.helpers import rand
@@ -86,6 +87,7 @@ def build_items(sms: int | None = None) -> list:
             gemms += [(lm_head_ce.graph(False), "kk", (M, V, d)) for M, V, d in LM_SHAPES]
             gemms += [g for M, V, d in LM_SHAPES for s in (False, True)
                       for g in lm_head_ce.gemms(M, V, d, s, train=True, train_chunk_bytes=LM_TRAIN_CHUNK_BYTES)]
+            gemms += [(graphs.weight_grad_split(True, final), "mn", SPLIT_SHAPE) for final in (False, True)]
             for backend in lm_head_ce.DW_BACKENDS:   # the weight gradient's kernels of each (none for cuBLAS)
                 with lm_head_ce.dw_backend(backend):
                     gemms += [g for M, V, d in LM_SHAPES for g in lm_head_ce.dw_gemms(M, V, d, LM_TRAIN_CHUNK_BYTES)]
@@ -96,6 +98,11 @@ def build_items(sms: int | None = None) -> list:
 LM_SHAPES = ((333, 32000, 2048), (1024, 128256, 2048))   # (M, V, d)
 LM_CHUNK_BYTES = 8 * 2**20
 LM_TRAIN_CHUNK_BYTES = 16 * 2**20      # the training path in chunks of 256 (V 32000) and 128 rows (V 128256)
+
+
+#: (V, d, rows) of the split weight-gradient kernel's ragged test: d = 272 bytes of uint8 a row (16-byte rows, a
+#: partial last N tile in every config), 77 rows (a partial last K tile)
+SPLIT_SHAPE = (336, 272, 77)
 
 
 #: Configs of the dSwiGLU whose last N tile is partly beyond N = 1000 (the row sum zdz runs without a per-element
@@ -459,3 +466,39 @@ def test_scale_by_writes_nothing_at_one_and_scales_otherwise():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(t, (before.float() * 2).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["hi-lo", "final dW"])
+def test_weight_grad_split_at_ragged_edges(final, report):
+    """graphs.weight_grad_split accumulating at (V, d, rows) = SPLIT_SHAPE, as the LM head's training path launches it
+    (lm_head_ce._dw_split, its outputs written over its inputs): uint8 and bfloat16 tiles TMA-loaded and -stored with
+    a partial last N tile (272 columns) and K tile (77 rows). The accumulator parts are views of wider, NaN-poisoned
+    buffers: the kernel writes no column beyond d (the poison stays), join24(hi, lo) equals eᵀ @ y + the previous sum
+    to the split's 2^-16 (fp32 accumulation beside it), the final dW within bfloat16's rounding."""
+    V, d, rows = SPLIT_SHAPE
+    gen = rand.generator("weight_grad_split ragged", final, device=DEVICE)
+    e_t = rand.randn(gen, rows, V, dtype=torch.bfloat16).t()     # eᵀ (V, rows), V contiguous as e.t() is
+    y = rand.randn(gen, rows, d, dtype=torch.bfloat16)
+    prev = rand.randn(gen, V, d, dtype=torch.float32, scale=4.0)
+    hi_buf = torch.full((V, d + 8), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    lo_buf = torch.full((V, d + 16), 0xAB, dtype=torch.uint8, device=DEVICE)
+    hi, lo = hi_buf[:, :d], lo_buf[:, :d]
+    hi.copy_(semantics.hi16(prev).to(torch.bfloat16))
+    lo.copy_(semantics.lo8(prev).to(torch.uint8))
+    start = semantics.join24(hi.float(), lo.float()).double()
+    want = e_t.double() @ y.double() + start
+    got = lm_head_ce._dw_split(e_t, y, (hi, lo), final)
+    torch.cuda.synchronize()
+    assert torch.isnan(hi_buf[:, d:].float()).all() and (lo_buf[:, d:] == 0xAB).all(), "a write beyond d"
+    # the split's rounding (relative) beside the fp32 accumulation's worst case (K units of fp32 rounding of Σ|eᵀ y|)
+    accumulation = rows * 2.0 ** -24 * (e_t.double().abs() @ y.double().abs())
+    if final:
+        assert got.data_ptr() == hi.data_ptr() and got.dtype == torch.bfloat16
+        value, bound = got.double(), 2.0 ** -8 + 2.0 ** -14   # a bfloat16 rounding (2^-8) of the split sum
+    else:
+        assert got[0].data_ptr() == hi.data_ptr() and got[1].data_ptr() == lo.data_ptr()
+        value, bound = semantics.join24(got[0].float(), got[1].float()).double(), 2.0 ** -15
+    err = ((value - want).abs() / (bound * want.abs() + accumulation)).max().item()
+    report(f"weight_grad_split-{V}x{d}x{rows}-{'final' if final else 'hi_lo'}: max error {err:.3f} of the bound "
+           f"({bound:.3e} relative + the fp32 accumulation's)")
+    assert err <= 1.0, err
