@@ -105,8 +105,8 @@ def _from_bits(b: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def hi16(x: torch.Tensor) -> torch.Tensor:
-    """x rounded to 24 bits, its low 16 cleared: a value bfloat16 holds exactly (hi16 + lo8 · 2^-16 · ulp
-    spacing, joined by join24, is x to 15 mantissa bits)."""
+    """x rounded to 24 bits with its low 16 bits cleared: a value bfloat16 holds exactly (join24 of it and lo8(x) is
+    x to 15 mantissa bits)."""
     return _from_bits(_bits24(x) & 0xFFFF0000, x)
 
 

@@ -373,6 +373,13 @@ def dw_runs_on(V: int, d: int, dtype: torch.dtype = torch.bfloat16) -> str:
     return "cublas"
 
 
+def split_flags(m0: int, rows: int, M: int) -> tuple[bool, bool]:
+    """(accumulate, final) of graphs.weight_grad_split for the chunk of `rows` rows starting at row m0 of M: every
+    chunk but the first adds to the sum so far, the last writes the gradient (train_gradients launches them so,
+    dw_gemms lists them so)."""
+    return m0 > 0, m0 + rows >= M
+
+
 def dw_gemms(M: int, V: int, d: int, chunk_bytes: int | None = None) -> list:
     """(graph, major, (M, N, K)) of the training path's weight-gradient kernels at M tokens (bf16), as
     train_gradients launches them: none where dw_runs_on says cuBLAS."""
@@ -381,7 +388,7 @@ def dw_gemms(M: int, V: int, d: int, chunk_bytes: int | None = None) -> list:
         return []
     rows = train_chunk_rows(M, V, chunk_bytes)
     if backend == "coda":   # each chunk's (accumulate, final) and height, first to last, without repeats
-        chunks = [(m0 > 0, m0 + rows >= M, min(rows, M - m0)) for m0 in range(0, M, rows)]
+        chunks = [(*split_flags(m0, rows, M), min(rows, M - m0)) for m0 in range(0, M, rows)]
         return [(graphs.weight_grad_split(a, f), "mn", (V, d, c)) for a, f, c in dict.fromkeys(chunks)]
     heights = sorted({r.stop - r.start for r in accumulator_halves(V, torch.bfloat16)})
     return [(graphs.weight_grad_f32(accumulate), "mn", (h, d, c)) for c in chunk_sizes(M, rows)
@@ -461,7 +468,8 @@ def train_gradients(x, weight, target, rstd, ignore_index: int, reduction: str, 
             drstd[rows] = dr
         et = e.t()
         if dw == "coda":   # the sum in 3 bytes an element; the last chunk writes the gradient itself
-            dW = _dw_split(et, y, dW, final=m0 + chunk >= M)
+            accumulate, final = split_flags(m0, chunk, M)
+            dW = _dw_split(et, y, dW if accumulate else None, final)
         else:
             dW = [_dw_gemm(et[r], y, None if dW is None else dW[i], dw) for i, r in enumerate(halves)]
         del e, et, ew, y   # the last chunk's buffers go before dW is converted (the op's peak)
