@@ -15,8 +15,9 @@ Dropout is 0 unless --dropout says otherwise (coda leaves dropout with p > 0 to 
 eager, compile (torch.compile(model)), compile_max_autotune (mode="max-autotune"; GPU only),
 compile_cudagraphs (mode="reduce-overhead": CUDA graphs; GPU only), coda (coda_ext.fusion.fuse(model): the
 "coda" backend, Inductor for what it does not fuse), coda_cudagraphs (fuse(model, cudagraphs=True): the same,
-recorded into CUDA graphs; GPU only) and, for Llama, coda_hand (the hand-written
-coda_ext.hf.apply_coda_to_llama path). Every compiled variant traces its Hugging Face model with
+recorded into CUDA graphs; GPU only), coda_cudagraphs_unmeasured (the same without the measured vetoes of
+coda_ext.fusion.timing: the byte objective alone; only when --variants names it) and, for Llama, coda_hand
+(the hand-written coda_ext.hf.apply_coda_to_llama path). Every compiled variant traces its Hugging Face model with
 coda_ext.fusion.hf_masks.plain_masks(): with the transformers and torch of the GPU machine, torch.compile
 otherwise builds an all-true attention mask and SDPA leaves its flash kernel (BERT-base's compiled step 66 ms
 against eager's 49 ms): the baseline is the best a user can get.
@@ -59,9 +60,12 @@ from typing import Any
 
 from benchmarks import common
 
-VARIANTS = ("eager", "compile", "compile_max_autotune", "compile_cudagraphs", "coda", "coda_cudagraphs", "coda_hand")
+VARIANTS = ("eager", "compile", "compile_max_autotune", "compile_cudagraphs", "coda", "coda_cudagraphs", "coda_hand",
+            "coda_cudagraphs_unmeasured")
+#: what runs without --variants: every variant but the diagnostic coda_cudagraphs_unmeasured
+DEFAULT_VARIANTS = VARIANTS[:-1]
 #: the variants that record CUDA graphs (a training step marks each new step for them)
-CUDAGRAPH_VARIANTS = ("compile_max_autotune", "compile_cudagraphs", "coda_cudagraphs")
+CUDAGRAPH_VARIANTS = ("compile_max_autotune", "compile_cudagraphs", "coda_cudagraphs", "coda_cudagraphs_unmeasured")
 #: the baselines a coda variant is compared with: what a user of torch would otherwise run
 BASELINES = ("eager", "compile", "compile_max_autotune", "compile_cudagraphs")
 #: Speedups over eager of the EVT paper (Chen et al., ASPLOS '24) on an A100, per model family.
@@ -231,9 +235,9 @@ def _quiet() -> None:
 def skip_reason(variant: str, spec: Spec, device: str, compile_backend: str, coda_fallback: str = "auto") -> str | None:
     if variant == "compile_max_autotune" and device != "cuda":
         return "max-autotune tunes GPU kernels (Triton templates, CUDA graphs): GPU only"
-    if variant in ("compile_cudagraphs", "coda_cudagraphs") and device != "cuda":
+    if variant in CUDAGRAPH_VARIANTS and device != "cuda":
         return "CUDA graphs: GPU only"
-    if variant == "coda_cudagraphs" and coda_fallback == "eager":
+    if variant in ("coda_cudagraphs", "coda_cudagraphs_unmeasured") and coda_fallback == "eager":
         return "CUDA graphs record the Inductor fallback (--coda-fallback eager)"
     if variant == "compile_max_autotune" and compile_backend != "inductor":
         return f"max-autotune is an Inductor mode (--compile-backend {compile_backend})"
@@ -263,9 +267,10 @@ def make_variant(variant: str, model, args) -> tuple[Any, Any]:
         return with_plain_masks(torch.compile(model, mode="max-autotune")), None
     if variant == "compile_cudagraphs":
         return with_plain_masks(torch.compile(model, mode="reduce-overhead")), None
-    if variant in ("coda", "coda_cudagraphs"):
+    if variant in ("coda", "coda_cudagraphs", "coda_cudagraphs_unmeasured"):
         fused = cf.fuse(model, fallback=args.coda_fallback, method=args.method,
-                        cudagraphs=variant == "coda_cudagraphs")
+                        cudagraphs=variant != "coda",
+                        measure=False if variant == "coda_cudagraphs_unmeasured" else "auto")
         return fused, fused.coda_backend
     raise ValueError(f"unknown variant {variant!r} (one of {VARIANTS})")
 
@@ -780,7 +785,7 @@ def _batches(values: list[str]) -> dict[str, tuple[int, int]]:
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
     p.add_argument("--device", default=None, help="cuda (default where there is a GPU) or cpu")
     p.add_argument("--tiny", action="store_true", help="tiny configs of every model (CPU runs, tests)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

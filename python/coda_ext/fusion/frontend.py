@@ -31,7 +31,7 @@ import torch
 from torch import fx
 
 from ..errors import CodaError
-from . import fx_util, passes
+from . import fx_util, passes, timing
 from .analyze import analyze
 from .cost import CostModel
 from .lowering import Lowered, lower, missed_folds
@@ -64,7 +64,11 @@ class Options:
         host launches one graph instead of each kernel. Needs the Inductor fallback ("auto" on CUDA);
         Inductor records only what it can (CUDA, static shapes) and runs the rest as without it.
     merge: GEMMs of one input left without an epilogue (a layer's q, k and v projections) become one GEMM of
-        their concatenated weights, and their dX and weight-gradient GEMMs one each (passes.hmerge)."""
+        their concatenated weights, and their dX and weight-gradient GEMMs one each (passes.hmerge).
+    measure: time each fused kernel against its bare GEMM and leave to the fallback the epilogues whose kernel
+        is slower than that GEMM plus the fallback's kernel for the same work, then partition again (timing.py).
+        "auto": where the kernels run on this process's GPU (target "cuda", execute "auto"); True also needs
+        them to. timer: what measures a kernel, timing.gpu_timer by default (tests give their own)."""
 
     fallback: str = "auto"
     target: str = "auto"
@@ -75,6 +79,8 @@ class Options:
     prebuild: bool = True
     cudagraphs: bool = False
     merge: bool = True
+    measure: bool | str = "auto"
+    timer: Callable | None = None
     cost: CostModel = dataclasses.field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
@@ -89,6 +95,18 @@ class Options:
                              "'auto' (on CUDA), or cudagraphs=False")
         if self.execute not in ("auto", "interpret"):
             raise ValueError(f"execute must be 'auto' or 'interpret', got {self.execute!r}")
+        if self.measure not in (True, False, "auto"):
+            raise ValueError(f"measure must be True, False or 'auto', got {self.measure!r}")
+
+    def timer_for(self, target: str) -> Callable | None:
+        """What times the fused kernels of a graph compiled for `target`, or None where nothing is measured."""
+        if self.timer is not None:
+            return self.timer if self.measure is not False else None
+        runs = target == "cuda" and self.execute == "auto" and torch.cuda.is_available()
+        if self.measure is True and not runs:
+            raise ValueError("measure=True times the fused kernels on this process's GPU: it needs CUDA, target "
+                             "'cuda' (or 'auto' with CUDA inputs) and execute='auto'; or give a timer")
+        return timing.gpu_timer if self.measure and runs else None
 
 
 def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, forward_outputs: int | None = None
@@ -104,37 +122,66 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         rep.note = "the graph has symbolic shapes (a dynamic recompilation); it runs unfused"
         return gm, rep, ()
     unfolded: set[str] = set()
+    vetoed: dict[str, timing.Verdict] = {}    # GEMMs whose fused kernel measured slower: no epilogue
     solve_s, rounds = 0.0, 0
+    timer = options.timer_for(target)
+    timed: dict[Any, Any] = {}                # each kernel and shape timed once across the rounds
 
     def partitioned(g: fx.GraphModule) -> tuple[Any, Any]:
         nonlocal solve_s
         an = analyze(g, target, forward_outputs)
-        part = partition(an.pgraph, options.cost, method=options.method, time_limit=options.time_limit,
-                         limits=Limits.of(target))
+        pg = an.pgraph
+        part = partition(pg, options.cost, method=options.method, time_limit=options.time_limit,
+                         limits=Limits.of(target), exclude=[i for i in pg.anchors() if pg[i].name in vetoed])
         solve_s += part.solve_s
         return an, part
 
-    while True:   # layer norms whose folded math no kernel took are folded again without it (norm_fold)
-        g = passes.run(gm, target, unfolded, options.cost)
-        an, part = partitioned(g)
-        plain = plain_gemms(an, part) if options.merge else set()
-        if plain and passes.hmerge.groups(g, plain):   # merged, the partition runs again on the merged graph
-            g = passes.merge_gemms(g, plain)
+    for veto_round in range(timing.MAX_ROUNDS + 1):
+        while True:   # layer norms whose folded math no kernel took are folded again without it (norm_fold)
+            g = passes.run(gm, target, unfolded, options.cost)
             an, part = partitioned(g)
-        fused, lowered = lower(g, an, part, options.execute, target)
-        missed = missed_folds(g, an, lowered)
-        if not missed:
+            plain = plain_gemms(an, part) if options.merge else set()
+            if plain and passes.hmerge.groups(g, plain):   # merged, the partition runs again on the merged graph
+                g = passes.merge_gemms(g, plain)
+                an, part = partitioned(g)
+            fused, lowered = lower(g, an, part, options.execute, target)
+            missed = missed_folds(g, an, lowered)
+            if not missed:
+                break
+            rounds += 1
+            unfolded |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
+        if timer is None:
             break
-        rounds += 1
-        unfolded |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
+        measured = _measure(an, lowered, options, timer, timed)
+        slow = {v.anchor: v for v in measured if v.slow and v.anchor not in vetoed}
+        if not slow or veto_round == timing.MAX_ROUNDS:
+            break
+        vetoed.update(slow)
     rep = graph_report(name, an, part, lowered, options.cost)
     rep.solve_s = solve_s
+    if timer is not None:
+        rep.measured = tuple(measured)
+        rep.vetoed = tuple(vetoed.values())
     rep.folded = tuple(f"{f.norm} into {', '.join(gemm for gemm, _ in f.gemms)}" for f in g.meta[NORM_FOLDS])
     rep.merged = g.meta.get(passes.hmerge.META, ())
     if unfolded:
         rep.add_note("layer norms not folded, as their GEMM's kernel did not take the fold's math: "
                      f"{', '.join(sorted(unfolded))}")
     return fused, rep, lowered
+
+
+def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Callable, timed: dict
+             ) -> list[timing.Verdict]:
+    """The verdicts of a partition's fused GEMMs; on the GPU their kernels are built first, in parallel."""
+    from ..runtime import prebuild
+
+    fused = [low for low in lowered if low.site is not None and low.mnk is not None]
+    if timer is timing.gpu_timer:
+        items = kernel_items(fused)
+        if items:
+            prebuild(items)
+    return timing.verdicts([(an.pgraph[low.group.anchor].name, low.site, tuple(low.mnk)) for low in fused],
+                           options.cost, timer, timed)
 
 
 def plain_gemms(an: Any, part: Any) -> set[str]:

@@ -40,6 +40,9 @@ gradient).
 
 method="greedy" (or a program not solved within `time_limit` seconds) takes the GEMMs in order and adds
 each candidate whose addition keeps every rule, acyclicity included.
+
+exclude: GEMMs that take no epilogue (a measured veto, timing.py: their fused kernel was slower than the GEMM
+and the fallback's kernel for the same work); their candidates go to other GEMMs or to the fallback.
 """
 from __future__ import annotations
 
@@ -778,13 +781,16 @@ def _greedy(pg: PGraph, cands: dict[int, tuple[int, ...]], limits: Limits) -> di
 
 
 def partition(pg: PGraph, cost: CostModel | None = None, *, method: str = "ilp", time_limit: float = 10.0,
-              limits: Limits = Limits()) -> Partition:
-    """The epilogues of `pg` (see the module docstring)."""
+              limits: Limits = Limits(), exclude: Iterable[int] = ()) -> Partition:
+    """The epilogues of `pg` (see the module docstring); the GEMMs in `exclude` take none."""
     if method not in METHODS:
         raise ValueError(f"partition method must be one of {METHODS}, got {method!r}")
     cost = cost or CostModel()
     start = time.perf_counter()
     cands = candidates(pg)
+    for g in exclude:
+        if g in cands:
+            cands[g] = ()
     if not any(cands.values()):
         return Partition((), cands, "none", "no GEMM has an epilogue candidate", time.perf_counter() - start, 0.0)
     groups, status, used = None, "", method

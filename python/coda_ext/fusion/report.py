@@ -57,6 +57,8 @@ class GraphReport:
     folded: tuple[str, ...] = ()      # layer norms folded into the GEMMs that read them (passes/norm_fold.py)
     merged: tuple[str, ...] = ()      # GEMMs of one input merged into one (passes/hmerge.py)
     bytes_moved: int = 0              # HBM bytes the graph moves under this partition (bytes_moved())
+    measured: tuple[Any, ...] = ()    # timing.Verdict of each fused GEMM, where the kernels were timed
+    vetoed: tuple[Any, ...] = ()      # timing.Verdict of each GEMM whose epilogue measured slower: not fused
 
     def add_note(self, text: str) -> None:
         """Appends `text` to the note ("; " between notes)."""
@@ -98,6 +100,13 @@ class GraphReport:
             lines.append(f"    epilogue: {', '.join(k.members)}")
             lines.append(f"    loads: {', '.join(k.loads) or '-'}; stores: {', '.join(k.stores) or '-'}; "
                          f"reductions: {', '.join(k.reductions) or '-'}")
+        if self.measured:
+            lines.append("  fused kernels timed against their GEMM (measured) and the fallback's kernel (IO model):")
+            lines += [f"    {v}" for v in self.measured]
+        if self.vetoed:
+            lines.append("  GEMMs left without an epilogue, their fused kernel measured slower than the GEMM and "
+                         "the fallback:")
+            lines += [f"    {v}" for v in self.vetoed]
         if self.folded:
             lines.append("  layer norms folded into the GEMMs that read them (x @ (W⊙γ)ᵀ, then rstd ⊙ (· − μ s) + W β "
                          "in the epilogue):")

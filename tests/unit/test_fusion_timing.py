@@ -1,0 +1,129 @@
+"""Measured vetoes (coda_ext.fusion.timing): a fused kernel timed slower than its bare GEMM plus the fallback's
+kernel for the same work is left to the fallback, and the graph is partitioned again without that epilogue.
+On CPU the timer is a stand-in that says which kernel is slow; the kernels run in the interpreter, so the
+model's loss and gradients are checked against eager's as everywhere else."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import coda_ext.fusion as cf
+from coda_ext.fusion import timing
+from coda_ext.fusion.cost import CostModel
+from coda_ext.fusion.partition import partition
+from tests.helpers.checks import floor, max_err, within_rule
+from tests.unit.test_fusion_backend import MLP, mlp_inputs, step
+from tests.unit.test_fusion_partition import G, groups_of
+
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
+
+
+@pytest.mark.parametrize("method", ["ilp", "greedy"])
+def test_an_excluded_gemm_takes_no_epilogue(method):
+    if method == "ilp":
+        pytest.importorskip("scipy", reason="the ILP needs scipy (pip install 'coda_ext[fusion]')")
+    g = G()
+    x, w, b = g.input(), g.input(), g.input(nbytes=256)
+    mm = g.gemm(x, w)
+    act = g.math(g.math(mm, b, roles=["tile", "row"]))
+    mm2 = g.gemm(act, w)
+    act2 = g.math(mm2)
+    g.other(act2, name="consumer")
+    pg = g.graph()
+    assert set(groups_of(partition(pg, method=method))) == {mm, mm2}
+    part = partition(pg, method=method, exclude=[mm])
+    assert groups_of(part) == {mm2: [act2]}
+    assert part.candidates[mm] == ()
+
+
+def test_the_veto_rule():
+    cost = CostModel(fallback_efficiency=0.5, veto_margin=0.1)
+    # the alternative: 10 us of GEMM + 5 us of fallback bound at half efficiency = 20 us, and 10 % of margin
+    assert not cost.slower(22e-6, 10e-6, 5e-6)
+    assert cost.slower(22.1e-6, 10e-6, 5e-6)
+
+
+def test_the_io_model_prices_the_fallbacks_kernel_alone():
+    from coda_ext import graphs
+    from coda_ext.analysis.model import io_model
+
+    k = CostModel(gpu="H100 SXM").kernel(graphs.bias_gelu(), "bfloat16", (4096, 4096, 512))
+    m = io_model(graphs.bias_gelu(), "bfloat16", (4096, 4096, 512), config="auto", gpu="H100 SXM")
+    gemm = m.variants["compile"].kernels[0]
+    assert gemm.gemm is not None and 0 < k.fallback_s < k.compile_s
+    assert k.fallback_s == pytest.approx(k.compile_s - gemm.timing(m.gpu).seconds)   # the element-wise kernel alone
+
+
+class SlowGelu:
+    """A stand-in timer: the kernels whose graph computes a GELU take 10x their GEMM; every other kernel as long
+    as its GEMM. Counts its calls per (kernel, shape)."""
+
+    def __init__(self) -> None:
+        self.calls: dict = {}
+
+    def __call__(self, site, mnk):
+        key = (site.kernel_key, mnk)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        gelu = any(n.kind.startswith("gelu") for n in site.graph.nodes)
+        return (10e-6 if gelu else 1e-6), 1e-6
+
+
+def test_a_kernel_measured_slow_is_left_to_the_fallback():
+    torch.manual_seed(0)
+    model = MLP().to(torch.bfloat16)
+    eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    timer = SlowGelu()
+    fused = cf.fuse(model, fallback="eager", timer=timer)
+    x, t = mlp_inputs()
+    loss, grads = step(fused, x.to(torch.bfloat16), t)
+    loss_e, grads_e = step(eager, x.to(torch.bfloat16), t)
+    loss_r, grads_r = step(ref, x.double(), t)
+    for got, base, want in zip([loss] + grads, [loss_e] + grads_e, [loss_r] + grads_r, strict=True):
+        err, err_eager, top = max_err(got, want), max_err(base, want), want.abs().max().item()
+        assert within_rule(err, err_eager, top), f"max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
+    (rep,) = cf.report_of(fused).graphs
+    assert rep.vetoed and all(v.slow for v in rep.vetoed)
+    vetoed = {v.anchor for v in rep.vetoed}
+    kept = [k for k in rep.kernels if k.kernel]
+    assert kept and not vetoed & {k.anchor for k in kept}         # the vetoed GEMMs take no epilogue now
+    assert not any("gelu" in m for k in kept for m in k.members)  # and the GELU's math runs in the fallback
+    assert {v.anchor for v in rep.measured} == {k.anchor for k in kept}
+    assert not any(v.slow for v in rep.measured)
+    assert max(timer.calls.values()) == 1                         # each kernel and shape timed once
+    text = str(rep)
+    assert "left to the fallback" in text and "GEMMs left without an epilogue" in text
+
+
+def test_no_timer_no_veto():
+    torch.manual_seed(0)
+    model = MLP().to(torch.bfloat16)
+    timer = SlowGelu()
+    fused = cf.fuse(model, fallback="eager", timer=timer, measure=False)
+    x, t = mlp_inputs()
+    step(fused, x.to(torch.bfloat16), t)
+    (rep,) = cf.report_of(fused).graphs
+    assert not timer.calls and not rep.vetoed and not rep.measured
+    assert any("gelu" in m for k in rep.kernels if k.kernel for m in k.members)
+
+
+def test_measure_options_are_checked():
+    with pytest.raises(ValueError, match="measure must be"):
+        cf.Options(measure="yes")
+    opts = cf.Options(measure=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="needs CUDA"):
+            opts.timer_for("cuda")
+    assert cf.Options().timer_for("interpret") is None          # "auto": only where kernels run on a GPU
+    assert cf.Options(execute="interpret").timer_for("cuda") is None
+
+
+def test_fp32_kernels_are_kept_unmeasured():
+    from coda_ext import graphs
+    from coda_ext.fusion.op import Site
+
+    site = Site(graphs.bias_gelu().build(), "float32", "kk", (), ())
+    called = []
+    out = timing.verdicts([("mm", site, (64, 64, 64))], CostModel(), lambda s, m: called.append(m) or (1.0, 0.0))
+    assert out == [] and called == []
