@@ -87,14 +87,13 @@ _MEASURED: dict[Any, tuple[float, float]] = {}
 
 
 def gpu_timer(site: Site, mnk: tuple[int, int, int]) -> tuple[float, float]:
-    """(fused kernel, bare cuBLAS GEMM) seconds at (M, N, K) on the current CUDA device, medians of REPS calls
-    each, interleaved; cached per (kernel, shape, device) for the process. The kernel must be built (the
+    """(fused kernel, bare cuBLAS GEMM) seconds at (M, N, K) on the current CUDA device, medians of REPS
+    measurements each (of CALLS calls queued behind a GPU wait), interleaved; cached per (kernel, shape, device) for the process. The kernel must be built (the
     caller prebuilds: a build here would run serially)."""
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     from ..runtime.tuned import TunedOp
-    from ..tuning import cuda_event_time_ms
 
     device = torch.cuda.current_device()
     key = (site.kernel_key, mnk, device)
@@ -111,10 +110,31 @@ def gpu_timer(site: Site, mnk: tuple[int, int, int]) -> tuple[float, float]:
         gemm: list[float] = []
         for r in range(REPS):
             A, W, inputs = sets[r % 2]
-            fused += cuda_event_time_ms(lambda A=A, W=W, inputs=inputs: op.run(A, W, inputs, {}), 1)
-            gemm += cuda_event_time_ms(lambda A=A, W=W, o=outs[r % 2]: torch.mm(A, W.t(), out=o), 1)
+            fused.append(_gpu_ms(lambda A=A, W=W, inputs=inputs: op.run(A, W, inputs, {})))
+            gemm.append(_gpu_ms(lambda A=A, W=W, o=outs[r % 2]: torch.mm(A, W.t(), out=o)))
         _MEASURED[key] = (statistics.median(fused) * 1e-3, statistics.median(gemm) * 1e-3)
     return _MEASURED[key]
+
+
+#: Calls per timed measurement, and the GPU wait queued before them (clock cycles, about 0.5 ms): the host
+#: queues every call while the GPU waits, so its launch time stays out of the GPU's.
+CALLS = 4
+WAIT_CYCLES = 1_000_000
+
+
+def _gpu_ms(fn: Callable[[], Any]) -> float:
+    """Milliseconds of GPU time per call of fn, CALLS calls queued behind a GPU wait (after one warm-up call)."""
+    import torch
+
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(WAIT_CYCLES)
+    start.record()
+    for _ in range(CALLS):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / CALLS
 
 
 def _sample(op: Any, M: int, N: int, K: int, dtype: Any, major: str, seed: int) -> tuple[Any, Any, dict[str, Any]]:
