@@ -88,8 +88,8 @@ _MEASURED: dict[Any, tuple[float, float]] = {}
 
 def gpu_timer(site: Site, mnk: tuple[int, int, int]) -> tuple[float, float]:
     """(fused kernel, bare cuBLAS GEMM) seconds at (M, N, K) on the current CUDA device, medians of REPS
-    measurements each (of CALLS calls queued behind a GPU wait), interleaved; cached per (kernel, shape, device) for the process. The kernel must be built (the
-    caller prebuilds: a build here would run serially)."""
+    measurements each (of CALLS calls queued behind a GPU wait), interleaved; cached per (kernel, shape, device)
+    for the process. The kernel must be built (the caller prebuilds: a build here would run serially)."""
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
