@@ -47,11 +47,15 @@ def assert_within_rule(label: str, got: torch.Tensor, ref: torch.Tensor, base: t
 
 def nan_outputs(op: Any, M: int, N: int, device: Any = "cuda") -> dict[str, torch.Tensor]:
     """Every output of a compiled op for an (M, N) problem, filled with NaN (pass as out=); an integer output (a
-    uint8 store) with its dtype's largest value, all bits set, as nan_memory's poison."""
+    uint8 store) with every bit set (0xFF bytes, as nan_memory's poison)."""
     out = {}
     for name in op.output_names:   # the op's own layout: rows padded to 16 bytes where N needs it
         t = op.empty_output(name, M, N, device)
-        out[name] = t.fill_(math.nan if t.is_floating_point() else torch.iinfo(t.dtype).max)
+        if t.is_floating_point():
+            t.fill_(math.nan)
+        else:
+            t.view(torch.uint8).fill_(0xFF)
+        out[name] = t
     return out
 
 

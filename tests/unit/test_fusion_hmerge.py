@@ -10,6 +10,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from coda_ext.fusion import fx_util
 from coda_ext.fusion.passes import GEMM, hmerge, layout, merge_gemms
 
 aten = torch.ops.aten
@@ -64,6 +65,11 @@ def test_projections_of_one_input_become_one_gemm_each_way():
     assert by_major["kn"].args[1] is by_major["kk"].args[1]               # the forward's concatenated weights
     check_same(gm, out, args)
     assert len(gemms(gm)) == 9                                            # a pure function
+    # each merged GEMM's identity (a measured veto names GEMMs by it) joins its parts', as layout named them
+    ids = {n.args[2]: sorted(fx_util.gemm_id(g) for g in gemms(gm) if g.args[2] == n.args[2]) for n in merged}
+    for major, n in by_major.items():
+        assert sorted(fx_util.gemm_id(n).split("+")) == ids[major] and len(ids[major]) == 3
+    assert all(fx_util.gemm_id(g) == g.name for g in gemms(gm))             # layout's own
 
 
 def test_allowed_limits_the_merge_and_a_lone_gemm_stays():

@@ -84,16 +84,13 @@ def test_a_kernel_measured_slow_is_left_to_the_fallback():
         err, err_eager, top = max_err(got, want), max_err(base, want), want.abs().max().item()
         assert within_rule(err, err_eager, top), f"max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
     (rep,) = cf.report_of(fused).graphs
-    assert rep.vetoed and all(v.slow for v in rep.vetoed)
-    vetoed = {v.anchor for v in rep.vetoed}
+    assert rep.vetoed and all(v.slow and v.action == "no epilogue" for v in rep.vetoed)
     kept = [k for k in rep.kernels if k.kernel]
-    assert kept and not vetoed & {k.anchor for k in kept}         # the vetoed GEMMs take no epilogue now
-    assert not any("gelu" in m for k in kept for m in k.members)  # and the GELU's math runs in the fallback
+    assert kept and not any("gelu" in m for k in kept for m in k.members)  # the GELU's math runs in the fallback
     assert {v.anchor for v in rep.measured} == {k.anchor for k in kept}
     assert not any(v.slow for v in rep.measured)
     assert max(timer.calls.values()) == 1                         # each kernel and shape timed once
-    text = str(rep)
-    assert "left to the fallback" in text and "GEMMs left without an epilogue" in text
+    assert "round 0: " in str(rep) and ": no epilogue" in str(rep)
 
 
 def test_no_timer_no_veto():
@@ -125,5 +122,94 @@ def test_fp32_kernels_are_kept_unmeasured():
 
     site = Site(graphs.bias_gelu().build(), "float32", "kk", (), ())
     called = []
-    out = timing.verdicts([("mm", site, (64, 64, 64))], CostModel(), lambda s, m: called.append(m) or (1.0, 0.0))
+    out = timing.verdicts([("mm", "mm", site, (64, 64, 64))], CostModel(),
+                          lambda s, m: called.append(m) or (1.0, 0.0))
     assert out == [] and called == []
+
+
+def test_a_timer_that_fails_keeps_the_kernel_with_a_warning():
+    from coda_ext import graphs
+    from coda_ext.fusion.op import Site
+
+    site = Site(graphs.bias_gelu().build(), "bfloat16", "kk", (), ())
+
+    def broken(s, m):
+        raise MemoryError("its tensors need 9 GB")
+
+    with pytest.warns(UserWarning, match="was not timed, it stays fused .MemoryError: its tensors need 9 GB"):
+        assert timing.verdicts([("mm", "mm", site, (64, 64, 64))], CostModel(), broken) == []
+
+
+# --- layer norms folded into their GEMMs (fusion/passes/norm_fold.py): a veto undoes the fold first -----------
+
+def _four_folded_norms():
+    """Four layer norms, each folded into the one GEMM that reads it; the first GEMM's epilogue also has a GELU."""
+    import torch.nn.functional as F
+
+    from tests.unit.test_fusion_norm import ln, randn, trace
+
+    def f(x1, x2, x3, x4, g, b, w, c):
+        return [F.gelu(F.linear(ln(x1, g, b), w, c)), torch.relu(F.linear(ln(x2, g, b), w, c)),
+                torch.relu(F.linear(ln(x3, g, b), w, c)), torch.relu(F.linear(ln(x4, g, b), w, c))]
+
+    args = [randn(i, 2, 6, 16, scale=2.0, shift=3.0) for i in range(1, 5)]
+    args += [randn(5, 16, shift=1.0), randn(6, 16), randn(7, 12, 16), randn(8, 12)]
+    return trace(f, *[a.to(torch.bfloat16) for a in args])
+
+
+def _gelu(site) -> bool:
+    return any(n.kind.startswith("gelu") for n in site.graph.nodes)
+
+
+def _folded(site) -> bool:   # the fold's math: acc - mean * s, then * rstd
+    return any(n.kind == "sub" for n in site.graph.nodes)
+
+
+def test_a_slow_folded_gemm_loses_its_fold_and_the_other_folds_stay():
+    from coda_ext.fusion import frontend
+    from tests.unit.test_fusion_norm import FOLD
+
+    gm = _four_folded_norms()
+    plain = frontend.fuse_graph(gm, frontend.Options(cost=FOLD, measure=False), "interpret", "t")[1]
+    assert len(plain.folded) == 4
+
+    def timer(site, mnk):   # the first layer norm's folded GEMM (GELU and the fold) only
+        return (10e-6 if _gelu(site) and _folded(site) else 1e-6), 1e-6
+
+    _, rep, _ = frontend.fuse_graph(gm, frontend.Options(cost=FOLD, timer=timer), "interpret", "t")
+    (veto,) = rep.vetoed
+    assert veto.action.startswith("the fold of layer norm") and veto.round == 0
+    assert len(rep.folded) == 3                                   # the other three stay folded
+    assert not any(v.slow for v in rep.measured)
+    gelu = [k for k in rep.kernels if k.kernel and any("gelu" in m for m in k.members)]
+    assert gelu                                                   # its GEMM keeps an epilogue of its own (timed: fast)
+
+
+def test_a_slow_gemm_stays_excluded_whatever_the_later_folds_rename():
+    from coda_ext.fusion import frontend
+    from tests.unit.test_fusion_norm import FOLD
+
+    gm = _four_folded_norms()
+
+    def timer(site, mnk):   # the first GEMM's epilogue, folded or not, is slow: its fold goes, then its epilogue
+        return (10e-6 if _gelu(site) else 1e-6), 1e-6
+
+    _, rep, _ = frontend.fuse_graph(gm, frontend.Options(cost=FOLD, timer=timer), "interpret", "t")
+    assert [v.action.split(" ")[0] for v in rep.vetoed] == ["the", "no"]    # fold undone, then no epilogue
+    assert [v.round for v in rep.vetoed] == [0, 1]
+    assert len(rep.folded) == 3
+    assert not any(any("gelu" in m for m in k.members) for k in rep.kernels if k.kernel)
+    assert sum(1 for k in rep.kernels if k.kernel) == 3           # the three other GEMMs keep theirs
+
+
+def test_slow_kernels_past_the_last_round_stay_fused_and_the_report_says_so(monkeypatch):
+    from coda_ext.fusion import frontend
+    from tests.unit.test_fusion_norm import FOLD
+
+    monkeypatch.setattr(timing, "MAX_ROUNDS", 0)
+    gm = _four_folded_norms()
+    _, rep, _ = frontend.fuse_graph(gm, frontend.Options(cost=FOLD, timer=lambda s, m: (10e-6, 1e-6)),
+                                    "interpret", "t")
+    assert not rep.vetoed and rep.measured and all(v.slow for v in rep.measured)
+    assert len(rep.folded) == 4
+    assert "slower, kept: the 0 partitions after the first ran out" in str(rep)

@@ -1,4 +1,4 @@
-"""The GPU tests' poisoned outputs (tests/helpers/checks.nan_outputs), on CPU tensors."""
+"""The GPU tests' poisoned outputs (nan_outputs in tests/helpers/checks.py), on CPU tensors."""
 from __future__ import annotations
 
 import torch

@@ -22,6 +22,7 @@ it, for up to MAX_SPECIALIZATIONS shapes of one graph; the report says which gra
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import warnings
 from collections.abc import Callable
@@ -122,8 +123,10 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         rep.note = "the graph has symbolic shapes (a dynamic recompilation); it runs unfused"
         return gm, rep, ()
     unfolded: set[str] = set()
-    vetoed: dict[str, timing.Verdict] = {}    # GEMMs whose fused kernel measured slower: no epilogue
-    solve_s, rounds = 0.0, 0
+    excluded: set[str] = set()                # GEMMs (fx_util.GEMM_ID) whose fused kernel measured slower
+    vetoes: list[timing.Verdict] = []         # each with what was done
+    measured: list[timing.Verdict] = []
+    solve_s = 0.0
     timer = options.timer_for(target)
     timed: dict[Any, Any] = {}                # each kernel and shape timed once across the rounds
 
@@ -132,11 +135,13 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         an = analyze(g, target, forward_outputs)
         pg = an.pgraph
         part = partition(pg, options.cost, method=options.method, time_limit=options.time_limit,
-                         limits=Limits.of(target), exclude=[i for i in pg.anchors() if pg[i].name in vetoed])
+                         limits=Limits.of(target),
+                         exclude=[i for i in pg.anchors() if fx_util.gemm_id(an.fx_nodes[i]) in excluded])
         solve_s += part.solve_s
         return an, part
 
     for veto_round in range(timing.MAX_ROUNDS + 1):
+        rounds = 0
         while True:   # layer norms whose folded math no kernel took are folded again without it (norm_fold)
             g = passes.run(gm, target, unfolded, options.cost)
             an, part = partitioned(g)
@@ -152,16 +157,23 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
             unfolded |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
         if timer is None:
             break
-        measured = _measure(an, lowered, options, timer, timed)
-        slow = {v.anchor: v for v in measured if v.slow and v.anchor not in vetoed}
+        measured = _measure(an, lowered, options, timer, timed, veto_round)
+        slow = [v for v in measured if v.slow]
         if not slow or veto_round == timing.MAX_ROUNDS:
             break
-        vetoed.update(slow)
+        folded = {gemm: f.norm for f in g.meta[NORM_FOLDS] for gemm, _ in f.gemms}
+        for v in slow:   # a folded layer norm's GEMM first loses the fold; any other GEMM its epilogue
+            if v.anchor in folded:
+                unfolded.add(folded[v.anchor])
+                vetoes.append(dataclasses.replace(v, action=f"the fold of layer norm {folded[v.anchor]} undone"))
+            else:
+                excluded.add(v.gemm)
+                vetoes.append(dataclasses.replace(v, action="no epilogue"))
     rep = graph_report(name, an, part, lowered, options.cost)
     rep.solve_s = solve_s
     if timer is not None:
         rep.measured = tuple(measured)
-        rep.vetoed = tuple(vetoed.values())
+        rep.vetoed = tuple(vetoes)
     rep.folded = tuple(f"{f.norm} into {', '.join(gemm for gemm, _ in f.gemms)}" for f in g.meta[NORM_FOLDS])
     rep.merged = g.meta.get(passes.hmerge.META, ())
     if unfolded:
@@ -170,18 +182,29 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
     return fused, rep, lowered
 
 
-def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Callable, timed: dict
-             ) -> list[timing.Verdict]:
-    """The verdicts of a partition's fused GEMMs; on the GPU their kernels are built first, in parallel."""
+def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Callable, timed: dict,
+             veto_round: int) -> list[timing.Verdict]:
+    """The verdicts of a partition's fused GEMMs. With the GPU timer: on the GPU of their operands, their kernels
+    built first, in parallel; nothing is timed while a CUDA graph is being captured (a warning says so)."""
     from ..runtime import prebuild
 
-    fused = [low for low in lowered if low.site is not None and low.mnk is not None]
-    if timer is timing.gpu_timer:
-        items = kernel_items(fused)
-        if items:
-            prebuild(items)
-    return timing.verdicts([(an.pgraph[low.group.anchor].name, low.site, tuple(low.mnk)) for low in fused],
-                           options.cost, timer, timed)
+    fused = [(an.fx_nodes[low.group.anchor], low) for low in lowered if low.site is not None and low.mnk is not None]
+    if timer is timing.gpu_timer and fused:
+        device = fx_util.val(fused[0][0].args[0]).device
+        if device.type != "cuda":
+            return []
+        if torch.cuda.is_current_stream_capturing():
+            warnings.warn("coda fusion: a graph compiled during CUDA graph capture: its fused kernels are not timed "
+                          "(measure)", stacklevel=2)
+            return []
+        try:
+            prebuild(kernel_items([low for _, low in fused],
+                                  sms=torch.cuda.get_device_properties(device).multi_processor_count))
+        except CodaError as e:   # what did not build is not timed (verdicts says so) and stays fused
+            warnings.warn(f"coda fusion: a kernel to time did not build: {e}", stacklevel=2)
+        timer = functools.partial(timing.gpu_timer, device=device)
+    return timing.verdicts([(n.name, fx_util.gemm_id(n), low.site, tuple(low.mnk)) for n, low in fused],
+                           options.cost, timer, timed, veto_round)
 
 
 def plain_gemms(an: Any, part: Any) -> set[str]:

@@ -161,6 +161,18 @@ def closure(root: fx.Node, through: Callable[[fx.Node], bool], limit: int) -> tu
     return inside, leaves
 
 
+#: node.meta key of a GEMM's identity across the passes' runs: the name passes.layout gave it (the passes before
+#: it are pure functions of the same graph, so the same each run), kept by the GEMMs that replace it (a folded
+#: layer norm's, passes.norm_fold) and joined by a merged one (passes.hmerge); the names those passes give vary
+#: with which layer norms are folded and which GEMMs merge.
+GEMM_ID = "coda_gemm_id"
+
+
+def gemm_id(node: fx.Node) -> str:
+    """A GEMM's identity across runs of the passes (GEMM_ID), its name where it has none."""
+    return node.meta.get(GEMM_ID, node.name)
+
+
 def pass_tag(node: fx.Node) -> dict[str, Any]:
     """The partitioner tag of a node, as meta for the nodes that replace it."""
     return {PARTITIONER_TAG: node.meta[PARTITIONER_TAG]} if PARTITIONER_TAG in node.meta else {}

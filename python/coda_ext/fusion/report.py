@@ -58,7 +58,7 @@ class GraphReport:
     merged: tuple[str, ...] = ()      # GEMMs of one input merged into one (passes/hmerge.py)
     bytes_moved: int = 0              # HBM bytes the graph moves under this partition (bytes_moved())
     measured: tuple[Any, ...] = ()    # timing.Verdict of each fused GEMM, where the kernels were timed
-    vetoed: tuple[Any, ...] = ()      # timing.Verdict of each GEMM whose epilogue measured slower: not fused
+    vetoed: tuple[Any, ...] = ()      # timing.Verdict of each veto, with what was done (fold undone, no epilogue)
 
     def add_note(self, text: str) -> None:
         """Appends `text` to the note ("; " between notes)."""
@@ -104,8 +104,8 @@ class GraphReport:
             lines.append("  fused kernels timed against their GEMM (measured) and the fallback's kernel (IO model):")
             lines += [f"    {v}" for v in self.measured]
         if self.vetoed:
-            lines.append("  GEMMs left without an epilogue, their fused kernel measured slower than the GEMM and "
-                         "the fallback:")
+            lines.append("  vetoes, each fused kernel measured slower than its GEMM and the fallback (the GEMM as "
+                         "named in that round's partition):")
             lines += [f"    {v}" for v in self.vetoed]
         if self.folded:
             lines.append("  layer norms folded into the GEMMs that read them (x @ (W⊙γ)ᵀ, then rstd ⊙ (· − μ s) + W β "

@@ -5,23 +5,24 @@ hundred) its epilogue is not hidden behind it, and a kernel that keeps bytes on 
 than the bare GEMM followed by the fallback's element-wise kernel for the same work (BERT's N-major layer-norm
 backward epilogues at K = 768 ran 2-3.6x their cuBLAS GEMM). So, on a GPU, each distinct fused kernel of a
 partition is timed at its GEMM shape against the bare cuBLAS GEMM of the same shape and operand layout
-(interleaved, medians), and every GEMM whose fused kernel is slower than that GEMM plus the fallback's kernel
-(the IO model's bound at the fallback's efficiency: CostModel.slower) takes no epilogue when the graph is
-partitioned again (frontend.fuse_graph, up to MAX_ROUNDS times).
+(interleaved, medians). A kernel slower than that GEMM plus the fallback's kernel (the IO model's bound at the
+fallback's efficiency: CostModel.slower) is vetoed and the graph partitioned again (frontend.fuse_graph, up to
+MAX_ROUNDS times): a GEMM that took a folded layer norm first has the fold undone (the layer norm runs as
+before, the GEMM keeps an epilogue of its own, timed in the next round); any other takes no epilogue.
 
-verdicts(lowered, cost, timer) -> [Verdict]: one per fused GEMM of the partition, with its times.
-gpu_timer(site, (M, N, K)) -> (fused_s, gemm_s): the measurement, on this process's GPU, cached per kernel and
-shape (random inputs of the kernel's signature; the kernel config "auto" takes there, as the launch will).
+verdicts(anchors, cost, timer) -> [Verdict]: one per fused GEMM of the partition, with its times.
+gpu_timer(site, (M, N, K), device) -> (fused_s, gemm_s): the measurement on a GPU, cached per kernel, shape and
+device (random inputs of the kernel's signature; the kernel a call at that shape launches).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import CodaError
 from .cost import CostModel
 from .op import Site
 
@@ -36,102 +37,130 @@ Timer = Callable[[Site, tuple[int, int, int]], tuple[float, float]]
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """One fused GEMM's measurement: the fused kernel and the bare GEMM (measured), the fallback's kernel for
-    the epilogue's work (the IO model's bound), and whether the epilogue is left to the fallback."""
+    the epilogue's work (the IO model's bound), whether the kernel is slower than their line (CostModel.slower),
+    and, for a veto, what was done (`action`) and in which partition of the graph (`round`: its GEMM names)."""
 
-    anchor: str
+    anchor: str                  # the GEMM's name in that round's graph
+    gemm: str                    # its identity across rounds (fx_util.GEMM_ID)
     kernel: str                  # digest of the fused kernel's graph
     mnk: tuple[int, int, int]
     fused_s: float
     gemm_s: float
     fallback_s: float
     slow: bool
+    action: str = ""
+    round: int = 0
 
     def __str__(self) -> str:
         M, N, K = self.mnk
-        verdict = "left to the fallback" if self.slow else "kept"
-        return (f"{self.anchor} {M}x{N}x{K} kernel {self.kernel[:8]}: fused {self.fused_s * 1e6:.1f} us against the "
-                f"GEMM's {self.gemm_s * 1e6:.1f} us + the fallback's {self.fallback_s * 1e6:.1f} us (IO model): "
-                f"{verdict}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"anchor": self.anchor, "kernel": self.kernel, "mnk": list(self.mnk), "fused_us": self.fused_s * 1e6,
-                "gemm_us": self.gemm_s * 1e6, "fallback_us": self.fallback_s * 1e6, "slow": self.slow}
+        what = self.action if self.action else (
+            f"slower, kept: the {MAX_ROUNDS} partitions after the first ran out" if self.slow else "kept")
+        where = f"round {self.round}: " if self.action else ""
+        return (f"{where}{self.anchor} {M}x{N}x{K} kernel {self.kernel[:8]}: fused {self.fused_s * 1e6:.1f} us "
+                f"against the GEMM's {self.gemm_s * 1e6:.1f} us + the fallback's {self.fallback_s * 1e6:.1f} us "
+                f"(IO model): {what}")
 
 
-def verdicts(anchors: Iterable[tuple[str, Site, tuple[int, int, int]]], cost: CostModel, timer: Timer,
-             seen: dict[Any, tuple[float, float, float] | None] | None = None) -> list[Verdict]:
-    """A Verdict for each (anchor name, site, (M, N, K)) of a partition's fused GEMMs; each distinct kernel and
-    shape is timed once (once across calls given the same `seen`). fp32 kernels (they run in the interpreter)
-    are neither timed nor vetoed."""
+def verdicts(anchors: Iterable[tuple[str, str, Site, tuple[int, int, int]]], cost: CostModel, timer: Timer,
+             seen: dict[Any, tuple[float, float, float] | None] | None = None, partition_round: int = 0
+             ) -> list[Verdict]:
+    """A Verdict for each (anchor name, GEMM identity, site, (M, N, K)) of a partition's fused GEMMs; each distinct
+    kernel and shape is timed once (once across calls given the same `seen`). fp32 kernels (they run in the
+    interpreter) are neither timed nor vetoed, and a kernel the timer fails on is kept, with a warning."""
     out: list[Verdict] = []
     seen = {} if seen is None else seen
-    for name, site, mnk in anchors:
+    for name, gemm, site, mnk in anchors:
         key = (site.kernel_key, mnk)
         if key not in seen:
             seen[key] = None
             if site.dtype in ("bfloat16", "float16"):
                 try:
                     fused_s, gemm_s = timer(site, mnk)
-                except CodaError as e:   # not built (its launch says why): kept, as without a measurement
-                    warnings.warn(f"coda fusion: kernel {site.graph.digest()[:8]} at {mnk} was not timed ({e})",
-                                  stacklevel=2)
+                except Exception as e:  # noqa: BLE001  (a measurement is advice: the kernel stays fused, said)
+                    warnings.warn(f"coda fusion: kernel {site.graph.digest()[:8]} at {mnk} was not timed, it stays "
+                                  f"fused ({type(e).__name__}: {e})", stacklevel=2)
                     continue
                 seen[key] = (fused_s, gemm_s, cost.kernel(site.graph, site.dtype, mnk).fallback_s)
         if seen[key] is not None:
             f, g, fb = seen[key]
-            out.append(Verdict(name, site.graph.digest(), mnk, f, g, fb, cost.slower(f, g, fb)))
+            out.append(Verdict(name, gemm, site.graph.digest(), mnk, f, g, fb, cost.slower(f, g, fb),
+                               round=partition_round))
     return out
 
 
 _MEASURED: dict[Any, tuple[float, float]] = {}
+#: The share of the device's free memory one measurement's tensors may take; above it the kernel is not timed.
+MEMORY_SHARE = 0.5
 
 
-def gpu_timer(site: Site, mnk: tuple[int, int, int]) -> tuple[float, float]:
-    """(fused kernel, bare cuBLAS GEMM) seconds at (M, N, K) on the current CUDA device, medians of REPS
-    measurements each (of CALLS calls queued behind a GPU wait), interleaved; cached per (kernel, shape, device)
-    for the process. The kernel must be built (the caller prebuilds: a build here would run serially)."""
+def gpu_timer(site: Site, mnk: tuple[int, int, int], device: Any = None) -> tuple[float, float]:
+    """(fused kernel, bare cuBLAS GEMM) seconds at (M, N, K) on `device` (default: the current CUDA device),
+    medians of REPS measurements each (CALLS calls queued behind a GPU wait, alternating between two input sets
+    so that neither call finds the other's data in L2), interleaved; cached per (kernel, shape, device) for the
+    process. The kernel launched is the one a call at that shape launches (TunedOp.choose: a remembered tuning,
+    else the heuristic's); the caller prebuilds (a build here runs serially). Raises MemoryError where the
+    tensors would take more than MEMORY_SHARE of the device's free memory (one input set then, if it fits)."""
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
     from ..runtime.tuned import TunedOp
 
-    device = torch.cuda.current_device()
-    key = (site.kernel_key, mnk, device)
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    key = (site.kernel_key, mnk, device.index)
     if key in _MEASURED:
         return _MEASURED[key]
     M, N, K = mnk
-    with _disable_current_modes(), torch.no_grad():   # real tensors, under whatever mode traces the graph
+    with _disable_current_modes(), torch.no_grad(), torch.cuda.device(device):   # real tensors, whatever traces
         tuned = TunedOp(site.graph, site.dtype, tune=False, major=site.major)
-        op = tuned.op_for(tuned.config_for(M, N, K, TunedOp.sms(torch.empty(0, device="cuda"))))
         dtype = getattr(torch, site.dtype)
-        sets = [_sample(op, M, N, K, dtype, site.major, seed) for seed in (0, 1)]
+        free = torch.cuda.mem_get_info(device)[0]
+        one = _set_bytes(tuned, M, N, K, dtype.itemsize)
+        if one > MEMORY_SHARE * free:
+            raise MemoryError(f"its tensors need {one / 1e9:.2f} GB, more than {MEMORY_SHARE:.0%} of the "
+                              f"{free / 1e9:.2f} GB free")
+        sets = [_sample(tuned, M, N, K, dtype, site.major, seed) for seed in range(2 if 2 * one <= MEMORY_SHARE * free
+                                                                                   else 1)]
+        op = tuned.op_for(tuned.choose(*sets[0], torch.cuda.get_device_name(device)))
         outs = [torch.empty(M, N, dtype=dtype, device="cuda") for _ in sets]
+        fused_fns = [lambda A=A, W=W, inputs=inputs: op.run(A, W, inputs, {}) for A, W, inputs in sets]
+        gemm_fns = [lambda A=A, W=W, o=o: torch.mm(A, W.t(), out=o) for (A, W, _), o in zip(sets, outs, strict=True)]
         fused: list[float] = []
         gemm: list[float] = []
-        for r in range(REPS):
-            A, W, inputs = sets[r % 2]
-            fused.append(_gpu_ms(lambda A=A, W=W, inputs=inputs: op.run(A, W, inputs, {})))
-            gemm.append(_gpu_ms(lambda A=A, W=W, o=outs[r % 2]: torch.mm(A, W.t(), out=o)))
+        for _ in range(REPS):
+            fused.append(_gpu_ms(fused_fns))
+            gemm.append(_gpu_ms(gemm_fns))
         _MEASURED[key] = (statistics.median(fused) * 1e-3, statistics.median(gemm) * 1e-3)
+        del sets, outs, fused_fns, gemm_fns
+        torch.cuda.empty_cache()
     return _MEASURED[key]
 
 
-#: Calls per timed measurement, and the GPU wait queued before them (clock cycles, about 0.5 ms): the host
-#: queues every call while the GPU waits, so its launch time stays out of the GPU's.
+def _set_bytes(op: Any, M: int, N: int, K: int, itemsize: int) -> int:
+    """About what one measurement's input set and outputs take: A, W, every tensor input (4-byte elements at most),
+    every output as M x N fp32 (a pair store's M x 2N 16-bit values alike) and the GEMM's M x N."""
+    inputs = sum(4 * math.prod(op.input_shape(s.name, M, N) or (1,)) for s in op.slots
+                 if s.name in op.input_names and s.kind != "scalar")
+    return (M + N) * K * itemsize + inputs + (4 * len(op.output_names) + itemsize) * M * N
+
+
+#: Calls per timed measurement, and the GPU wait queued before them (clock cycles, about 1 ms): the host queues
+#: every call while the GPU waits, so its launch time stays out of the GPU's.
 CALLS = 4
-WAIT_CYCLES = 1_000_000
+WAIT_CYCLES = 2_000_000
 
 
-def _gpu_ms(fn: Callable[[], Any]) -> float:
-    """Milliseconds of GPU time per call of fn, CALLS calls queued behind a GPU wait (after one warm-up call)."""
+def _gpu_ms(fns: list[Callable[[], Any]]) -> float:
+    """Milliseconds of GPU time per call, CALLS calls (cycling through fns) queued behind a GPU wait, after one
+    warm-up call of each."""
     import torch
 
-    fn()
+    for fn in fns:
+        fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(WAIT_CYCLES)
     start.record()
-    for _ in range(CALLS):
-        fn()
+    for i in range(CALLS):
+        fns[i % len(fns)]()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / CALLS

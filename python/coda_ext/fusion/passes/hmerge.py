@@ -83,6 +83,7 @@ def _merge(graph: fx.Graph, group: list[fx.Node]) -> None:
         emit = Emit(graph, fx_util.pass_tag(group[0]))
         w_cat = emit(aten.cat.default, weights, 0)
         merged = emit(GEMM, a, w_cat, "kk")
+        merged.meta[fx_util.GEMM_ID] = _joined(group)
     for node, off, n in zip(group, offsets, widths, strict=True):
         with graph.inserting_before(node):
             part = Emit(graph, fx_util.pass_tag(node))(aten.slice.Tensor, merged, 1, off, off + n)
@@ -113,9 +114,11 @@ def _merge_backward(graph: fx.Graph, x: fx.Node, weights: list[fx.Node], w_cat: 
         dz_cat = emit(aten.cat.default, dz, 1)
         if dw is not None:
             dw_cat = emit(GEMM, dz_cat, x, "mn")
+            dw_cat.meta[fx_util.GEMM_ID] = _joined(dw)
             parts = [emit(aten.slice.Tensor, dw_cat, 0, off, off + n) for off, n in zip(offsets, widths, strict=True)]
         if root is not None:
             total = emit(GEMM, dz_cat, w_cat, "kn")
+            total.meta[fx_util.GEMM_ID] = _joined(dx)
             if fx_util.shape(root) != fx_util.shape(total):
                 total = emit(aten.view.default, total, list(fx_util.shape(root)))
     if root is not None:
@@ -127,6 +130,11 @@ def _merge_backward(graph: fx.Graph, x: fx.Node, weights: list[fx.Node], w_cat: 
     if dw is not None:
         for node, part in zip(dw, parts, strict=True):
             fx_util.replace(node, part)
+
+
+def _joined(gemms: list[fx.Node]) -> str:
+    """The identity of a GEMM merged from `gemms` (fx_util.GEMM_ID): theirs, joined."""
+    return "+".join(fx_util.gemm_id(g) for g in gemms)
 
 
 def _sum_of(gemms: list[fx.Node]) -> tuple[fx.Node | None, list[fx.Node]]:

@@ -59,6 +59,7 @@ def layout(gm: fx.GraphModule) -> fx.GraphModule:
         major = ("k" if na % 2 == 0 else "m") + ("k" if (nb + 1) % 2 == 0 else "n")
         with graph.inserting_before(node):
             new = Emit(graph, fx_util.pass_tag(node))(GEMM, a, b, major)
+        new.meta[fx_util.GEMM_ID] = new.name
         fx_util.replace(node, new)
         graph.erase_node(node)
     return fx_util.finish(gm)

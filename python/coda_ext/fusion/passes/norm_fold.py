@@ -171,6 +171,7 @@ def _fold(b: Emit, norm: Norm, gemm: fx.Node) -> tuple[str, tuple[str, ...]]:
     wg = w if norm.weight is None else b.to(b.mul(w, along_k(norm.weight)), fx_util.dtype(w))
     s = b.sum(b.to(wg, torch.float32), [kdim])
     acc = b(GEMM, x, wg, major)
+    acc.meta[fx_util.GEMM_ID] = fx_util.gemm_id(gemm)
     mean = b(aten.reshape.default, norm.mean, [M, 1])
     rstd = b(aten.reshape.default, norm.rstd, [M, 1])
     outer = b.mul(mean, s)
