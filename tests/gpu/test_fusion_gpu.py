@@ -160,3 +160,26 @@ def test_cuda_graphs_replay_the_fused_step_within_the_rule(built, name, monkeypa
         assert within_rule(err, err_eager, top), \
             f"{name} output {i}: max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
     report(f"{name}: CUDA graphs, {len(launches)} fused launches while recording, none in the replayed step")
+
+
+def test_the_veto_timer_times_kernels_of_each_input_kind():
+    """fusion.timing.gpu_timer (the measured vetoes) on kernels whose inputs are a row vector (bias + GELU), bf16
+    and uint8 tiles read transposed (the split weight gradient, mn), a tile, a store and a row reduction (the README
+    example, kn): positive times, cached, and a shape whose tensors would not fit refused before any allocation."""
+    from coda_ext import graphs
+    from coda_ext.fusion import timing
+    from coda_ext.fusion.op import Site
+    from coda_ext.runtime import prebuild
+    from coda_ext.runtime.tuned import auto_items
+
+    cases = [(graphs.bias_gelu(), "kk", (1000, 512, 256)),
+             (graphs.weight_grad_split(True, False), "mn", (336, 272, 72)),
+             (graphs.example(), "kn", (777, 264, 136))]
+    prebuild(auto_items(cases, "bfloat16"), jobs=os.cpu_count())
+    for graph, major, mnk in cases:
+        site = Site(graph.build(), "bfloat16", major, (), ())
+        fused, gemm = timing.gpu_timer(site, mnk)
+        assert 0 < fused < 1e-2 and 0 < gemm < 1e-2, (major, fused, gemm)
+        assert timing.gpu_timer(site, mnk) == (fused, gemm)
+    with pytest.raises(MemoryError, match="more than 50% of the"):
+        timing.gpu_timer(Site(graphs.bias_gelu().build(), "bfloat16", "kk", (), ()), (1 << 22, 1 << 17, 4096))
