@@ -315,7 +315,20 @@ def coda_stats(backend) -> dict:
             "layer_norms_folded": sum(len(g.folded) for g in rep.graphs),
             "partition": [f"{g.method}: {g.status}" for g in rep.graphs],
             "notes": [g.note for g in rep.graphs if g.note],
-            "left_out": [[n, t, r] for (t, r), n in sorted(left.items(), key=lambda kv: -kv[1])][:15]}
+            "left_out": [[n, t, r] for (t, r), n in sorted(left.items(), key=lambda kv: -kv[1])][:15],
+            # the measured vetoes (fusion/timing.py): each distinct kernel and shape timed once, and each veto
+            "kernels_timed": _distinct([v.to_dict() for g in rep.graphs for v in g.measured]),
+            "vetoes": [v.to_dict() for g in rep.graphs for v in g.vetoed]}
+
+
+def _distinct(verdicts: list[dict]) -> list[dict]:
+    """One of each (kernel, shape) among verdicts (every GEMM of a layer stack launches the same few kernels),
+    with how many GEMMs launch it."""
+    out: dict[tuple, dict] = {}
+    for v in verdicts:
+        key = (v["kernel"], tuple(v["mnk"]))
+        out.setdefault(key, {**{k: x for k, x in v.items() if k != "anchor"}, "gemms": 0})["gemms"] += 1
+    return list(out.values())
 
 
 def _graph_breaks() -> int:

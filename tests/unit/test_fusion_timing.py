@@ -91,6 +91,14 @@ def test_a_kernel_measured_slow_is_left_to_the_fallback():
     assert not any(v.slow for v in rep.measured)
     assert max(timer.calls.values()) == 1                         # each kernel and shape timed once
     assert "round 0: " in str(rep) and ": no epilogue" in str(rep)
+    d = rep.vetoed[0].to_dict()
+    assert d["action"] == "no epilogue" and d["round"] == 0 and d["fused_us"] == pytest.approx(10.0)
+    from benchmarks.bench_autofusion import coda_stats
+
+    stats = coda_stats(fused.coda_backend)
+    assert len(stats["vetoes"]) == len(rep.vetoed) and stats["kernels_timed"]
+    assert sum(k["gemms"] for k in stats["kernels_timed"]) == len(rep.measured)
+    assert len({(k["kernel"], tuple(k["mnk"])) for k in stats["kernels_timed"]}) == len(stats["kernels_timed"])
 
 
 def test_no_timer_no_veto():

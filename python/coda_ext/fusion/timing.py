@@ -60,6 +60,13 @@ class Verdict:
                 f"against the GEMM's {self.gemm_s * 1e6:.1f} us + the fallback's {self.fallback_s * 1e6:.1f} us "
                 f"(IO model): {what}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict as JSON-ready data (times in µs; action and round where it was a veto)."""
+        out = {"anchor": self.anchor, "gemm": self.gemm, "kernel": self.kernel, "mnk": list(self.mnk),
+               "fused_us": self.fused_s * 1e6, "gemm_us": self.gemm_s * 1e6, "fallback_us": self.fallback_s * 1e6,
+               "slow": self.slow}
+        return {**out, "action": self.action, "round": self.round} if self.action else out
+
 
 def verdicts(anchors: Iterable[tuple[str, str, Site, tuple[int, int, int]]], cost: CostModel, timer: Timer,
              seen: dict[Any, tuple[float, float, float] | None] | None = None, partition_round: int = 0
