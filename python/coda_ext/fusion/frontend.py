@@ -505,7 +505,8 @@ def fuse(model: Any, report: bool = False, **options: Any) -> Any:
 
 def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str = "cuda", **options: Any
          ) -> CodaBackend:
-    """What fuse(model) would fuse, without running anything: traces model(*args, **kwargs) — its training
+    """What fuse(model) would fuse, without running anything (nor the measured vetoes: Options.measure, which time
+    the kernels on a GPU and may change the partition there): traces model(*args, **kwargs) — its training
     graph, forward and backward, as the first call would — through the backend, under `target`'s kernel
     rules ("cuda": the GPU kernel's, on any machine), and stops before anything compiles or runs. The
     returned backend's `report` says what was fused and kernel_items(backend) lists the kernels to
@@ -515,7 +516,8 @@ def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str =
     up to its first graph."""
     from .hf_masks import plain_masks, unpacked_call
 
-    options.pop("cudagraphs", None)   # nothing compiles or runs: no graph to record
+    options.pop("cudagraphs", None)   # nothing compiles or runs: no graph to record, no kernel to time
+    options.pop("measure", None)
     backend = CodaBackend(target=target, fallback="eager", execute="interpret", prebuild=False, **options)
     backend.plan_only = True
     try:
