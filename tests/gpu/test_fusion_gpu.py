@@ -113,7 +113,7 @@ def test_fused_training_step_within_the_rule(built, name, monkeypatch, report):
     counters.clear()
     model = _model(name).to("cuda", BF).train()
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
-    fused = cf.fuse(model)
+    fused = cf.fuse(model, measure=False)   # every epilogue the partition chose runs (the vetoes: below)
     inputs = _inputs(name, "cuda")
     got = _step(fused, inputs)
     base = _step(eager, inputs)
@@ -144,7 +144,7 @@ def test_cuda_graphs_replay_the_fused_step_within_the_rule(built, name, monkeypa
     torch._dynamo.reset()
     model = _model(name).to("cuda", BF).train()
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
-    fused = cf.fuse(model, cudagraphs=True)
+    fused = cf.fuse(model, cudagraphs=True, measure=False)
     for k in range(3):
         inputs = _inputs(name, "cuda")
         for v in inputs.values():
@@ -183,3 +183,31 @@ def test_the_veto_timer_times_kernels_of_each_input_kind():
         assert timing.gpu_timer(site, mnk) == (fused, gemm)
     with pytest.raises(MemoryError, match="more than 50% of the"):
         timing.gpu_timer(Site(graphs.bias_gelu().build(), "bfloat16", "kk", (), ()), (1 << 22, 1 << 17, 4096))
+
+
+def test_measured_vetoes_time_every_fused_kernel_and_the_step_stays_within_the_rule(built, report):
+    """fuse(model) with its default measure="auto" on the GPU: every fused GEMM of the final partition was timed,
+    none of them slower than its line unless the rounds ran out, every veto says what it did, and the step's loss
+    and gradients stay within the rule whatever was vetoed."""
+    from coda_ext.fusion import timing
+
+    torch._dynamo.reset()
+    model = _model("mlp").to("cuda", BF).train()
+    eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
+    fused = cf.fuse(model)
+    inputs = _inputs("mlp", "cuda")
+    got = _step(fused, inputs)
+    base = _step(eager, inputs)
+    want = _step(ref, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+    for i, (g, b, w) in enumerate(zip(got, base, want, strict=True)):
+        err, err_eager, top = max_err(g, w), max_err(b, w), w.abs().max().item()
+        assert within_rule(err, err_eager, top), \
+            f"output {i}: max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
+    (rep,) = cf.report_of(fused).graphs
+    kept = {k.anchor for k in rep.kernels if k.kernel}
+    assert {v.anchor for v in rep.measured} == kept
+    assert all(v.fused_s > 0 and v.gemm_s > 0 for v in rep.measured)
+    last_round = max((v.round for v in rep.vetoed), default=-1) + 1
+    assert last_round == timing.MAX_ROUNDS or not any(v.slow for v in rep.measured)
+    assert all(v.action for v in rep.vetoed)
+    report(f"mlp: {len(kept)} fused GEMMs timed, {len(rep.vetoed)} vetoes: " + "; ".join(str(v) for v in rep.vetoed))
