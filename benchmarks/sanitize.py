@@ -203,7 +203,8 @@ def run_child(tool: str, manifest_path: str, names: list[str]) -> int:
 # --- parsing compute-sanitizer's output --------------------------------------------------------------
 
 _PREFIX = re.compile(r"^=+ ?")
-_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?")
+#: the summary line alone: past the print limit a second line reads "ERROR SUMMARY: N errors were not printed"
+_SUMMARY = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+errors?\s*$")
 _RACE_SUMMARY = re.compile(r"RACECHECK SUMMARY:\s*(\d+)\s+hazards?\s+displayed\s*"
                            r"\((\d+)\s+errors?,\s*(\d+)\s+warnings?\)")
 _ADDRESS = re.compile(r"(?:Address|access to|allocation at|address)\s+(0x[0-9a-fA-F]+)")

@@ -351,6 +351,14 @@ def test_parse_clean_and_memcheck():
     assert att["by_family"] == {"reductions": 1} and att["unattributed_records"] == 1
 
 
+def test_the_error_count_is_the_summary_not_the_unprinted_rest():
+    # past --print-limit compute-sanitizer adds "N errors were not printed" after the summary: that line once
+    # replaced the count (initcheck's 8568 read as 6568)
+    text = CLEAN.replace("0 errors", "8568 errors") + ("========= ERROR SUMMARY: 6568 errors were not printed. Use "
+                                                       "--print-limit option to adjust the number of printed errors\n")
+    assert sanitize.parse_report(text)["errors"] == 8568
+
+
 def test_parse_racecheck():
     p = sanitize.parse_report(RACECHECK)
     assert p["racecheck"] == {"hazards": 2, "errors": 1, "warnings": 1} and p["errors"] is None
