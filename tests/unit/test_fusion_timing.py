@@ -189,6 +189,7 @@ def test_a_slow_folded_gemm_loses_its_fold_and_the_other_folds_stay():
     assert veto.action.startswith("the fold of layer norm") and veto.round == 0
     assert len(rep.folded) == 3                                   # the other three stay folded
     assert not any(v.slow for v in rep.measured)
+    assert "measured slower (a veto)" in rep.note and "did not take the fold's math" not in rep.note
     gelu = [k for k in rep.kernels if k.kernel and any("gelu" in m for m in k.members)]
     assert gelu                                                   # its GEMM keeps an epilogue of its own (timed: fast)
 

@@ -125,6 +125,7 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
     unfolded: set[str] = set()
     excluded: set[str] = set()                # GEMMs (fx_util.GEMM_ID) whose fused kernel measured slower
     vetoes: list[timing.Verdict] = []         # each with what was done
+    by_veto: set[str] = set()                 # layer norms unfolded by a veto
     measured: list[timing.Verdict] = []
     solve_s = 0.0
     timer = options.timer_for(target)
@@ -165,6 +166,7 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         for v in slow:   # a folded layer norm's GEMM first loses the fold; any other GEMM its epilogue
             if v.anchor in folded:
                 unfolded.add(folded[v.anchor])
+                by_veto.add(folded[v.anchor])
                 vetoes.append(dataclasses.replace(v, action=f"the fold of layer norm {folded[v.anchor]} undone"))
             else:
                 excluded.add(v.gemm)
@@ -176,9 +178,12 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         rep.vetoed = tuple(vetoes)
     rep.folded = tuple(f"{f.norm} into {', '.join(gemm for gemm, _ in f.gemms)}" for f in g.meta[NORM_FOLDS])
     rep.merged = g.meta.get(passes.hmerge.META, ())
-    if unfolded:
+    if unfolded - by_veto:
         rep.add_note("layer norms not folded, as their GEMM's kernel did not take the fold's math: "
-                     f"{', '.join(sorted(unfolded))}")
+                     f"{', '.join(sorted(unfolded - by_veto))}")
+    if by_veto:
+        rep.add_note(f"layer norms not folded, as their folded GEMM's kernel measured slower (a veto): "
+                     f"{', '.join(sorted(by_veto))}")
     return fused, rep, lowered
 
 
