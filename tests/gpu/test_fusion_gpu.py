@@ -189,8 +189,6 @@ def test_measured_vetoes_time_every_fused_kernel_and_the_step_stays_within_the_r
     """fuse(model) with its default measure="auto" on the GPU: every fused GEMM of the final partition was timed,
     none of them slower than its line unless the rounds ran out, every veto says what it did, and the step's loss
     and gradients stay within the rule whatever was vetoed."""
-    from coda_ext.fusion import timing
-
     torch._dynamo.reset()
     model = _model("mlp").to("cuda", BF).train()
     eager, ref = copy.deepcopy(model), copy.deepcopy(model).double()
@@ -207,7 +205,6 @@ def test_measured_vetoes_time_every_fused_kernel_and_the_step_stays_within_the_r
     kept = {k.anchor for k in rep.kernels if k.kernel}
     assert {v.anchor for v in rep.measured} == kept
     assert all(v.fused_s > 0 and v.gemm_s > 0 for v in rep.measured)
-    last_round = max((v.round for v in rep.vetoed), default=-1) + 1
-    assert last_round == timing.MAX_ROUNDS or not any(v.slow for v in rep.measured)
+    assert not any(v.slow for v in rep.measured) or "partitions ran out" in str(rep)
     assert all(v.action for v in rep.vetoed)
     report(f"mlp: {len(kept)} fused GEMMs timed, {len(rep.vetoed)} vetoes: " + "; ".join(str(v) for v in rep.vetoed))

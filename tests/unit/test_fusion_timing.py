@@ -221,4 +221,32 @@ def test_slow_kernels_past_the_last_round_stay_fused_and_the_report_says_so(monk
                                     "interpret", "t")
     assert not rep.vetoed and rep.measured and all(v.slow for v in rep.measured)
     assert len(rep.folded) == 4
-    assert "slower, kept: the 0 partitions after the first ran out" in str(rep)
+    assert "slower, kept: the veto's partitions ran out" in str(rep)
+
+
+def test_a_vetoed_epilogue_that_moves_to_another_gemm_is_followed_without_a_timed_round(monkeypatch):
+    """Two GEMMs of one input summed, then a ReLU: either can anchor the sum and the ReLU (loading the other's
+    output), and both make the same kernel. Slow: with one partition after the first allowed to time new kernels,
+    the veto follows the epilogue to the second GEMM on the time it knows (no timed round), and neither is left
+    fused."""
+    from coda_ext.fusion import frontend
+    from tests.unit.test_fusion_norm import randn, trace
+
+    def f(a, w1, w2):
+        return torch.relu(a @ w1.t() + a @ w2.t())
+
+    args = [randn(1, 32, 16), randn(2, 24, 16), randn(3, 24, 16)]
+    gm = trace(f, *[x.to(torch.bfloat16) for x in args])
+    monkeypatch.setattr(timing, "MAX_ROUNDS", 1)
+    calls = []
+
+    def timer(site, mnk):
+        calls.append(site.graph.digest())
+        return (10e-6 if any(n.kind == "relu" for n in site.graph.nodes) else 1e-6), 1e-6
+
+    plain = frontend.fuse_graph(gm, frontend.Options(measure=False, merge=False), "interpret", "t")[1]
+    assert any(k.kernel and any("relu" in m for m in k.members) for k in plain.kernels)
+    _, rep, _ = frontend.fuse_graph(gm, frontend.Options(timer=timer, merge=False), "interpret", "t")
+    assert not any(k.kernel for k in rep.kernels) and not rep.measured
+    assert [v.round for v in rep.vetoed] == [0, 1] and len({v.kernel for v in rep.vetoed}) == 1
+    assert len(calls) == 1                                   # the one kernel, timed once

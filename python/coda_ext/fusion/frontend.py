@@ -141,7 +141,8 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         solve_s += part.solve_s
         return an, part
 
-    for veto_round in range(timing.MAX_ROUNDS + 1):
+    timing_rounds = 0                         # partitions that timed a kernel not timed before
+    for veto_round in range(timing.MAX_PARTITIONS):
         rounds = 0
         while True:   # layer norms whose folded math no kernel took are folded again without it (norm_fold)
             g = passes.run(gm, target, unfolded, options.cost)
@@ -158,9 +159,11 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
             unfolded |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
         if timer is None:
             break
+        known = len(timed)
         measured = _measure(an, lowered, options, timer, timed, veto_round)
+        timing_rounds += len(timed) > known
         slow = [v for v in measured if v.slow]
-        if not slow or veto_round == timing.MAX_ROUNDS:
+        if not slow or timing_rounds > timing.MAX_ROUNDS or veto_round == timing.MAX_PARTITIONS - 1:
             break
         folded = {gemm: f.norm for f in g.meta[NORM_FOLDS] for gemm, _ in f.gemms}
         for v in slow:   # a folded layer norm's GEMM first loses the fold; any other GEMM its epilogue

@@ -6,9 +6,10 @@ than the bare GEMM followed by the fallback's element-wise kernel for the same w
 backward epilogues at K = 768 ran 2-3.6x their cuBLAS GEMM). So, on a GPU, each distinct fused kernel of a
 partition is timed at its GEMM shape against the bare cuBLAS GEMM of the same shape and operand layout
 (interleaved, medians). A kernel slower than that GEMM plus the fallback's kernel (the IO model's bound at the
-fallback's efficiency: CostModel.slower) is vetoed and the graph partitioned again (frontend.fuse_graph, up to
-MAX_ROUNDS times): a GEMM that took a folded layer norm first has the fold undone (the layer norm runs as
-before, the GEMM keeps an epilogue of its own, timed in the next round); any other takes no epilogue.
+fallback's efficiency: CostModel.slower) is vetoed and the graph partitioned again (frontend.fuse_graph; up to
+MAX_ROUNDS more partitions that time new kernels, MAX_PARTITIONS in all): a GEMM that took a folded layer norm first
+has the fold undone (the layer norm runs as before, the GEMM keeps an epilogue of its own, timed in the next
+round); any other takes no epilogue.
 
 verdicts(anchors, cost, timer) -> [Verdict]: one per fused GEMM of the partition, with its times.
 gpu_timer(site, (M, N, K), device) -> (fused_s, gemm_s): the measurement on a GPU, cached per kernel, shape and
@@ -26,8 +27,11 @@ from typing import Any
 from .cost import CostModel
 from .op import Site
 
-#: Partitions after the first that a graph may get from vetoes (each can fuse other GEMMs, to be timed again).
+#: Partitions after the first that may time kernels not timed before (each can fuse other GEMMs, to be built and
+#: timed); a partition whose kernels were all timed already (a vetoed epilogue's math moved to another GEMM, the same
+#: kernel there) does not count, up to MAX_PARTITIONS partitions in all.
 MAX_ROUNDS = 3
+MAX_PARTITIONS = 8
 #: Timed calls of each kernel and of its GEMM (interleaved, after one warm-up call each).
 REPS = 10
 
@@ -54,7 +58,7 @@ class Verdict:
     def __str__(self) -> str:
         M, N, K = self.mnk
         what = self.action if self.action else (
-            f"slower, kept: the {MAX_ROUNDS} partitions after the first ran out" if self.slow else "kept")
+            "slower, kept: the veto's partitions ran out" if self.slow else "kept")
         where = f"round {self.round}: " if self.action else ""
         return (f"{where}{self.anchor} {M}x{N}x{K} kernel {self.kernel[:8]}: fused {self.fused_s * 1e6:.1f} us "
                 f"against the GEMM's {self.gemm_s * 1e6:.1f} us + the fallback's {self.fallback_s * 1e6:.1f} us "
