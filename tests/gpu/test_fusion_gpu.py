@@ -100,6 +100,21 @@ def _step(model, inputs):
     return [loss, *grads]
 
 
+def _within_rule(name, got, base, want) -> float:
+    """Asserts each output within the rule against fp64 (eager bf16 the baseline); the worst error ÷ eager's."""
+    worst = 0.0
+    for i, (g, b, w) in enumerate(zip(got, base, want, strict=True)):
+        err, err_eager, top = max_err(g, w), max_err(b, w), w.abs().max().item()
+        assert within_rule(err, err_eager, top), \
+            f"{name} output {i}: max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
+        worst = max(worst, err / max(err_eager, 1e-30))
+    return worst
+
+
+def _double(inputs: dict) -> dict:
+    return {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()}
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_fused_training_step_within_the_rule(built, name, monkeypatch, report):
     from torch._dynamo.utils import counters
@@ -117,17 +132,12 @@ def test_fused_training_step_within_the_rule(built, name, monkeypatch, report):
     inputs = _inputs(name, "cuda")
     got = _step(fused, inputs)
     base = _step(eager, inputs)
-    want = _step(ref, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+    want = _step(ref, _double(inputs))
     assert launches, "no fused kernel was launched"
     assert sum(counters["graph_break"].values()) == 0
     if name == "llama":   # q, k and v merged in each layer (forward, dX and weight-gradient GEMMs)
         assert all(len(g.merged) == 2 for g in cf.report_of(fused).graphs)
-    worst = 0.0
-    for i, (g, b, w) in enumerate(zip(got, base, want, strict=True)):
-        err, err_eager, top = max_err(g, w), max_err(b, w), w.abs().max().item()
-        assert within_rule(err, err_eager, top), \
-            f"{name} output {i}: max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
-        worst = max(worst, err / max(err_eager, 1e-30))
+    worst = _within_rule(name, got, base, want)
     report(f"{name}: {len(launches)} fused launches, {len(got)} values, worst error ÷ eager bf16's {worst:.2f}")
 
 
@@ -154,11 +164,7 @@ def test_cuda_graphs_replay_the_fused_step_within_the_rule(built, name, monkeypa
         got = _step(fused, inputs)
     assert launches and len(launches) == before, "the last step launched fused kernels from Python: not replayed"
     base = _step(eager, inputs)
-    want = _step(ref, {key: v.double() if v.is_floating_point() else v for key, v in inputs.items()})
-    for i, (g, b, w) in enumerate(zip(got, base, want, strict=True)):
-        err, err_eager, top = max_err(g, w), max_err(b, w), w.abs().max().item()
-        assert within_rule(err, err_eager, top), \
-            f"{name} output {i}: max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
+    _within_rule(name, got, base, _step(ref, _double(inputs)))
     report(f"{name}: CUDA graphs, {len(launches)} fused launches while recording, none in the replayed step")
 
 
@@ -196,11 +202,7 @@ def test_measured_vetoes_time_every_fused_kernel_and_the_step_stays_within_the_r
     inputs = _inputs("mlp", "cuda")
     got = _step(fused, inputs)
     base = _step(eager, inputs)
-    want = _step(ref, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
-    for i, (g, b, w) in enumerate(zip(got, base, want, strict=True)):
-        err, err_eager, top = max_err(g, w), max_err(b, w), w.abs().max().item()
-        assert within_rule(err, err_eager, top), \
-            f"output {i}: max error {err:.3e} > 2 x {err_eager:.3e} + {floor(top):.1e}"
+    _within_rule("mlp", got, base, _step(ref, _double(inputs)))
     (rep,) = cf.report_of(fused).graphs
     kept = {k.anchor for k in rep.kernels if k.kernel}
     assert {v.anchor for v in rep.measured} == kept
