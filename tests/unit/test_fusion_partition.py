@@ -342,9 +342,10 @@ def test_a_backward_gemm_recomputes_and_stores_what_only_the_backward_reads():
 def test_the_fallback_computes_again_what_it_reads_wider_than_the_loads_it_comes_from():
     """A layer-norm backward's epilogue: x̂ = (x − μ)·rstd (fp32, from the bf16 x it loads) feeds the epilogue's
     reduction and the fallback's element-wise dx: the fallback computes x̂ again from x (reading 2 bytes an
-    element, not 4, and the kernel writes none), and with it x − μ; dy·γ depends on the accumulator and stays
-    stored. Read by a GEMM or another op that is not element-wise math, by another epilogue, or no wider than its
-    loads, x̂ is stored."""
+    element, not 4, and the kernel writes none), and with it x − μ; dy·γ (an op not among AGAIN_FROM_ROUNDED) reads
+    the accumulator the kernel holds unrounded and stays stored. Read by a GEMM or another op that is not
+    element-wise math, or by another epilogue, x̂ is stored; no wider than x, it is computed again all the same
+    (the fallback reads as many bytes, the kernel writes none)."""
     def build(reader: str = "fallback", wide: bool = True):
         g = G()
         x, mean, rstd, w, gamma = (g.input(nbytes=n) for n in (B, 256, 256, B, 256))
@@ -368,9 +369,45 @@ def test_the_fallback_computes_again_what_it_reads_wider_than_the_loads_it_comes
     assert stores == [dyg]
     assert set(recomputed(pg, dy, members, outside=again)) == {xc, xhat}
     assert outside(pg, dy, members, {dy, *members, dx}) == ()     # another epilogue reads x̂: stored
-    for reader, wide in (("gemm", True), ("other", True), ("fallback", False)):
-        pg, dy, members, _ = build(reader, wide)
-        assert outside(pg, dy, members, {dy, *members}) == (), (reader, wide)
+    for reader in ("gemm", "other"):
+        pg, dy, members, _ = build(reader)
+        assert outside(pg, dy, members, {dy, *members}) == (), reader
+    pg, dy, members, _ = build(wide=False)
+    assert outside(pg, dy, members, {dy, *members}) == (xc, xhat)
+
+
+def test_the_fallback_computes_a_wide_value_again_from_a_16_bit_one_the_kernel_stores_instead():
+    """A layer-norm backward's g = γ · f32(dy) where dy = acc + t1 + t2 (the GEMM's output and two gradients it
+    loads, each 16-bit): the kernel stores the 16-bit dy in place of the fp32 g (2 bytes an element written and
+    read instead of 4 each way) and the fallback computes f32(dy) and g again from it; g's reduction stays in the
+    kernel. The same value straight from the accumulator: the GEMM's output D is stored in its place. Not through a
+    transcendental op (exp of the rounded value), nor where the 16-bit value is no narrower."""
+    def build(op: str = "aten.mul.Tensor", sums: bool = True, g_bytes: int = 2 * B):
+        g = G()
+        w, gamma, t1, t2, dz = g.input(), g.input(nbytes=256), g.input(), g.input(), g.input()
+        dy = g.gemm(dz, w)
+        s = g.math(g.math(dy, t1, target="aten.add.Tensor"), t2, target="aten.add.Tensor") if sums else dy
+        f = g.math(s, target="prims.convert_element_type.default", nbytes=g_bytes)
+        gg = g.math(f, gamma, roles=["tile", "row"], target=op, nbytes=g_bytes)
+        r = g.reduce(gg)
+        dx = g.math(gg, r, roles=["tile", "col"], target="aten.mul.Tensor", nbytes=2 * B)
+        g.other(dx)
+        members = [m for m in range(dy + 1, r + 1)]
+        return g.graph(), dy, members, s, f, gg
+
+    pg, dy, members, s, f, gg = build()
+    again = outside(pg, dy, members, {dy, *members})
+    assert again == (f, gg)
+    _, stores, _ = io(pg, dy, members, outside=again)
+    assert stores == [s]
+    assert set(recomputed(pg, dy, members, outside=again)) == {f, gg}
+    pg, dy, members, s, f, gg = build(sums=False)
+    again = outside(pg, dy, members, {dy, *members})
+    assert again == (f, gg) and io(pg, dy, members, outside=again)[1] == [dy]
+    pg, dy, members, *_ = build(op="aten.exp.default")
+    assert outside(pg, dy, members, {dy, *members}) == ()
+    pg, dy, members, *_ = build(g_bytes=B)     # g in 16 bits: storing it moves no more than storing dy
+    assert outside(pg, dy, members, {dy, *members}) == ()
 
 
 def test_what_reads_a_reduction_of_the_gemms_values_is_no_candidate():

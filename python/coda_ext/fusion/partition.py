@@ -69,7 +69,7 @@ MIP_GAP = 0.0
 class Group:
     anchor: int
     members: tuple[int, ...]   # in topological order
-    # members the fallback computes again from the same loads instead of reading a store (outside())
+    # members the fallback computes again instead of reading a store (outside())
     outside: tuple[int, ...] = ()
 
 
@@ -232,7 +232,8 @@ def gain(pg: PGraph, cost: CostModel, anchor: int, members: Iterable[int],
 def io(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None,
        outside: Iterable[int] = ()) -> tuple[list[tuple[int, str]], list[int], list[int]]:
     """(loads as (node, role), stored values, reductions) of one epilogue. A value that cannot be stored
-    but is read outside is recomputed there, not stored; so are the members `outside` (Group.outside)."""
+    but is read outside is recomputed there, not stored; so are the members `outside` (Group.outside), and what
+    they read of the kernel's values is stored."""
     cons = cons or pg.consumers()
     members = set(members)
     inside = members | {anchor}
@@ -240,7 +241,7 @@ def io(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | 
     loads = list(dict.fromkeys((o.src, o.role) for v in sorted(members) for o in pg[v].operands
                                if o.src is not None and o.src not in inside and o.role in LOADED))
     stores = [u for u in sorted(inside) if pg[u].op != "reduce" and pg[u].storable and u not in again
-              and _read_outside(pg, u, members, cons)]
+              and (_read_outside(pg, u, members, cons) or any(c in again for c in cons[u]))]
     reductions = [v for v in sorted(members) if pg[v].op == "reduce"]
     return loads, stores, reductions
 
@@ -267,46 +268,90 @@ def _settled(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int], c
         keep -= unread
 
 
+#: Element-wise ops the fallback computes again from a value the kernel stores rounded to its 16-bit dtype while its
+#: own members read it unrounded (the accumulator, a 16-bit member): sums, differences, products and casts move
+#: such a value by its rounding and no more, as eager PyTorch, which rounds it there, computes them. Transcendental
+#: ops are not among them (GELU's derivative evaluated at a rounded x in one kernel and an unrounded x in the other
+#: lost a GPT-2's gradients the numerics rule: passes/remat.py).
+AGAIN_FROM_ROUNDED = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.neg.default",
+                                "prims.convert_element_type.default", "aten.add.Scalar", "aten.sub.Scalar",
+                                "aten.mul.Scalar", "aten.div.Scalar"})
+
+
 def outside(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int],
             cons: list[list[int]] | None = None) -> tuple[int, ...]:
-    """Members the fallback is better off computing again than reading from a store: element-wise values of
-    the epilogue's loads alone (no path from the GEMM's accumulator or a reduction), read outside only by
-    element-wise math that no epilogue runs (`fused`: every epilogue's nodes), and wider than the tiles they
-    are computed from (a layer-norm backward's fp32 x̂ = (x - mean) · rstd from the bf16 x it loads: the kernel
-    does not write 4 bytes an element and the fallback reads 2 instead of 4), with the members they are
-    computed from. A value another epilogue, a GEMM or the graph's outputs read stays stored."""
+    """Members the fallback is better off computing again than reading from a store: element-wise values read
+    outside only by element-wise math that no epilogue runs (`fused`: every epilogue's nodes), which the fallback
+    computes from values it reads anyway for fewer bytes than the kernel's store of them and the fallback's read
+    would move, with the members they are computed from. A member's sources are read from memory (the epilogue's
+    loads, the GEMM's output or a member the kernel stores: written once and read) or computed again in turn,
+    whichever moves fewer bytes; a source the kernel would not store otherwise becomes a store in place of the
+    value (io(): a member computed again reads it). Two cases of the layer-norm backward: the fp32 x̂ = (x - mean)
+    · rstd from the bf16 x it loads (the kernel writes no 4 bytes an element and the fallback reads 2 instead of
+    4), and the fp32 g = γ · dy from the 16-bit sum dy of the GEMM's output and the gradients it loads (stored in
+    16 bits: 4 bytes an element written and read instead of 8; AGAIN_FROM_ROUNDED: the ops that may read a value
+    the kernel holds unrounded). A value another epilogue, a GEMM or the graph's outputs read stays stored; the
+    kernel stores no more values than before, none wider than the one it no longer stores."""
     cons = cons or pg.consumers()
     members = set(members)
     inside = members | {anchor}
-    of_loads: dict[int, set[int]] = {}      # load-only member -> the tile loads it is computed from
-    for v in sorted(members):
-        n = pg[v]
-        if n.op != "math" or any(u in inside and u not in of_loads for u in pg.sources(v)):
-            continue
-        of_loads[v] = set().union(*[of_loads.get(u, set()) for u in pg.sources(v)],
-                                  {o.src for o in n.operands if o.src not in inside and o.role == "tile"})
+    big = float("inf")
 
     def fallback_math(c: int) -> bool:
         return c in members or (pg[c].op == "math" and c not in fused)
 
-    def cone(v: int) -> set[int]:
-        out, todo = {v}, [v]
-        while todo:
-            for u in pg.sources(todo.pop()):
-                if u in of_loads and u not in out:
-                    out.add(u)
-                    todo.append(u)
-        return out
+    def movable(u: int) -> bool:
+        n = pg[u]
+        return u in members and n.op == "math" and not n.output and all(fallback_math(r) for r in cons[u])
 
-    again: set[int] = set()
-    for v, tiles in of_loads.items():
+    def stored_anyway(u: int) -> bool:
+        return _read_outside(pg, u, members, cons)
+
+    memo: dict[int, tuple[float, frozenset[int], frozenset[int], bool]] = {}
+
+    def best(u: int) -> tuple[float, frozenset[int], frozenset[int], bool]:
+        """(bytes the fallback moves to have u, members computed again, members newly stored, whether it reads a
+        value the kernel holds unrounded) of the cheaper way."""
+        if u not in inside:
+            return float(pg[u].nbytes), frozenset(), frozenset(), False
+        if u not in memo:
+            n = pg[u]
+            if not n.storable or n.op == "reduce":
+                store = (big, frozenset(), frozenset(), False)
+            elif stored_anyway(u):
+                store = (float(n.nbytes), frozenset(), frozenset(), True)
+            else:
+                store = (2.0 * n.nbytes, frozenset(), frozenset({u}), True)
+            memo[u] = store
+            again = recompute(u)
+            if again[0] < store[0]:
+                memo[u] = again
+        return memo[u]
+
+    def recompute(u: int) -> tuple[float, frozenset[int], frozenset[int], bool]:
+        if not movable(u):
+            return big, frozenset(), frozenset(), False
+        total, again, new, rounded = 0.0, {u}, set(), False
+        for s in pg.sources(u):
+            c, a, w, r = best(s)
+            total, rounded = total + c, rounded or r
+            again |= a
+            new |= w
+        if rounded and pg[u].target not in AGAIN_FROM_ROUNDED:
+            return big, frozenset(), frozenset(), False
+        return total, frozenset(again), frozenset(new), rounded
+
+    out: set[int] = set()
+    for v in sorted(members):
         n = pg[v]
-        if not (n.storable and _read_outside(pg, v, members, cons)) or n.nbytes <= sum(pg[t].nbytes for t in tiles):
+        if not (movable(v) and n.storable and stored_anyway(v)):
             continue
-        c = cone(v)
-        if all(not pg[u].output and all(fallback_math(r) for r in cons[u]) for u in c):
-            again |= c
-    return tuple(sorted(again))
+        cost, again, new, _ = recompute(v)
+        if len(new) > 1 or any(pg[w].nbytes > n.nbytes for w in new):
+            continue
+        if cost < 2.0 * n.nbytes:
+            out |= again
+    return tuple(sorted(out))
 
 
 def slots(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[int]] | None = None) -> int:
