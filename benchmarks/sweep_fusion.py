@@ -124,7 +124,7 @@ def kernels(name: str, tiny: bool = False) -> list[dict]:
             continue
         key = (site.kernel_key, tuple(low.mnk))
         if key not in found:
-            k = cost.kernel(site.graph, site.dtype, tuple(low.mnk))
+            k = cost.kernel(site.graph, site.dtype, tuple(low.mnk), major=site.major)
             found[key] = {"site": site, "mnk": tuple(low.mnk), "launches": 0,
                           "io_fused_us": k.fused_s * 1e6, "io_compile_us": k.compile_s * 1e6}
         found[key]["launches"] += 1

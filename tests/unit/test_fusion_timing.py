@@ -56,6 +56,20 @@ def test_the_io_model_prices_the_fallbacks_kernel_alone():
     assert k.fallback_s == pytest.approx(k.compile_s - gemm.timing(m.gpu).seconds)   # the element-wise kernel alone
 
 
+def test_the_io_model_prices_the_kernel_the_launch_picks_for_the_operands_layout():
+    """Regression: the report and the vetoes priced every kernel in the config "auto" picks for K-major operands,
+    while a backward GEMM reading W N-major ("kn") launches another (BERT's GELU derivative with the bias
+    gradient: cooperative 128 x 256 launched, ping-pong with overlapping epilogues priced)."""
+    from coda_ext import graphs
+    from coda_ext.runtime.tuned import TunedOp
+
+    graph, mnk = graphs.gelu_backward_dbias(), (16384, 3072, 768)
+    for major in ("kk", "kn"):
+        launched = TunedOp(graph, "bfloat16", tune=False, major=major).config_for(*mnk, 132)
+        priced = CostModel(gpu="H100 SXM").kernel(graph, "bfloat16", mnk, major=major)
+        assert priced.config == launched.tag, major
+
+
 class SlowGelu:
     """A stand-in timer: the kernels whose graph computes a GELU take 10x their GEMM; every other kernel as long
     as its GEMM. Counts its calls per (kernel, shape)."""

@@ -94,22 +94,26 @@ class Model:
     variants: dict[str, Variant]
 
 
-def resolve_config(config: Any, lowered: ir.GraphIR, M: int, N: int, K: int, gpu: GPU) -> tuple[KernelConfig, str]:
+def resolve_config(config: Any, lowered: ir.GraphIR, M: int, N: int, K: int, gpu: GPU,
+                   major: str = "kk") -> tuple[KernelConfig, str]:
     """The kernel config and how it was chosen: None -> DEFAULT_CONFIG (as coda_ext.compile), "auto" ->
-    the shape heuristic exactly as config="auto" dispatches (tuning.heuristic on the M bucket)."""
+    the shape heuristic exactly as config="auto" dispatches for operands laid out as `major` (tuning.heuristic on
+    the M bucket; the layout picks among tiles and schedules too: runtime/tuned.py)."""
     if config is None:
         return DEFAULT_CONFIG, "default"
     if isinstance(config, KernelConfig):
         return config, "given"
     if config == "auto":
         epilogue = tuning.Epilogue.of(lowered)
-        return tuning.heuristic(M, N, K, gpu.sms, epilogue), "auto"
+        cfg = tuning.heuristic(M, N, K, gpu.sms, epilogue, major)
+        return (cfg if cfg.major == major else dataclasses.replace(cfg, major=major)), "auto"
     raise ValueError(f"config must be None, a KernelConfig or 'auto', got {config!r}")
 
 
 def io_model(graph: Any, dtype: Any, shape: tuple[int, int, int], config: Any = None,
-             gpu: str | GPU = "H100 SXM") -> Model:
-    """Builds the fused, compile-style and unfused kernel sequences of `graph` at shape (M, N, K)."""
+             gpu: str | GPU = "H100 SXM", major: str = "kk") -> Model:
+    """Builds the fused, compile-style and unfused kernel sequences of `graph` at shape (M, N, K); `major`: the
+    operands' layout config="auto" picks a kernel for."""
     if len(shape) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in shape):
         raise ValueError(f"shape must be three positive ints (M, N, K), got {shape!r}")
     M, N, K = shape
@@ -119,7 +123,7 @@ def io_model(graph: Any, dtype: Any, shape: tuple[int, int, int], config: Any = 
     spec = gpu_spec(gpu)
     g = as_ir(graph)
     lowered = lower(g, d)
-    cfg, source = resolve_config(config, lowered, M, N, K, spec)
+    cfg, source = resolve_config(config, lowered, M, N, K, spec, major)
     sched, operands, work = gemm_operands(M, N, K, d, cfg, spec)
     tensors = _Tensors()
     tensors.add("A", "operand", (M, K), d)

@@ -67,11 +67,13 @@ class CostModel:
     def seconds(self, nbytes: float) -> float:
         return nbytes / (gpu_spec(self.gpu).tbps * 1e12)
 
-    def kernel(self, graph: Any, dtype: str, mnk: tuple[int, int, int], config: Any = "auto") -> KernelCost:
-        """The IO model of one fused kernel. GEMMs the GPU kernel cannot run (fp32 on the CPU
-        interpreter) are modelled in bf16."""
+    def kernel(self, graph: Any, dtype: str, mnk: tuple[int, int, int], config: Any = "auto",
+               major: str = "kk") -> KernelCost:
+        """The IO model of one fused kernel, its operands laid out as `major` (config "auto": the kernel the
+        launch picks for that layout). GEMMs the GPU kernel cannot run (fp32 on the CPU interpreter) are
+        modelled in bf16."""
         d = dtype if dtype in ("bfloat16", "float16") else "bfloat16"
-        m = io_model(graph, d, mnk, config=config, gpu=self.gpu)
+        m = io_model(graph, d, mnk, config=config, gpu=self.gpu, major=major)
         v = m.variants
         spec = m.gpu
         fallback = sum(k.timing(spec).seconds for k in v["compile"].kernels[1:])

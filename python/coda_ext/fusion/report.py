@@ -196,7 +196,7 @@ def graph_report(name: str, an: Analysis, part: Partition, lowered: tuple[Lowere
             key = (site.kernel_key, mnk)
             if predict and key not in predictions:
                 try:
-                    predictions[key] = cost.kernel(site.graph, site.dtype, mnk)
+                    predictions[key] = cost.kernel(site.graph, site.dtype, mnk, major=site.major)
                 except Exception:   # noqa: BLE001  (the IO model is a report, never a reason to fail a compile)
                     predictions[key] = None
             predicted = predictions.get(key)

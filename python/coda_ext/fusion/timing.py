@@ -91,7 +91,7 @@ def verdicts(anchors: Iterable[tuple[str, str, Site, tuple[int, int, int]]], cos
                     warnings.warn(f"coda fusion: kernel {site.graph.digest()[:8]} at {mnk} was not timed, it stays "
                                   f"fused ({type(e).__name__}: {e})", stacklevel=2)
                     continue
-                seen[key] = (fused_s, gemm_s, cost.kernel(site.graph, site.dtype, mnk).fallback_s)
+                seen[key] = (fused_s, gemm_s, cost.kernel(site.graph, site.dtype, mnk, major=site.major).fallback_s)
         if seen[key] is not None:
             f, g, fb = seen[key]
             out.append(Verdict(name, gemm, site.graph.digest(), mnk, f, g, fb, cost.slower(f, g, fb),
