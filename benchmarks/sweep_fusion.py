@@ -8,7 +8,8 @@ kernel, and which config would do better.
     python -m benchmarks.sweep_fusion [--models bert-base] [--reps 10] [--dry-run]
     python -m benchmarks.sweep_fusion --epilogue --sites f686e3c8 4ddb4d57   # epilogue subtiles and stages
     python -m benchmarks.sweep_fusion --ablate --sites 65aa8f6c    # what each part of an epilogue costs, and a chart
-    python -m benchmarks.sweep_fusion --direct --prebuild           # tile inputs read into registers, overlap
+    python -m benchmarks.sweep_fusion --set direct --prebuild       # tile inputs read into registers
+    python -m benchmarks.sweep_fusion --set overlap --prebuild      # overlapping epilogues, shallower load stages
     python -m coda_ext prebuild benchmarks/sweep_fusion.py      # its kernels, in parallel, ahead
 
 Results (--out): sweep_fusion_<gpu>.json in benchmarks/results/, <gpu> the GPU it runs on (h100, h200, …).
@@ -35,7 +36,7 @@ ALTERNATIVES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1)
 #: GEMM in the base config (its mainloop alone). At K = 768 a tile's mainloop is short and every subtile's loads
 #: are a round trip; with two store stages each subtile's store waits for the store before the last to have read
 #: its shared memory, so (4, 4) lets more of them be in flight.
-#: --direct: the configs tried beside "auto"'s with the epilogue's tile inputs read straight into registers
+#: --set direct: the configs tried beside "auto"'s with the epilogue's tile inputs read straight into registers
 #: (tile_loads="direct": no shared-memory stages for them, so the mainloop keeps its stages and the overlap schedule,
 #: whose epilogue buffers are allocated twice, fits epilogues that load several tiles), and in overlap 128 x 128 its
 #: tile outputs written from registers too (tile_stores="direct"). For the graphs that load tiles.
@@ -45,6 +46,16 @@ DIRECT = (dict(tile=(128, 128, 64), cluster=(1, 1), schedule="pingpong", swizzle
                tile_stores="direct"),
           dict(tile=(128, 192, 64), cluster=(1, 1), schedule="pingpong", swizzle=8, tile_loads="direct"),
           dict(tile=(128, 256, 64), cluster=(2, 1), schedule="cooperative", swizzle=4, tile_loads="direct"))
+#: --set overlap: ping-pong 128 x 128 with overlapping epilogues (CUTLASS's epilogue stages, and shallower tile-load
+#: stages, (2, 1) and (1, 1), so that its two copies of the epilogue's buffers leave the mainloop its stages), ping-pong
+#: with (2, 1), and cooperative 128 x 256 2 x 1 (swizzle 4): for the sites "auto" runs in another schedule.
+OVERLAP = (dict(tile=(128, 128, 64), cluster=(1, 1), schedule="overlap", swizzle=4),
+           dict(tile=(128, 128, 64), cluster=(1, 1), schedule="overlap", swizzle=4, epilogue_stages=(2, 1)),
+           dict(tile=(128, 128, 64), cluster=(1, 1), schedule="overlap", swizzle=4, epilogue_stages=(1, 1)),
+           dict(tile=(128, 128, 64), cluster=(1, 1), schedule="pingpong", swizzle=4, epilogue_stages=(2, 1)),
+           dict(tile=(128, 256, 64), cluster=(2, 1), schedule="cooperative", swizzle=4))
+#: --set NAME: the config sets tried beside "auto"'s instead of ALTERNATIVES (direct: only where the graph loads tiles).
+SETS = {"direct": DIRECT, "overlap": OVERLAP}
 EPILOGUE_BASES = (((128, 128, 64), (1, 1), "pingpong", 4), ((128, 128, 64), (1, 1), "overlap", 4),
                   ((128, 128, 64), (1, 1), "cooperative", 4))
 EPILOGUE_VARIANTS = ((None, None), (64, None), (128, None), (None, (8, 2)), (None, (4, 4)))
@@ -131,10 +142,10 @@ def kernels(name: str, tiny: bool = False) -> list[dict]:
     return list(found.values())
 
 
-def configs(site, mnk, epilogue: bool = False, direct: bool = False) -> list:
+def configs(site, mnk, epilogue: bool = False, named: str | None = None) -> list:
     """The auto config at mnk, then the alternatives that fit the graph (shared memory, segments), without
-    repeats, each in the site's operand layout (epilogue: EPILOGUE_BASES × EPILOGUE_VARIANTS instead; direct: DIRECT
-    instead, for a graph that loads tiles)."""
+    repeats, each in the site's operand layout (epilogue: EPILOGUE_BASES × EPILOGUE_VARIANTS instead; named: the set
+    SETS[named] instead, "direct" only for a graph that loads tiles)."""
     import coda_ext as ce
     from benchmarks.sweep_backward import fits, loads_tiles
     from coda_ext.config import PINGPONG_SCHEDULES
@@ -142,8 +153,9 @@ def configs(site, mnk, epilogue: bool = False, direct: bool = False) -> list:
 
     auto = auto_config(site, mnk)
     out = {auto.tag: auto}
-    if direct:
-        tries = [ce.KernelConfig(**d, major=site.major) for d in DIRECT] if loads_tiles(as_ir(site.graph)) else []
+    if named:
+        tries = [] if named == "direct" and not loads_tiles(as_ir(site.graph)) else \
+            [ce_config(d, site.major) for d in SETS[named]]
     elif not epilogue:
         tries = [ce.KernelConfig(tile, cluster, schedule, swizzle=swizzle, major=site.major)
                  for tile, cluster, schedule, swizzle in ALTERNATIVES]
@@ -157,6 +169,13 @@ def configs(site, mnk, epilogue: bool = False, direct: bool = False) -> list:
         if c.tag not in out and fits(site.graph, c):
             out[c.tag] = c
     return list(out.values())
+
+
+def ce_config(fields: dict, major: str):
+    """The KernelConfig of one entry of a named set (SETS), in the operand layout `major`."""
+    import coda_ext as ce
+
+    return ce.KernelConfig(**fields, major=major)
 
 
 def plain_configs(site, mnk, epilogue: bool = False) -> list:
@@ -178,7 +197,7 @@ def auto_config(site, mnk):
 
 
 def build_items(models=DEFAULT_MODELS, epilogue: bool = False, sites: tuple[str, ...] = (),
-                ablate: bool = False, direct: bool = False) -> list:
+                ablate: bool = False, named: str | None = None) -> list:
     """Every kernel the sweep times: python -m coda_ext prebuild benchmarks/sweep_fusion.py."""
     from coda_ext import graphs
 
@@ -191,7 +210,7 @@ def build_items(models=DEFAULT_MODELS, epilogue: bool = False, sites: tuple[str,
                     items[(g.digest(), k["site"].dtype, c.tag)] = (g, k["site"].dtype, c)
                 items[("identity", k["site"].dtype, c.tag)] = (graphs.identity(), k["site"].dtype, c)
                 continue
-            for c in configs(k["site"], k["mnk"], epilogue, direct):
+            for c in configs(k["site"], k["mnk"], epilogue, named):
                 items[(k["site"].kernel_key, c.tag)] = (k["site"].graph, k["site"].dtype, c)
             for c in plain_configs(k["site"], k["mnk"], epilogue):
                 items[("identity", k["site"].dtype, c.tag)] = (graphs.identity(), k["site"].dtype, c)
@@ -243,7 +262,7 @@ def ablate(entry: dict, reps: int, built_only: bool = False) -> dict:
             "graphs": {name: as_ir(g).text() for name, g in variants.items() if name in ops}}
 
 
-def sweep(entry: dict, reps: int, epilogue: bool = False, built_only: bool = False, direct: bool = False) -> dict:
+def sweep(entry: dict, reps: int, epilogue: bool = False, built_only: bool = False, named: str | None = None) -> dict:
     """One kernel in each of its configs, interleaved with the bare cuBLAS GEMM of its shape and layout (and,
     with epilogue, the plain GEMM in each base config: "plain_<tag>"). built_only: the configs whose kernel is
     in the cache (after a prebuild where some failed), no nvcc here."""
@@ -257,7 +276,7 @@ def sweep(entry: dict, reps: int, epilogue: bool = False, built_only: bool = Fal
     def usable(graph, c) -> bool:
         return not built_only or jit.cached(jit.kernel_source(graph, site.dtype, c))
 
-    ops = {c.tag: ce.compile(site.graph, site.dtype, c) for c in configs(site, (M, N, K), epilogue, direct)
+    ops = {c.tag: ce.compile(site.graph, site.dtype, c) for c in configs(site, (M, N, K), epilogue, named)
            if usable(site.graph, c)}
     plain = {f"plain_{c.tag}": ce.compile(graphs.identity(), site.dtype, c)
              for c in plain_configs(site, (M, N, K), epilogue) if usable(graphs.identity(), c)}
@@ -340,9 +359,9 @@ def main(argv=None) -> int:
     p.add_argument("--ablate", action="store_true",
                    help="time each site's epilogue with parts removed (reductions, stores, math) in its auto "
                         "config beside the plain GEMM there, instead of the configs")
-    p.add_argument("--direct", action="store_true",
-                   help="the configs of DIRECT (tile inputs read straight into registers) beside auto's, instead of "
-                        "the tiles; for the sites that load tiles")
+    p.add_argument("--set", dest="named", default=None, choices=list(SETS),
+                   help="the configs of SETS[NAME] beside auto's, instead of the tiles (direct: tile inputs read "
+                        "straight into registers, for the sites that load tiles; overlap: overlapping epilogues)")
     p.add_argument("--sites", nargs="+", default=(), help="only the kernels whose graph digest starts so")
     p.add_argument("--prebuild", action="store_true", help="build the swept kernels in parallel first")
     args = p.parse_args(argv)
@@ -350,7 +369,7 @@ def main(argv=None) -> int:
         import coda_ext as ce
 
         try:
-            ce.prebuild(build_items(args.models, args.epilogue, tuple(args.sites), args.ablate, args.direct))
+            ce.prebuild(build_items(args.models, args.epilogue, tuple(args.sites), args.ablate, args.named))
         except ce.CompileError as e:   # the others are built: sweep those
             print(f"prebuild: {str(e).splitlines()[0]}", flush=True)
     doc = {"env": None, "models": {}}
@@ -362,7 +381,7 @@ def main(argv=None) -> int:
             for e in entries:
                 tags = ([f"{auto_config(e['site'], e['mnk']).tag}: " + " ".join(ablations(e["site"].graph,
                                                                                      e["site"].dtype))]
-                        if args.ablate else [c.tag for c in configs(e["site"], e["mnk"], args.epilogue, args.direct)])
+                        if args.ablate else [c.tag for c in configs(e["site"], e["mnk"], args.epilogue, args.named)])
                 print(f"  {e['site'].graph.digest()[:8]} {e['site'].major} {'x'.join(map(str, e['mnk']))} "
                       f"x{e['launches']}: IO model {e['io_fused_us']:.1f} us (compile-style "
                       f"{e['io_compile_us']:.1f}); configs {tags}")
@@ -377,7 +396,7 @@ def main(argv=None) -> int:
                       f"{v['cublas_gemm']['median_ms'] * 1e3:.1f} us; {parts} us", flush=True)
                 rows.append(row)
                 continue
-            row = sweep(e, args.reps, args.epilogue, built_only=args.prebuild, direct=args.direct)
+            row = sweep(e, args.reps, args.epilogue, built_only=args.prebuild, named=args.named)
             v, auto, best = row["variants"], row["auto"], row["best"]
             print(f"  {row['graph']} {row['major']} {'x'.join(map(str, row['mnk']))} x{row['launches']}: cuBLAS "
                   f"{v['cublas_gemm']['median_ms'] * 1e3:.1f} us; auto {auto} "

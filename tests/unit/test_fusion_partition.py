@@ -392,7 +392,7 @@ def test_the_fallback_computes_a_wide_value_again_from_a_16_bit_one_the_kernel_s
         r = g.reduce(gg)
         dx = g.math(gg, r, roles=["tile", "col"], target="aten.mul.Tensor", nbytes=2 * B)
         g.other(dx)
-        members = [m for m in range(dy + 1, r + 1)]
+        members = list(range(dy + 1, r + 1))
         return g.graph(), dy, members, s, f, gg
 
     pg, dy, members, s, f, gg = build()

@@ -54,6 +54,25 @@ def test_epilogue_mode_varies_the_subtile_and_stages_with_each_schedules_rows():
     assert len(items) == len(cfgs) + len(plain)
 
 
+@pytest.mark.parametrize("named", sorted(sf.SETS))
+def test_a_named_set_replaces_the_alternatives_after_autos_config(named):
+    """--set direct|overlap: auto's config, then the set's configs that fit, in the site's layout; "direct" only
+    where the graph loads tiles (a site without tile inputs keeps auto's config alone)."""
+    from benchmarks.sweep_backward import loads_tiles
+    from coda_ext.graph.canonical import as_ir
+
+    for e in sf.kernels("mlp"):
+        site = e["site"]
+        cfgs = sf.configs(site, e["mnk"], named=named)
+        assert cfgs[0].tag == sf.configs(site, e["mnk"])[0].tag and all(c.major == site.major for c in cfgs)
+        wanted = {sf.ce_config(d, site.major).tag for d in sf.SETS[named]}
+        assert {c.tag for c in cfgs[1:]} <= wanted
+        if named == "direct" and not loads_tiles(as_ir(site.graph)):
+            assert len(cfgs) == 1
+        else:
+            assert len(cfgs) > 1
+
+
 def test_sweep_swizzle_builds_one_kernel_per_base_and_layout():
     """benchmarks/sweep_swizzle.py: swizzle, raster and grid are launch arguments, so its builds are the bases in
     each layout; its default shapes pad CUTLASS's grid under swizzle 4 in 128-wide tiles, not the fitted one."""
