@@ -241,6 +241,40 @@ def test_a_member_the_fallback_computes_again_and_no_member_reads_leaves_the_epi
         assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-2)
 
 
+def test_the_kernel_reads_the_16_bit_value_the_fallback_computes_again_from_rounded_as_stored():
+    """A layer-norm backward's g = γ · f32(dy), dy = acc + t the bf16 sum of the GEMM's output and a loaded
+    gradient: g feeds the epilogue's row sum and the fallback's math, so the kernel stores dy in 16 bits and the
+    fallback computes g again from it (partition.outside). The kernel's row sum then reads dy rounded to bf16 as
+    stored (a cast node), so both sides compute from one dy, as eager does; the result matches the original."""
+    from coda_ext.graph.canonical import as_ir
+    from tests.helpers.checks import max_err, within_rule
+
+    def f(tangents, w, t, gamma, q):
+        dy = tangents @ w.t() + t
+        g = dy.float() * gamma
+        return gamma * 2.0, g.sum(-1, keepdim=True), torch.where(q, g, 0.0)
+
+    gen = torch.Generator().manual_seed(0)
+    M, K, N = 32, 16, 64
+    args = (torch.randn(M, K, generator=gen).bfloat16(), torch.randn(N, K, generator=gen).bfloat16(),
+            torch.randn(M, N, generator=gen).bfloat16(), torch.randn(N, generator=gen),
+            torch.rand(M, N, generator=gen) > 0.5)
+    gm = passes.run(make_fx(f, tracing_mode="fake")(*args))
+    an = analyze(gm, "interpret", 1)
+    part = partition(an.pgraph)
+    (grp,) = part.groups
+    assert grp.outside, "g is computed again by the fallback"
+    out, lowered = lower(gm, an, part)
+    (low,) = lowered
+    ir = as_ir(low.site.graph)
+    assert any(n.kind == "cast" and n.attr("dtype") == "bfloat16" for n in ir.nodes)
+    assert [o.dtype for o in low.site.outputs if tuple(o.shape) == (M, N)] == [torch.bfloat16]   # dy, not g
+    want = f(*(a.double() if a.is_floating_point() else a for a in args))
+    for got, base, ref in zip(out(*args), f(*args), want):
+        err, err_eager, top = max_err(got, ref), max_err(base, ref), ref.abs().max().item()
+        assert within_rule(err, err_eager, top), (err, err_eager, top)
+
+
 def test_the_fused_kernels_fake_gives_the_kernels_padded_rows():
     """A fused kernel's results as the real op gives them: on CUDA its (M, N) outputs have rows padded to 16
     bytes where N is no multiple of 8 (an LM head over 50257 classes), its reductions are plain vectors; in the

@@ -20,6 +20,7 @@ from torch import fx
 
 from ..errors import CodaError
 from ..graph import Graph
+from ..graph import math as cm
 from ..graph.builder import Value
 from . import aten_ir, fx_util, rules
 from .analyze import Analysis
@@ -58,8 +59,18 @@ def build_site(an: Analysis, group: Group, execute: str = "auto", cons: list[lis
     a, _, major = anchor.args
     dtype = _dtype_name(fx_util.dtype(a))
     inside = set(group.members) | {group.anchor}
+    _, stored, _ = io(pg, group.anchor, group.members, cons, group.outside)
+    # what the fallback's copies of Group.outside read as stored, in 16 bits: the kernel's own members read it
+    # rounded the same way, so both sides compute from one value (as eager PyTorch, which rounds it there)
+    again = set(group.outside)
+    frontier = {u for u in stored if any(c in again for c in cons[u])}
+
+    def rounded(pid: int, value: Any) -> Any:
+        t = fx_util.dtype(an.fx_nodes[pid])
+        return cm.cast(value, t) if pid in frontier and t in (torch.bfloat16, torch.float16) else value
+
     g = Graph()
-    env: dict[int, Any] = {group.anchor: g.accumulator()}
+    env: dict[int, Any] = {group.anchor: rounded(group.anchor, g.accumulator())}
     leaves: dict[tuple[fx.Node, str], Value] = {}
     roles: list[tuple[str, str]] = []
     loads: list[fx.Node] = []
@@ -97,7 +108,6 @@ def build_site(an: Analysis, group: Group, execute: str = "auto", cons: list[lis
 
         return arg
 
-    _, stored, _ = io(pg, group.anchor, group.members, cons, group.outside)
     names: list[str] = []
     outputs: list[Output] = []
     out_nodes: list[fx.Node] = []
@@ -108,7 +118,7 @@ def build_site(an: Analysis, group: Group, execute: str = "auto", cons: list[lis
             arg = arg_of(pid)
             if n.op == "math":
                 value = aten_ir.MATH[node.target].emit(node, arg)
-                env[pid] = value if isinstance(value, Value) else g.scalar(value=float(value))
+                env[pid] = rounded(pid, value) if isinstance(value, Value) else g.scalar(value=float(value))
             else:
                 name = f"y{len(names)}"
                 reduce = g.row_reduce if n.axis == "row" else g.col_reduce
