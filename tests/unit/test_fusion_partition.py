@@ -410,6 +410,33 @@ def test_the_fallback_computes_a_wide_value_again_from_a_16_bit_one_the_kernel_s
     assert outside(pg, dy, members, {dy, *members}) == ()
 
 
+def test_what_the_fallback_computes_again_leaves_no_epilogue_empty_or_apart_from_its_gemm():
+    """Regressions: v = acc · s (fp32) read only by a select the fallback runs is cheaper computed there from the
+    stored 16-bit acc, but it is the epilogue's only member: the GEMM keeps it (an epilogue without members would be
+    an identity kernel where aten.mm runs). m = f(a) from a load and v = acc · m read by that select: v computed
+    again would leave m alone in the kernel, joined to nothing of its GEMM; it stays."""
+    g = G()
+    x, w, s, q = g.input(), g.input(), g.input(nbytes=256), g.input()
+    mm = g.gemm(x, w)
+    v = g.math(mm, s, roles=["tile", "row"], target="aten.mul.Tensor", nbytes=2 * B)
+    g.other(g.math(q, v, roles=[None, "tile"], target="aten.where.self", nbytes=2 * B))
+    pg = g.graph()
+    for method in ("ilp", "greedy"):
+        (grp,) = partition(pg, method=method).groups
+        assert grp.members == (v,) and grp.outside == (), method
+
+    g = G()
+    x, w, a, q = g.input(), g.input(), g.input(nbytes=2 * B), g.input()
+    mm = g.gemm(x, w, output=True)
+    m = g.math(a, target="aten.mul.Tensor")
+    v = g.math(mm, m, target="aten.mul.Tensor", nbytes=2 * B)
+    g.other(g.math(q, v, roles=[None, "tile"], target="aten.where.self", nbytes=2 * B))
+    pg = g.graph()
+    for method in ("ilp", "greedy"):
+        groups = partition(pg, method=method).groups
+        assert [(grp.members, grp.outside) for grp in groups] == [((m, v), ())], (method, groups)
+
+
 def test_what_reads_a_reduction_of_the_gemms_values_is_no_candidate():
     """r = Σ acc, then v = acc − r: r in the epilogue ends it, r outside waits for it; v can never join
     (and the candidate sets of a long backward chain stay per layer, the program in small parts)."""

@@ -258,14 +258,34 @@ def recomputed(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[
 
 def _settled(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int], cons: list[list[int]]) -> Group:
     """The epilogue with its members the fallback computes again (outside()); those no member left in the kernel
-    reads leave it (they read only loads: the rest stays connected), so no load is left unused."""
-    keep = set(members)
-    again = set(outside(pg, anchor, keep, fused, cons))
-    while True:
-        unread = {v for v in again & keep if not any(c in keep for c in cons[v])}
-        if not unread:
+    reads leave it, so no load is left unused. Where that would leave the kernel no member, or members no longer
+    connected to its GEMM (the values outside() takes from the accumulator were all that joined them), only what
+    the fallback computes from the loads alone goes outside (the rest stays connected), else nothing."""
+    for accumulator in (True, False):
+        keep = set(members)
+        again = set(outside(pg, anchor, keep, fused, cons, accumulator=accumulator))
+        while True:
+            unread = {v for v in again & keep if not any(c in keep for c in cons[v])}
+            if not unread:
+                break
+            keep -= unread
+        if keep and _connected(pg, anchor, keep):
             return Group(anchor, tuple(sorted(keep)), tuple(sorted(again & keep)))
-        keep -= unread
+    return Group(anchor, tuple(sorted(members)))
+
+
+def _connected(pg: PGraph, anchor: int, keep: set[int]) -> bool:
+    """Whether every member in keep is joined to the anchor through edges among them (either way)."""
+    inside = keep | {anchor}
+    seen, todo = {anchor}, [anchor]
+    cons = pg.consumers()
+    while todo:
+        u = todo.pop()
+        for v in [*pg.sources(u), *cons[u]]:
+            if v in inside and v not in seen:
+                seen.add(v)
+                todo.append(v)
+    return seen == inside
 
 
 #: Element-wise ops the fallback computes again from a value the kernel stores rounded to its 16-bit dtype while its
@@ -274,12 +294,13 @@ def _settled(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int], c
 #: ops are not among them (GELU's derivative evaluated at a rounded x in one kernel and an unrounded x in the other
 #: lost a GPT-2's gradients the numerics rule: passes/remat.py).
 AGAIN_FROM_ROUNDED = frozenset({"aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.neg.default",
-                                "prims.convert_element_type.default", "aten.add.Scalar", "aten.sub.Scalar",
+                                "prims.convert_element_type.default", "aten._to_copy.default", "aten.add.Scalar",
+                                "aten.sub.Scalar",
                                 "aten.mul.Scalar", "aten.div.Scalar"})
 
 
 def outside(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int],
-            cons: list[list[int]] | None = None) -> tuple[int, ...]:
+            cons: list[list[int]] | None = None, accumulator: bool = True) -> tuple[int, ...]:
     """Members the fallback is better off computing again than reading from a store: element-wise values read
     outside only by element-wise math that no epilogue runs (`fused`: every epilogue's nodes), which the fallback
     computes from values it reads anyway for fewer bytes than the kernel's store of them and the fallback's read
@@ -291,7 +312,8 @@ def outside(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int],
     4), and the fp32 g = γ · dy from the 16-bit sum dy of the GEMM's output and the gradients it loads (stored in
     16 bits: 4 bytes an element written and read instead of 8; AGAIN_FROM_ROUNDED: the ops that may read a value
     the kernel holds unrounded). A value another epilogue, a GEMM or the graph's outputs read stays stored; the
-    kernel stores no more values than before, none wider than the one it no longer stores."""
+    kernel stores no more values than before, none wider than the one it no longer stores. accumulator=False: from
+    the epilogue's loads alone (no value of the kernel read from a store)."""
     cons = cons or pg.consumers()
     members = set(members)
     inside = members | {anchor}
@@ -316,7 +338,7 @@ def outside(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int],
             return float(pg[u].nbytes), frozenset(), frozenset(), False
         if u not in memo:
             n = pg[u]
-            if not n.storable or n.op == "reduce":
+            if not n.storable or n.op == "reduce" or not accumulator:
                 store = (big, frozenset(), frozenset(), False)
             elif stored_anyway(u):
                 store = (float(n.nbytes), frozenset(), frozenset(), True)
