@@ -16,7 +16,9 @@ eager, compile (torch.compile(model)), compile_max_autotune (mode="max-autotune"
 compile_cudagraphs (mode="reduce-overhead": CUDA graphs; GPU only), coda (coda_ext.fusion.fuse(model): the
 "coda" backend, Inductor for what it does not fuse), coda_cudagraphs (fuse(model, cudagraphs=True): the same,
 recorded into CUDA graphs; GPU only), coda_cudagraphs_unmeasured (the same without the measured vetoes of
-coda_ext.fusion.timing: the byte objective alone; only when --variants names it) and, for Llama, coda_hand
+coda_ext.fusion.timing: the byte objective alone; only when --variants names it), coda_cudagraphs_wide_stores
+(coda_cudagraphs with narrow_stores=False: the fallback computes again only from what an epilogue loads; only when
+--variants names it) and, for Llama, coda_hand
 (the hand-written coda_ext.hf.apply_coda_to_llama path). Every compiled variant traces its Hugging Face model with
 coda_ext.fusion.hf_masks.plain_masks(): with the transformers and torch of the GPU machine, torch.compile
 otherwise builds an all-true attention mask and SDPA leaves its flash kernel (BERT-base's compiled step 66 ms
@@ -60,12 +62,14 @@ from typing import Any
 
 from benchmarks import common
 
-VARIANTS = ("eager", "compile", "compile_max_autotune", "compile_cudagraphs", "coda", "coda_cudagraphs", "coda_hand",
-            "coda_cudagraphs_unmeasured")
-#: what runs without --variants: every variant but the diagnostic coda_cudagraphs_unmeasured
-DEFAULT_VARIANTS = VARIANTS[:-1]
+#: the diagnostic variants: coda_cudagraphs with one of its choices undone, for a same-process A/B
+DIAGNOSTIC = ("coda_cudagraphs_unmeasured", "coda_cudagraphs_wide_stores")
+VARIANTS = ("eager", "compile", "compile_max_autotune", "compile_cudagraphs", "coda", "coda_cudagraphs",
+            "coda_hand") + DIAGNOSTIC
+#: what runs without --variants: every variant but the diagnostic ones
+DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v not in DIAGNOSTIC)
 #: the variants that record CUDA graphs (a training step marks each new step for them)
-CUDAGRAPH_VARIANTS = ("compile_max_autotune", "compile_cudagraphs", "coda_cudagraphs", "coda_cudagraphs_unmeasured")
+CUDAGRAPH_VARIANTS = ("compile_max_autotune", "compile_cudagraphs", "coda_cudagraphs") + DIAGNOSTIC
 #: the baselines a coda variant is compared with: what a user of torch would otherwise run
 BASELINES = ("eager", "compile", "compile_max_autotune", "compile_cudagraphs")
 #: Speedups over eager of the EVT paper (Chen et al., ASPLOS '24) on an A100, per model family.
@@ -237,7 +241,7 @@ def skip_reason(variant: str, spec: Spec, device: str, compile_backend: str, cod
         return "max-autotune tunes GPU kernels (Triton templates, CUDA graphs): GPU only"
     if variant in CUDAGRAPH_VARIANTS and device != "cuda":
         return "CUDA graphs: GPU only"
-    if variant in ("coda_cudagraphs", "coda_cudagraphs_unmeasured") and coda_fallback == "eager":
+    if variant in ("coda_cudagraphs",) + DIAGNOSTIC and coda_fallback == "eager":
         return "CUDA graphs record the Inductor fallback (--coda-fallback eager)"
     if variant == "compile_max_autotune" and compile_backend != "inductor":
         return f"max-autotune is an Inductor mode (--compile-backend {compile_backend})"
@@ -267,10 +271,11 @@ def make_variant(variant: str, model, args) -> tuple[Any, Any]:
         return with_plain_masks(torch.compile(model, mode="max-autotune")), None
     if variant == "compile_cudagraphs":
         return with_plain_masks(torch.compile(model, mode="reduce-overhead")), None
-    if variant in ("coda", "coda_cudagraphs", "coda_cudagraphs_unmeasured"):
+    if variant in ("coda", "coda_cudagraphs") + DIAGNOSTIC:
         fused = cf.fuse(model, fallback=args.coda_fallback, method=args.method,
                         cudagraphs=variant != "coda",
-                        measure=False if variant == "coda_cudagraphs_unmeasured" else "auto")
+                        measure=False if variant == "coda_cudagraphs_unmeasured" else "auto",
+                        narrow_stores=variant != "coda_cudagraphs_wide_stores")
         return fused, fused.coda_backend
     raise ValueError(f"unknown variant {variant!r} (one of {VARIANTS})")
 

@@ -230,6 +230,8 @@ def test_the_registered_backend_name_and_options(capsys):
     torch.testing.assert_close(loss, step(eager, x, t)[0], rtol=1e-6, atol=1e-6)
     printed = capsys.readouterr().out
     assert "coda fusion: joint graph" in printed and "partition greedy" in printed
+    with pytest.raises(ValueError, match="narrow_stores must be True or False"):
+        cf.fuse(MLP(), narrow_stores="no")
 
 
 def bert(hidden_dropout: float = 0.0):

@@ -408,6 +408,12 @@ def test_the_fallback_computes_a_wide_value_again_from_a_16_bit_one_the_kernel_s
     assert outside(pg, dy, members, {dy, *members}) == ()
     pg, dy, members, *_ = build(g_bytes=B)     # g in 16 bits: storing it moves no more than storing dy
     assert outside(pg, dy, members, {dy, *members}) == ()
+    pg, dy, members, s, f, gg = build()        # through the partition, and without narrow stores (an A/B)
+    for method in ("ilp", "greedy"):
+        (grp,) = partition(pg, method=method).groups
+        assert set(grp.members) == set(members) and grp.outside == (f, gg), method
+        (grp,) = partition(pg, method=method, narrow_stores=False).groups
+        assert grp.outside == () and gg in io(pg, dy, grp.members, outside=grp.outside)[1], method
 
 
 def test_what_the_fallback_computes_again_leaves_no_epilogue_empty_or_apart_from_its_gemm():

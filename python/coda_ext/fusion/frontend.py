@@ -69,7 +69,10 @@ class Options:
     measure: time each fused kernel against its bare GEMM and leave to the fallback the epilogues whose kernel
         is slower than that GEMM plus the fallback's kernel for the same work, then partition again (timing.py).
         "auto": where the kernels run on this process's GPU (target "cuda", execute "auto"); True also needs
-        them to. timer: what measures a kernel, timing.gpu_timer by default (tests give their own)."""
+        them to. timer: what measures a kernel, timing.gpu_timer by default (tests give their own).
+    narrow_stores: the fallback may compute a value again from a narrower value the kernel stores in its place
+        (a layer-norm backward's fp32 g = γ·dy from the bf16 dy: partition.outside); False: only from what the
+        epilogue loads (an A/B of the two: bench_autofusion's coda_cudagraphs_wide_stores)."""
 
     fallback: str = "auto"
     target: str = "auto"
@@ -82,6 +85,7 @@ class Options:
     merge: bool = True
     measure: bool | str = "auto"
     timer: Callable | None = None
+    narrow_stores: bool = True
     cost: CostModel = dataclasses.field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
@@ -98,6 +102,8 @@ class Options:
             raise ValueError(f"execute must be 'auto' or 'interpret', got {self.execute!r}")
         if self.measure not in (True, False, "auto"):
             raise ValueError(f"measure must be True, False or 'auto', got {self.measure!r}")
+        if not isinstance(self.narrow_stores, bool):
+            raise ValueError(f"narrow_stores must be True or False, got {self.narrow_stores!r}")
 
     def timer_for(self, target: str) -> Callable | None:
         """What times the fused kernels of a graph compiled for `target`, or None where nothing is measured."""
@@ -136,7 +142,7 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
         an = analyze(g, target, forward_outputs)
         pg = an.pgraph
         part = partition(pg, options.cost, method=options.method, time_limit=options.time_limit,
-                         limits=Limits.of(target),
+                         limits=Limits.of(target), narrow_stores=options.narrow_stores,
                          exclude=[i for i in pg.anchors() if fx_util.gemm_id(an.fx_nodes[i]) in excluded])
         solve_s += part.solve_s
         return an, part

@@ -256,12 +256,14 @@ def recomputed(pg: PGraph, anchor: int, members: Iterable[int], cons: list[list[
     return [v for v in sorted(members) if v in again or (not pg[v].storable and _read_outside(pg, v, members, cons))]
 
 
-def _settled(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int], cons: list[list[int]]) -> Group:
+def _settled(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int], cons: list[list[int]],
+             narrow_stores: bool = True) -> Group:
     """The epilogue with its members the fallback computes again (outside()); those no member left in the kernel
     reads leave it, so no load is left unused. Where that would leave the kernel no member, or members no longer
     connected to its GEMM (the values outside() takes from the accumulator were all that joined them), only what
-    the fallback computes from the loads alone goes outside (the rest stays connected), else nothing."""
-    for accumulator in (True, False):
+    the fallback computes from the loads alone goes outside (the rest stays connected), else nothing; only that
+    without narrow_stores."""
+    for accumulator in (True, False) if narrow_stores else (False,):
         keep = set(members)
         again = set(outside(pg, anchor, keep, fused, cons, accumulator=accumulator))
         while True:
@@ -848,8 +850,10 @@ def _greedy(pg: PGraph, cands: dict[int, tuple[int, ...]], limits: Limits) -> di
 
 
 def partition(pg: PGraph, cost: CostModel | None = None, *, method: str = "ilp", time_limit: float = 10.0,
-              limits: Limits = Limits(), exclude: Iterable[int] = ()) -> Partition:
-    """The epilogues of `pg` (see the module docstring); the GEMMs in `exclude` take none."""
+              limits: Limits = Limits(), exclude: Iterable[int] = (), narrow_stores: bool = True) -> Partition:
+    """The epilogues of `pg` (see the module docstring); the GEMMs in `exclude` take none. narrow_stores: the
+    fallback may compute a value again from a narrower one the kernel stores in its place (outside()); False: only
+    from the epilogue's loads."""
     if method not in METHODS:
         raise ValueError(f"partition method must be one of {METHODS}, got {method!r}")
     cost = cost or CostModel()
@@ -875,6 +879,6 @@ def partition(pg: PGraph, cost: CostModel | None = None, *, method: str = "ilp",
         status = f"{status}; greedy" if status else "greedy"
     cons = pg.consumers()
     fused = {v for g, vs in groups.items() for v in (g, *vs)}
-    out = tuple(_settled(pg, g, vs, fused, cons) for g, vs in sorted(groups.items()))
+    out = tuple(_settled(pg, g, vs, fused, cons, narrow_stores) for g, vs in sorted(groups.items()))
     objective = sum(gain(pg, cost, grp.anchor, grp.members, cons) for grp in out)
     return Partition(out, cands, used, status, time.perf_counter() - start, objective)
