@@ -271,16 +271,15 @@ def _settled(pg: PGraph, anchor: int, members: Iterable[int], fused: set[int], c
             if not unread:
                 break
             keep -= unread
-        if keep and _connected(pg, anchor, keep):
+        if keep and _connected(pg, anchor, keep, cons):
             return Group(anchor, tuple(sorted(keep)), tuple(sorted(again & keep)))
     return Group(anchor, tuple(sorted(members)))
 
 
-def _connected(pg: PGraph, anchor: int, keep: set[int]) -> bool:
+def _connected(pg: PGraph, anchor: int, keep: set[int], cons: list[list[int]]) -> bool:
     """Whether every member in keep is joined to the anchor through edges among them (either way)."""
     inside = keep | {anchor}
     seen, todo = {anchor}, [anchor]
-    cons = pg.consumers()
     while todo:
         u = todo.pop()
         for v in [*pg.sources(u), *cons[u]]:
