@@ -97,6 +97,10 @@ LIGHT_NODES = 20
 ROPE_NODES = 10
 #: The longest K loop at which a ping-pong epilogue runs in the overlap schedule (see heuristic)
 SHORT_K = 1024
+#: The most lowered nodes an N-major ("kn") epilogue with a tile load and column sums may have for OVERLAP over
+#: K <= SHORT_K (_light_kn_sums: measured on BERT's GELU derivative with the bias gradient, 6 nodes; its 20-26-node
+#: layer-norm backward epilogues ran slower in it)
+LIGHT_KN_SUM_NODES = 8
 MEMORY_FILE = "tuning.json"
 
 
@@ -226,7 +230,8 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
       stays cooperative 128x256 2x1 (fit_swizzle: 4): 190 us against 200 in cooperative 128x128 and 202
       in ping-pong 128x128 (H200, one run each, benchmarks/results/sweep_fusion_gelu_h200.json; with the
       GELU derivative written out node by node cooperative 128x128 had been the fastest there, 246 us
-      against 295: a lighter epilogue moves the balance to the larger tile);
+      against 295: a lighter epilogue moves the balance to the larger tile), but a light one (a tile load and
+      column sums, at most LIGHT_KN_SUM_NODES nodes, no bounds test: _light_kn_sums) takes OVERLAP there;
     - PINGPONG over K <= SHORT_K with an epilogue (not plain) that leaves OVERLAP three mainloop stages or
       more and at most one fewer than PINGPONG (_overlap_fits): OVERLAP, the same tiles with the two warp
       groups' epilogues running at the same time. A short K loop makes the epilogue most of a tile's time and
@@ -260,6 +265,8 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
     choice = _by_shape(M, N, K, sms, epilogue, major)
     if choice == PINGPONG and K <= SHORT_K and not epilogue.plain and _overlap_fits(epilogue):
         return OVERLAP
+    if choice == LARGE and _light_kn_sums(K, epilogue, major):
+        return OVERLAP
     if choice.tile[1] == 256 and choice.tile[0] == 128 and epilogue.large_stages < 3:
         if _deep_narrow_kn(M, N, K, epilogue, major):
             return TALL_192
@@ -274,6 +281,18 @@ def _choice(M: int, N: int, K: int, sms: int, epilogue: Epilogue, major: str) ->
     if choice == LARGE and -(-M // 128) >= 32:
         return LARGE_TALL
     return choice
+
+
+def _light_kn_sums(K: int, epilogue: Epilogue, major: str) -> bool:
+    """An N-major ("kn") epilogue with a tile load and column sums, at most LIGHT_KN_SUM_NODES lowered nodes and no
+    bounds test in its reductions, over K <= SHORT_K, that OVERLAP fits (_overlap_fits): OVERLAP where the shape
+    would take cooperative 128x256. BERT-base's GELU derivative with the bias gradient (dX GEMM at 16384x3072x768,
+    W read N-major) 182.6 us against 189.4 in cooperative 128x256 2x1 and 211.8 in ping-pong 128x128 (H200, one
+    run, benchmarks/results/sweep_fusion_overlap_kn_h200.json; bit-identical to ping-pong in
+    tests/gpu/test_overlap_gpu.py's gelu_bwd_kn); its layer-norm backward epilogues (20-26 nodes, bounds tests)
+    ran slower in it (103.7 against 96.3 us at 16384x768x768)."""
+    return (major == "kn" and K <= SHORT_K and epilogue.tile_load and epilogue.col_reduce
+            and epilogue.nodes <= LIGHT_KN_SUM_NODES and not epilogue.bounds_tests and _overlap_fits(epilogue))
 
 
 def _streamk_may_take(epilogue: Epilogue, major: str) -> bool:

@@ -31,8 +31,8 @@ from tests.helpers import checks, rand
 #: name -> (builder, operand layout)
 GRAPHS = {"gelu_fwd": (graphs.bias_gelu_stores, "kn"), "gelu_bwd": (graphs.gelu_backward_dbias, "kk"),
           "row_reduce": (graphs.design, "kk"), "plain": (graphs.identity, "kk"),
-          # BERT's dX GEMM of the GELU derivative reads W N-major: overlap 128 x 128 ran it 3.6 % faster than the
-          # cooperative 128 x 256 "auto" takes (docs/measured.md, fifteenth session)
+          # BERT's dX GEMM of the GELU derivative reads W N-major: overlap 128 x 128 ran it 3.6 % faster than
+          # cooperative 128 x 256, and "auto" takes it there (tuning._light_kn_sums)
           "gelu_bwd_kn": (graphs.gelu_backward_dbias, "kn")}
 #: (tile, cluster): the two ping-pong tiles in 1x1 clusters, 128x192 in 2x1 (the SwiGLU forward's best
 #: ping-pong config at the Llama shapes) and 128x128 in 1x2: A and W multicast across the cluster

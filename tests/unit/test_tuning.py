@@ -242,6 +242,28 @@ def test_a_column_reduction_over_a_short_k():
     assert tuning.heuristic(16384, 768, 768, epilogue=tight, major="kn") == tuning.PINGPONG   # 6 N tiles along N
 
 
+def test_a_light_n_major_column_reduction_over_a_short_k_overlaps():
+    """BERT-base's GELU derivative with the bias gradient (a tile load, column sums, 6 lowered nodes) N-major over
+    K = 768: OVERLAP 128x128 (182.6 against 189.4 us in cooperative 128x256 2x1; sweep_fusion_overlap_kn_h200.json).
+    Not over a longer K, nor for a heavier epilogue, one whose reductions test bounds (the layer-norm backward's:
+    slower in it), one OVERLAP does not fit, or without a tile load (unmeasured)."""
+    op = TunedOp(graphs.gelu_backward_dbias(), "bfloat16", tune=False, major="kn")
+    light = op.epilogue
+    assert light.tile_load and light.col_reduce and light.nodes <= tuning.LIGHT_KN_SUM_NODES
+    assert not light.bounds_tests
+    got = op.config_for(16384, 3072, 768)
+    assert got == dataclasses.replace(tuning.OVERLAP, major="kn") and got.swizzle == 4
+    assert tuning.OVERLAP in tuning.heuristic_configs(light, "kn")
+    assert tuning.heuristic(12608, 3072, 768, epilogue=light, major="kn").schedule == "overlap"   # ViT-B/16's rows
+    assert op.config_for(16384, 3072, 2048) == dataclasses.replace(tuning.LARGE_TALL, major="kn")
+    assert TunedOp(graphs.gelu_backward_dbias(), "bfloat16", tune=False).config_for(16384, 3072, 768) == tuning.OVERLAP
+    for other in (dataclasses.replace(light, nodes=tuning.LIGHT_KN_SUM_NODES + 1),
+                  dataclasses.replace(light, bounds_tests=True),
+                  dataclasses.replace(light, overlap_stages=light.pingpong_stages - 2),
+                  dataclasses.replace(light, tile_load=False)):
+        assert tuning.heuristic(16384, 3072, 768, epilogue=other, major="kn") == tuning.LARGE_TALL, other
+
+
 def test_auto_uses_the_graph_epilogue():
     g = ce.Graph()
     acc = g.accumulator()
