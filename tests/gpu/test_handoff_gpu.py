@@ -26,6 +26,7 @@ from coda_ext.graphs import backward
 from tests.gpu.test_numerics import check_against_reference
 from tests.gpu.test_overlap_gpu import assert_relaunches_give_the_same_bits, assert_same_bits, run
 from tests.helpers import rand
+from tests.helpers.selection import selected
 
 #: name -> (builder, operand layout)
 GRAPHS = {"gelu_fwd": (graphs.bias_gelu_stores, "kn"), "gelu_bwd": (graphs.gelu_backward_dbias, "kk"),
@@ -52,24 +53,28 @@ def tile_id(tile) -> str:
     return f"{tm}x{tn}_c{cm}x{cn}"
 
 
-def build_items() -> list:
-    """(graph, dtype, config) of every kernel these tests launch, for `python -m coda_ext prebuild`."""
-    items = [(build(), "bfloat16", config(tile, s, major)) for build, major in GRAPHS.values()
+def build_items(names=(*GRAPHS, *LLAMA_1B)) -> list:
+    """(graph, dtype, config) of every kernel these tests launch (those of `names`' graphs), for
+    `python -m coda_ext prebuild`."""
+    items = [(build(), "bfloat16", config(tile, s, major)) for n, (build, major) in GRAPHS.items() if n in names
              for tile in TILES for s in ("cooperative", "handoff")]
-    items += [(build(), "bfloat16", config(BASE, s, major)) for _, build, major in LLAMA_1B.values()
-              for s in ("cooperative", "handoff")]
+    items += [(build(), "bfloat16", config(BASE, s, major)) for n, (_, build, major) in LLAMA_1B.items()
+              if n in names for s in ("cooperative", "handoff")]
     return items
 
 
 @pytest.fixture(scope="module")
-def ops():
+def ops(request):
+    """The kernels of the graphs the selected tests take, built in parallel first."""
     from coda_ext.runtime import prebuild
 
-    prebuild(build_items(), jobs=os.cpu_count())
+    names = selected(request, "name", dict.fromkeys([*GRAPHS, *LLAMA_1B]))
+    prebuild(build_items(names), jobs=os.cpu_count())
     out = {(name, tile, s): ce.compile(build(), "bfloat16", config(tile, s, major))
-           for name, (build, major) in GRAPHS.items() for tile in TILES for s in ("cooperative", "handoff")}
+           for name, (build, major) in GRAPHS.items() if name in names
+           for tile in TILES for s in ("cooperative", "handoff")}
     out.update({(name, BASE, s): ce.compile(build(), "bfloat16", config(BASE, s, major))
-                for name, (_, build, major) in LLAMA_1B.items() for s in ("cooperative", "handoff")})
+                for name, (_, build, major) in LLAMA_1B.items() if name in names for s in ("cooperative", "handoff")})
     return out
 
 

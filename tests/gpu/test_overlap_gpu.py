@@ -27,6 +27,7 @@ import coda_ext as ce
 from coda_ext import graphs
 from tests.gpu.test_numerics import check_against_reference
 from tests.helpers import checks, rand
+from tests.helpers.selection import selected
 
 #: name -> (builder, operand layout)
 GRAPHS = {"gelu_fwd": (graphs.bias_gelu_stores, "kn"), "gelu_bwd": (graphs.gelu_backward_dbias, "kk"),
@@ -60,19 +61,23 @@ def tile_id(tile) -> str:
     return f"{tm}x{tn}_c{cm}x{cn}"
 
 
-def build_items() -> list:
-    """(graph, dtype, config) of every kernel these tests launch, for `python -m coda_ext prebuild`."""
-    return [(build(), "bfloat16", config(tile, s, major)) for build, major in GRAPHS.values()
+def build_items(names=tuple(GRAPHS)) -> list:
+    """(graph, dtype, config) of every kernel these tests launch (those of `names`' graphs), for
+    `python -m coda_ext prebuild`."""
+    return [(GRAPHS[n][0](), "bfloat16", config(tile, s, GRAPHS[n][1])) for n in names
             for tile in TILES for s in schedules(tile)]
 
 
 @pytest.fixture(scope="module")
-def ops():
+def ops(request):
+    """The kernels of the graphs the selected tests take (pytest -k gelu_bwd_kn: that graph's only), built in
+    parallel first."""
     from coda_ext.runtime import prebuild
 
-    prebuild(build_items(), jobs=os.cpu_count())
-    return {(name, tile, s): ce.compile(build(), "bfloat16", config(tile, s, major))
-            for name, (build, major) in GRAPHS.items() for tile in TILES for s in schedules(tile)}
+    names = selected(request, "name", GRAPHS)
+    prebuild(build_items(names), jobs=os.cpu_count())
+    return {(name, tile, s): ce.compile(GRAPHS[name][0](), "bfloat16", config(tile, s, GRAPHS[name][1]))
+            for name in names for tile in TILES for s in schedules(tile)}
 
 
 def run(op, A, W, inputs, M, N, sm_count):
