@@ -633,10 +633,10 @@ def goals(name: str, entry: dict) -> list[str]:
 # --- the plan (traced only) and the prebuild ----------------------------------------------------------------
 
 
-def plan_backend(name: str, args) -> tuple[Any, Any, tuple[int, int], float]:
+def plan_backend(name: str, args, narrow_stores: bool = True) -> tuple[Any, Any, tuple[int, int], float]:
     """(the coda backend, the model, the batch, seconds) of model `name`'s training step traced through the
     backend under the GPU kernel's rules (coda_ext.fusion.plan: on the CPU, uninitialised weights, nothing
-    compiles or runs)."""
+    compiles or runs); narrow_stores: Options.narrow_stores (False: coda_cudagraphs_wide_stores's partition)."""
     import torch
 
     import coda_ext.fusion as cf
@@ -653,7 +653,8 @@ def plan_backend(name: str, args) -> tuple[Any, Any, tuple[int, int], float]:
         model.tie_weights()
     inputs = make_batch(spec, model, batch, rand.generator("autofusion", name), dtype)
     start = time.perf_counter()
-    backend = cf.plan(loss_only(model) if args.loss_only else model, kwargs=inputs, method=args.method)
+    backend = cf.plan(loss_only(model) if args.loss_only else model, kwargs=inputs, method=args.method,
+                      narrow_stores=narrow_stores)
     trace_s = time.perf_counter() - start
     if not backend.report.graphs:
         raise RuntimeError("nothing was traced: the backend never saw a graph")
@@ -667,6 +668,10 @@ def plan_model(name: str, args) -> tuple[dict, list, str]:
     spec = MODELS[name]
     backend, model, batch, trace_s = plan_backend(name, args)
     items = cf.kernel_items(backend, sms=args.sms)
+    if "coda_cudagraphs_wide_stores" in args.variants:   # its partition has kernels of its own: built in the batch
+        keys = {_item_key(i) for i in items}
+        items += [i for i in cf.kernel_items(plan_backend(name, args, narrow_stores=False)[0], sms=args.sms)
+                  if _item_key(i) not in keys]
     stats = coda_stats(backend)
     if "coda_hand" in args.variants and spec.family == "llama":
         from coda_ext.hf.llama import step_kernels
@@ -697,15 +702,20 @@ def plan(args) -> dict:
     return {"models": models, "reports": reports, "items": items}
 
 
+def _item_key(item: tuple) -> tuple[str, str, str]:
+    """A (graph, dtype, config) kernel item's identity: the graph's digest, the dtype, the config's tag."""
+    g, d, c = item
+    return (g.build().digest() if hasattr(g, "build") else g.digest(), str(d), c.tag)
+
+
 def prebuild(args) -> int:
     """Builds every kernel the selected models launch, in parallel; returns how many."""
     from coda_ext.runtime import prebuild as build
 
     items = plan(args)["items"]
     unique = {}
-    for g, d, c in items:
-        key = (g.build().digest() if hasattr(g, "build") else g.digest(), str(d), c.tag)
-        unique.setdefault(key, (g, d, c))
+    for item in items:
+        unique.setdefault(_item_key(item), item)
     start = time.perf_counter()
     print(f"prebuild: {len(unique)} kernels, {args.jobs or 'all'} jobs", flush=True)
     build(list(unique.values()), args.jobs, binding=True)

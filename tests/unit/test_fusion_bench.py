@@ -229,3 +229,15 @@ def test_loss_only_keeps_the_logits_inside_the_graph(tmp_path):
     for variant in ("eager", "compile"):
         plain, only = models["gpt2"]["variants"][variant]["loss"], models["gpt2+loss-only"]["variants"][variant]["loss"]
         assert only == pytest.approx(plain, rel=1e-5), variant
+
+
+def test_prebuild_lists_the_wide_stores_variants_kernels_too():
+    """With coda_cudagraphs_wide_stores selected, --prebuild plans its partition too (narrow_stores=False: the layer
+    norm backward stores fp32 g, another kernel) and lists its kernels once each beside the default's, so that
+    variant builds nothing alone on the GPU."""
+    one = bench.plan(bench.parse(["--tiny", "--models", "bert-base", "--variants", "coda_cudagraphs"]))
+    both = bench.plan(bench.parse(["--tiny", "--models", "bert-base", "--variants", "coda_cudagraphs",
+                                   "coda_cudagraphs_wide_stores"]))
+    keys = [bench._item_key(i) for i in both["items"]]
+    assert len(set(keys)) == len(keys)
+    assert {bench._item_key(i) for i in one["items"]} < set(keys)
