@@ -264,3 +264,56 @@ def test_a_vetoed_epilogue_that_moves_to_another_gemm_is_followed_without_a_time
     assert not any(k.kernel for k in rep.kernels) and not rep.measured
     assert [v.round for v in rep.vetoed] == [0, 1] and len({v.kernel for v in rep.vetoed}) == 1
     assert len(calls) == 1                                   # the one kernel, timed once
+
+
+class _HostClock:
+    """Stands in for torch.cuda's events and GPU wait: the host takes `host_us` to queue each call, the GPU `gpu_us`
+    to run it, and the wait lasts `cycles` / 2000 µs; the GPU waits on the host where the wait ends first."""
+
+    def __init__(self, host_us: float, gpu_us: float):
+        self.host_us, self.gpu_us, self.waits = host_us, gpu_us, []
+        self.queued_us = 0.0
+
+    def sleep(self, cycles: int) -> None:
+        self.waits.append(cycles)
+        self.queued_us = 0.0
+
+    def call(self) -> None:
+        self.queued_us += self.host_us
+
+    def event(self, enable_timing: bool = False):
+        clock = self
+
+        class Event:
+            def record(self) -> None:
+                self.at_wait = clock.waits[-1] / 2000
+
+            def query(self) -> bool:
+                return clock.queued_us > self.at_wait
+
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_time(self, end) -> float:   # ms
+                host_bound = clock.queued_us > self.at_wait
+                per_call = clock.host_us if host_bound and clock.host_us > clock.gpu_us else clock.gpu_us
+                return per_call * timing.CALLS / 1000
+        return Event()
+
+
+@pytest.mark.parametrize("host_us,gpu_us,waits", [(100, 30, 1), (400, 30, 2), (1e5, 30, None)])
+def test_the_gpu_timer_waits_longer_when_the_host_queues_slower_than_the_wait(monkeypatch, host_us, gpu_us, waits):
+    """Behind a wait of about 1 ms, a host that takes more than 250 µs to queue each of the four calls would be
+    measured, not the kernel (timing._gpu_ms): the wait grows until it outlasts the host's queueing; past
+    MAX_WAIT_CYCLES the host-bound time is returned with a warning."""
+    clock = _HostClock(host_us, gpu_us)
+    monkeypatch.setattr(torch.cuda, "Event", clock.event)
+    monkeypatch.setattr(torch.cuda, "_sleep", clock.sleep)
+    fns = [clock.call, clock.call]
+    if waits is None:
+        with pytest.warns(UserWarning, match="longer to queue than a GPU wait"):
+            got = timing._gpu_ms(fns)
+        assert got == pytest.approx(host_us / 1000) and clock.waits[-1] >= timing.MAX_WAIT_CYCLES
+        return
+    assert timing._gpu_ms(fns) == pytest.approx(gpu_us / 1000)
+    assert clock.waits == [timing.WAIT_CYCLES * timing.WAIT_GROWTH ** i for i in range(waits)]

@@ -155,26 +155,40 @@ def _set_bytes(op: Any, M: int, N: int, K: int, itemsize: int) -> int:
 
 
 #: Calls per timed measurement, and the GPU wait queued before them (clock cycles, about 1 ms): the host queues
-#: every call while the GPU waits, so its launch time stays out of the GPU's.
+#: every call while the GPU waits, so its launch time stays out of the GPU's. Where the wait ended before the host
+#: had queued the calls (the GPU then waited on the host, whose time would be measured), the measurement is taken
+#: again behind a wait WAIT_GROWTH times as long, up to MAX_WAIT_CYCLES.
 CALLS = 4
 WAIT_CYCLES = 2_000_000
+WAIT_GROWTH = 4
+MAX_WAIT_CYCLES = 128_000_000
 
 
 def _gpu_ms(fns: list[Callable[[], Any]]) -> float:
     """Milliseconds of GPU time per call, CALLS calls (cycling through fns) queued behind a GPU wait, after one
-    warm-up call of each."""
+    warm-up call of each. The wait lengthens until it outlasts the host's queueing (the start event still pending
+    once every call is queued); at MAX_WAIT_CYCLES the host-bound time is returned, with a warning."""
     import torch
 
     for fn in fns:
         fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(WAIT_CYCLES)
-    start.record()
-    for i in range(CALLS):
-        fns[i % len(fns)]()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / CALLS
+    wait = WAIT_CYCLES
+    while True:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(wait)
+        start.record()
+        for i in range(CALLS):
+            fns[i % len(fns)]()
+        host_bound = start.query()   # the GPU reached the first call before the host had queued the last
+        end.record()
+        end.synchronize()
+        if not host_bound:
+            return start.elapsed_time(end) / CALLS
+        if wait >= MAX_WAIT_CYCLES:
+            warnings.warn(f"coda fusion: {CALLS} calls took the host longer to queue than a GPU wait of {wait} "
+                          "cycles: the time measured includes the host's", stacklevel=2)
+            return start.elapsed_time(end) / CALLS
+        wait *= WAIT_GROWTH
 
 
 def _sample(op: Any, M: int, N: int, K: int, dtype: Any, major: str, seed: int) -> tuple[Any, Any, dict[str, Any]]:
