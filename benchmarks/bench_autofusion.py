@@ -668,11 +668,13 @@ def plan_model(name: str, args) -> tuple[dict, list, str]:
     spec = MODELS[name]
     backend, model, batch, trace_s = plan_backend(name, args)
     items = cf.kernel_items(backend, sms=args.sms)
+    stats = coda_stats(backend)
     if "coda_cudagraphs_wide_stores" in args.variants:   # its partition has kernels of its own: built in the batch
         keys = {_item_key(i) for i in items}
-        items += [i for i in cf.kernel_items(plan_backend(name, args, narrow_stores=False)[0], sms=args.sms)
-                  if _item_key(i) not in keys]
-    stats = coda_stats(backend)
+        wide = [i for i in cf.kernel_items(plan_backend(name, args, narrow_stores=False)[0], sms=args.sms)
+                if _item_key(i) not in keys]
+        items += wide
+        stats["kernel_items_wide_stores"] = len(wide)   # counted in kernel_items too (what --prebuild builds)
     if "coda_hand" in args.variants and spec.family == "llama":
         from coda_ext.hf.llama import step_kernels
 
@@ -696,8 +698,10 @@ def plan(args) -> dict:
             continue
         models[name], reports[name] = stats, text
         items += its
+        wide = stats.get("kernel_items_wide_stores")
+        extra = f", {wide} of them for coda_cudagraphs_wide_stores' partition" if wide is not None else ""
         print(f"{name}: {stats['gemms']} GEMMs of {stats['gemm_shapes']} shapes, {stats['gemms_fused']} fused into "
-              f"{stats['kernels']} distinct kernels ({stats['kernel_items']} to build); partition "
+              f"{stats['kernels']} distinct kernels ({stats['kernel_items']} to build{extra}); partition "
               f"{stats['solve_s']:.2f} s; trace {stats['trace_s']:.1f} s", flush=True)
     return {"models": models, "reports": reports, "items": items}
 

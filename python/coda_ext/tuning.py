@@ -98,8 +98,8 @@ ROPE_NODES = 10
 #: The longest K loop at which a ping-pong epilogue runs in the overlap schedule (see heuristic)
 SHORT_K = 1024
 #: The most lowered nodes an N-major ("kn") epilogue with a tile load and column sums may have for OVERLAP over
-#: K <= SHORT_K (_light_kn_sums: measured on BERT's GELU derivative with the bias gradient, 6 nodes; its 20-26-node
-#: layer-norm backward epilogues ran slower in it)
+#: K <= SHORT_K (_light_kn_sums: measured on BERT's GELU derivative with the bias gradient, 6 nodes; its 768-wide
+#: layer-norm backward, 20 nodes or more, ran slower in it)
 LIGHT_KN_SUM_NODES = 8
 MEMORY_FILE = "tuning.json"
 
@@ -226,12 +226,13 @@ def heuristic(M: int, N: int, K: int, sms: int = DEFAULT_SMS, epilogue: Epilogue
     - a column reduction over K <= 1024 (a short mainloop: the epilogue is most of a tile's time) with
       both operands K-major in ping-pong 128x128, whose epilogue overlaps the other warp group's mainloop:
       GPT-2's GELU backward with the bias gradient (16384x3072x768, dy . gelu'(x) and its column sums)
-      177 us against 182 in cooperative 128x256 2x1 and 190 in cooperative 128x128; N-major (BERT's)
-      stays cooperative 128x256 2x1 (fit_swizzle: 4): 190 us against 200 in cooperative 128x128 and 202
-      in ping-pong 128x128 (H200, one run each, benchmarks/results/sweep_fusion_gelu_h200.json; with the
-      GELU derivative written out node by node cooperative 128x128 had been the fastest there, 246 us
-      against 295: a lighter epilogue moves the balance to the larger tile), but a light one (a tile load and
-      column sums, at most LIGHT_KN_SUM_NODES nodes, no bounds test: _light_kn_sums) takes OVERLAP there;
+      177 us against 182 in cooperative 128x256 2x1 and 190 in cooperative 128x128; N-major, cooperative
+      128x256 2x1 (BERT's GELU derivative then: 190 us against 200 in cooperative 128x128 and 202 in ping-pong
+      128x128, H200, one run each, benchmarks/results/sweep_fusion_gelu_h200.json; with the GELU derivative
+      written out node by node cooperative 128x128 had been the fastest there, 246 us against 295: a lighter
+      epilogue moves the balance to the larger tile), but for a light N-major epilogue, a tile load and column
+      sums in at most LIGHT_KN_SUM_NODES nodes with no bounds test that OVERLAP fits (_light_kn_sums: BERT's
+      GELU derivative since), OVERLAP;
     - PINGPONG over K <= SHORT_K with an epilogue (not plain) that leaves OVERLAP three mainloop stages or
       more and at most one fewer than PINGPONG (_overlap_fits): OVERLAP, the same tiles with the two warp
       groups' epilogues running at the same time. A short K loop makes the epilogue most of a tile's time and
@@ -287,10 +288,10 @@ def _light_kn_sums(K: int, epilogue: Epilogue, major: str) -> bool:
     """An N-major ("kn") epilogue with a tile load and column sums, at most LIGHT_KN_SUM_NODES lowered nodes and no
     bounds test in its reductions, over K <= SHORT_K, that OVERLAP fits (_overlap_fits): OVERLAP where the shape
     would take cooperative 128x256. BERT-base's GELU derivative with the bias gradient (dX GEMM at 16384x3072x768,
-    W read N-major) 182.6 us against 189.4 in cooperative 128x256 2x1 and 211.8 in ping-pong 128x128 (H200, one
-    run, benchmarks/results/sweep_fusion_overlap_kn_h200.json; bit-identical to ping-pong in
-    tests/gpu/test_overlap_gpu.py's gelu_bwd_kn); its layer-norm backward epilogues (20-26 nodes, bounds tests)
-    ran slower in it (103.7 against 96.3 us at 16384x768x768)."""
+    W read N-major) 182.6 us against 189.4 in cooperative 128x256 2x1 and 211.8 in ping-pong 128x128 with
+    epilogue stages (2, 1) (H200, one sweep run, benchmarks/results/sweep_fusion_overlap_kn_h200.json;
+    bit-identical to ping-pong in tests/gpu/test_overlap_gpu.py's gelu_bwd_kn); its 768-wide layer-norm backward
+    (d738ff69, 20 nodes or more) ran slower in it (102.4-103.7 against 96.3 us at 16384x768x768)."""
     return (major == "kn" and K <= SHORT_K and epilogue.tile_load and epilogue.col_reduce
             and epilogue.nodes <= LIGHT_KN_SUM_NODES and not epilogue.bounds_tests and _overlap_fits(epilogue))
 

@@ -241,3 +241,6 @@ def test_prebuild_lists_the_wide_stores_variants_kernels_too():
     keys = [bench._item_key(i) for i in both["items"]]
     assert len(set(keys)) == len(keys)
     assert {bench._item_key(i) for i in one["items"]} < set(keys)
+    stats = both["models"]["bert-base"]
+    assert stats["kernel_items_wide_stores"] == len(keys) - len(one["items"]) > 0
+    assert "kernel_items_wide_stores" not in one["models"]["bert-base"]

@@ -231,7 +231,7 @@ def test_narrow_n_takes_128x192_for_a_light_epilogue():
 def test_a_column_reduction_over_a_short_k():
     """A column reduction with K <= 1024: ping-pong 128x128 tiles with both operands K-major (GPT-2's GELU
     backward: 177 against 182 and 190 us), in the overlap schedule (160 us; overlap_h200.txt), cooperative
-    128x256 2x1 N-major (BERT's: 190 against 200 and 202 us; sweep_fusion_gelu_h200.json); a longer K keeps
+    128x256 2x1 N-major (but a light epilogue: the next test); a longer K keeps
     cooperative 128x256, and an epilogue that leaves 128x256 fewer than three stages ping-pong 128x128."""
     assert tuning.heuristic(16384, 3072, 768, epilogue=COLRED) == tuning.OVERLAP
     # 12 N tiles of 256 along the raster: the fitted grid pads none under swizzle 8 (CUTLASS's padded them to 16)
@@ -262,6 +262,11 @@ def test_a_light_n_major_column_reduction_over_a_short_k_overlaps():
                   dataclasses.replace(light, overlap_stages=light.pingpong_stages - 2),
                   dataclasses.replace(light, tile_load=False)):
         assert tuning.heuristic(16384, 3072, 768, epilogue=other, major="kn") == tuning.LARGE_TALL, other
+    assert tuning.heuristic(16384, 3072, tuning.SHORT_K, epilogue=light, major="kn") == tuning.OVERLAP
+    assert tuning.heuristic(16384, 3072, tuning.SHORT_K + 64, epilogue=light, major="kn") == tuning.LARGE_TALL
+    # no column sums: a tile-load epilogue that takes LARGE (N > 16384) keeps it
+    sums_none = dataclasses.replace(light, col_reduce=False)
+    assert tuning.heuristic(16384, 28672, 768, epilogue=sums_none, major="kn") == tuning.LARGE_TALL
 
 
 def test_auto_uses_the_graph_epilogue():

@@ -156,8 +156,8 @@ def _set_bytes(op: Any, M: int, N: int, K: int, itemsize: int) -> int:
 
 #: Calls per timed measurement, and the GPU wait queued before them (clock cycles, about 1 ms): the host queues
 #: every call while the GPU waits, so its launch time stays out of the GPU's. Where the wait ended before the host
-#: had queued the calls (the GPU then waited on the host, whose time would be measured), the measurement is taken
-#: again behind a wait WAIT_GROWTH times as long, up to MAX_WAIT_CYCLES.
+#: had queued the calls (the GPU may then have waited on the host, whose time would be measured), the measurement is
+#: taken again behind a wait WAIT_GROWTH times as long, up to MAX_WAIT_CYCLES.
 CALLS = 4
 WAIT_CYCLES = 2_000_000
 WAIT_GROWTH = 4
@@ -179,8 +179,8 @@ def _gpu_ms(fns: list[Callable[[], Any]]) -> float:
         start.record()
         for i in range(CALLS):
             fns[i % len(fns)]()
-        host_bound = start.query()   # the GPU reached the first call before the host had queued the last
         end.record()
+        host_bound = start.query()   # the wait ended before the host had queued the calls and the end event
         end.synchronize()
         if not host_bound:
             return start.elapsed_time(end) / CALLS
