@@ -16,6 +16,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
+#include "interior_tiles.hpp"
 #include "node_base.hpp"
 
 namespace coda::epi {
@@ -41,14 +42,16 @@ struct Sm90ColumnPartials : Sm90PlainNode<Sm90ColumnPartialsArguments> {
 
   template <int Threads, class RTensor, class CTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(RTensor&& tC_rCol, CTensor tC_cD, Residue residue, int m_tile, int n_tile,
-                                          int M, int N, int thread_idx, Params const* params_ptr)
-        : tC_rCol(cute::forward<RTensor>(tC_rCol)), tC_cD(tC_cD), residue(residue), m_tile(m_tile),
-          n_tile(n_tile), M(M), N(N), thread_idx(thread_idx), params_ptr(params_ptr) {}
+    CUTLASS_DEVICE ConsumerStoreCallbacks(RTensor&& tC_rCol, CTensor tC_cD, Residue residue, bool interior,
+                                          int m_tile, int n_tile, int M, int N, int thread_idx,
+                                          Params const* params_ptr)
+        : tC_rCol(cute::forward<RTensor>(tC_rCol)), tC_cD(tC_cD), residue(residue), interior(interior),
+          m_tile(m_tile), n_tile(n_tile), M(M), N(N), thread_idx(thread_idx), params_ptr(params_ptr) {}
 
     RTensor tC_rCol;   // (CPY, CPY_M, CPY_N, EPI_M, EPI_N), stride 0 along M: one register per column
     CTensor tC_cD;     // the same shape: (m, n) of every element relative to this thread's first one
     Residue residue;   // (M, N) minus the coordinate of this thread's first element
+    bool interior;     // the tile lies wholly inside the problem: no element needs the bounds test
     int m_tile, n_tile, M, N, thread_idx;
     Params const* params_ptr;
 
@@ -57,14 +60,18 @@ struct Sm90ColumnPartials : Sm90PlainNode<Sm90ColumnPartialsArguments> {
                               cutlass::Array<ElementInput, FragmentSize> const& frg_input) {
       cute::Tensor r = tC_rCol(cute::_, cute::_, cute::_, epi_m, epi_n);
       cute::Tensor c = tC_cD(cute::_, cute::_, cute::_, epi_m, epi_n);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        int k = epi_v * FragmentSize + i;
-        float folded = InputFn{}(r(k), float(frg_input[i]));
-        if constexpr (CheckOOB) {
+      if (!CheckOOB || interior) {   // uniform across the tile's threads (interior_tiles.hpp)
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          int k = epi_v * FragmentSize + i;
+          r(k) = InputFn{}(r(k), float(frg_input[i]));
+        }
+      } else {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          int k = epi_v * FragmentSize + i;
+          float folded = InputFn{}(r(k), float(frg_input[i]));
           r(k) = cute::elem_less(c(k), residue) ? folded : r(k);
-        } else {
-          r(k) = folded;
         }
       }
       return frg_input;
@@ -149,8 +156,8 @@ struct Sm90ColumnPartials : Sm90PlainNode<Sm90ColumnPartialsArguments> {
     auto [M, N, K, L] = args.problem_shape_mnkl;
     auto [m, n, k, l] = args.tile_coord_mnkl;
     return ConsumerStoreCallbacks<Threads, decltype(tC_rCol), decltype(args.tCcD), decltype(args.residue_tCcD)>(
-        cute::move(tC_rCol), args.tCcD, args.residue_tCcD, int(m), int(n), int(M), int(N), args.thread_idx,
-        params_ptr);
+        cute::move(tC_rCol), args.tCcD, args.residue_tCcD, tile_is_interior<CtaTileShapeMNK>(args.residue_cD),
+        int(m), int(n), int(M), int(N), args.thread_idx, params_ptr);
   }
 };
 

@@ -20,6 +20,7 @@
 #include "coordinates.hpp"
 #include "direct_tile_load.hpp"
 #include "evict_first.hpp"
+#include "interior_tiles.hpp"
 #include "last_tile.hpp"
 #include "pair_gated_store.hpp"
 #include "row_lse_partials.hpp"
@@ -198,13 +199,18 @@ struct ReduceSumSq {
 // into a compact (round_up(M, TILE_M), ceil(N / TILE_N)) m-major buffer, no atomics;
 // finish with kernels::launch_finalize. Passes its input through.
 // CheckOOB = false skips the per-element bounds test; the emitter chooses it only when the
-// reduced value is provably 0 beyond the problem's columns and 0 is the rule's identity.
+// reduced value is provably 0 beyond the problem's columns and 0 is the rule's identity. With
+// the test, tiles wholly inside the problem skip it (interior_tiles.hpp).
 template <class Cfg, class Rule, bool CheckOOB = true>
 struct RowReduce {
-  using Node = fusion::Sm90ColReduction<Rule::template Input, Rule::template Combine, Rule::template Combine, 0,
-                                        typename Cfg::TileShape, float, float, kRound,
-                                        cute::Stride<cute::_1, cute::_0, cute::_0>, 4,
-                                        /*EnableNullptr=*/false, /*FinalReduction=*/false, CheckOOB>;
+  using Node = std::conditional_t<
+      CheckOOB,
+      Sm90RowReductionInterior<Rule::template Input, Rule::template Combine, Rule::template Combine, 0,
+                               typename Cfg::TileShape, float, float, kRound, cute::Stride<cute::_1, cute::_0, cute::_0>,
+                               4, /*EnableNullptr=*/false, /*FinalReduction=*/false>,
+      fusion::Sm90ColReduction<Rule::template Input, Rule::template Combine, Rule::template Combine, 0,
+                               typename Cfg::TileShape, float, float, kRound, cute::Stride<cute::_1, cute::_0, cute::_0>,
+                               4, /*EnableNullptr=*/false, /*FinalReduction=*/false, /*VisitCheckOOB=*/false>>;
   static typename Node::Arguments args(float* partials, float identity) { return {partials, identity, {}}; }
 };
 

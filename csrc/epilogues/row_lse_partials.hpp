@@ -16,6 +16,7 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
 #include "functors.hpp"
+#include "interior_tiles.hpp"
 #include "node_base.hpp"
 
 namespace coda::epi {
@@ -26,7 +27,8 @@ struct Sm90PartialsArguments {
 
 template <
   class CtaTileShapeMNK,
-  bool CheckOOB = true   // false only if no element lies beyond the problem's columns (never chosen today)
+  bool CheckOOB = true   // false only if no element lies beyond the problem's columns (never chosen today);
+                         // with it, tiles wholly inside the problem skip the test (interior_tiles.hpp)
 >
 struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
   using Sm90PlainNode::Sm90PlainNode;
@@ -52,13 +54,15 @@ struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
   template <class RTensor, class CTensor, class Residue>
   struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::EmptyConsumerStoreCallbacks {
     CUTLASS_DEVICE ConsumerStoreCallbacks(RTensor&& tC_rMax, RTensor&& tC_rSum, CTensor tC_cD, Residue residue,
-                                          int m_tile, int n_tile, int M, int N, Params const* params_ptr)
+                                          bool interior, int m_tile, int n_tile, int M, int N,
+                                          Params const* params_ptr)
         : tC_rMax(cute::forward<RTensor>(tC_rMax)), tC_rSum(cute::forward<RTensor>(tC_rSum)), tC_cD(tC_cD),
-          residue(residue), m_tile(m_tile), n_tile(n_tile), M(M), N(N), params_ptr(params_ptr) {}
+          residue(residue), interior(interior), m_tile(m_tile), n_tile(n_tile), M(M), N(N), params_ptr(params_ptr) {}
 
     RTensor tC_rMax, tC_rSum;  // (CPY, CPY_M, CPY_N, EPI_M, EPI_N), stride 0 along N: one register per row
     CTensor tC_cD;             // (m, n) of every element relative to this thread's first one
     Residue residue;           // (M, N) minus the coordinate of this thread's first element
+    bool interior;             // the tile lies wholly inside the problem: no element needs the bounds test
     int m_tile, n_tile, M, N;
     Params const* params_ptr;
 
@@ -68,19 +72,26 @@ struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
       cute::Tensor rm = tC_rMax(cute::_, cute::_, cute::_, epi_m, epi_n);
       cute::Tensor rs = tC_rSum(cute::_, cute::_, cute::_, epi_m, epi_n);
       cute::Tensor c = tC_cD(cute::_, cute::_, cute::_, epi_m, epi_n);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < FragmentSize; ++i) {
-        int k = epi_v * FragmentSize + i;
-        float x = float(frg_input[i]);
-        float m = rm(k), s = rs(k);
-        float d = x - m;                               // +inf when m is still -inf
-        float e = x == m ? 1.0f : scalar::fast_exp(-fabsf(d));  // x == m == +inf: no inf - inf
-        float s_new = d > 0.0f ? fmaf(s, e, 1.0f) : s + e;
-        float m_new = (d > 0.0f || x != x) ? x : m;    // a NaN becomes the max: it propagates
-        bool take = x != -INFINITY;                    // an -inf logit adds nothing (and would give inf - inf)
-        if constexpr (CheckOOB) take = take && cute::elem_less(c(k), residue);
-        rs(k) = take ? s_new : s;
-        rm(k) = take ? m_new : m;
+      auto fold = [&](auto test_bounds) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < FragmentSize; ++i) {
+          int k = epi_v * FragmentSize + i;
+          float x = float(frg_input[i]);
+          float m = rm(k), s = rs(k);
+          float d = x - m;                               // +inf when m is still -inf
+          float e = x == m ? 1.0f : scalar::fast_exp(-fabsf(d));  // x == m == +inf: no inf - inf
+          float s_new = d > 0.0f ? fmaf(s, e, 1.0f) : s + e;
+          float m_new = (d > 0.0f || x != x) ? x : m;    // a NaN becomes the max: it propagates
+          bool take = x != -INFINITY;                    // an -inf logit adds nothing (and would give inf - inf)
+          if constexpr (decltype(test_bounds)::value) take = take && cute::elem_less(c(k), residue);
+          rs(k) = take ? s_new : s;
+          rm(k) = take ? m_new : m;
+        }
+      };
+      if (!CheckOOB || interior) {   // uniform across the tile's threads (interior_tiles.hpp)
+        fold(cute::false_type{});
+      } else {
+        fold(cute::true_type{});
       }
       return frg_input;
     }
@@ -141,8 +152,8 @@ struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
     auto [M, N, K, L] = args.problem_shape_mnkl;
     auto [m, n, k, l] = args.tile_coord_mnkl;
     return ConsumerStoreCallbacks<decltype(tC_rMax), decltype(args.tCcD), decltype(args.residue_tCcD)>(
-        cute::move(tC_rMax), cute::move(tC_rSum), args.tCcD, args.residue_tCcD, int(m), int(n), int(M), int(N),
-        params_ptr);
+        cute::move(tC_rMax), cute::move(tC_rSum), args.tCcD, args.residue_tCcD,
+        tile_is_interior<CtaTileShapeMNK>(args.residue_cD), int(m), int(n), int(M), int(N), params_ptr);
   }
 };
 

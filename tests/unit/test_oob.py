@@ -124,3 +124,17 @@ def test_the_library_dswiglu_row_sum_runs_without_the_bounds_test():
 
     src = ce.emit_source(graphs.swiglu_backward_linear(), "bfloat16")
     assert src.count("RowReduce<Cfg, ReduceSum, /*CheckOOB=*/false>") == 1
+
+
+def test_the_interior_tile_gpu_tests_graph_keeps_every_bounds_test():
+    """tests/gpu/test_interior_tiles_gpu.py exercises the tiles that skip the test and those that keep it
+    (csrc/epilogues/interior_tiles.hpp) only if every reduction of its graph keeps the test."""
+    from tests.gpu.test_interior_tiles_gpu import graph
+
+    lowered = lower(graph().build(), "bfloat16")
+    kinds = [lowered[i].kind for i in range(len(lowered)) if lowered[i].kind in ("row_reduce", "col_reduce")]
+    assert sorted(kinds) == ["col_reduce", "row_reduce", "row_reduce"]
+    assert all(reduction_needs_bounds_check(lowered, i) for i in range(len(lowered))
+               if lowered[i].kind in ("row_reduce", "col_reduce"))
+    src = ce.emit_source(graph(), "bfloat16")
+    assert "RowReduce<Cfg, ReduceSum>" in src and "CheckOOB=*/false" not in src
