@@ -156,7 +156,7 @@ struct Sm90ColumnPartials : Sm90PlainNode<Sm90ColumnPartialsArguments> {
     auto [M, N, K, L] = args.problem_shape_mnkl;
     auto [m, n, k, l] = args.tile_coord_mnkl;
     return ConsumerStoreCallbacks<Threads, decltype(tC_rCol), decltype(args.tCcD), decltype(args.residue_tCcD)>(
-        cute::move(tC_rCol), args.tCcD, args.residue_tCcD, tile_is_interior<CtaTileShapeMNK>(args.residue_cD),
+        cute::move(tC_rCol), args.tCcD, args.residue_tCcD, tile_is_interior(args),
         int(m), int(n), int(M), int(N), args.thread_idx, params_ptr);
   }
 };

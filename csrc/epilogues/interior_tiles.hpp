@@ -15,12 +15,12 @@
 
 namespace coda::epi {
 
-// True for a CTA tile wholly inside the problem: `residue_cD` is the problem's (M, N) minus the tile's first
-// coordinate (the epilogue collective's ConsumerStoreArgs::residue_cD).
-template <class CtaTileShapeMNK, class Residue>
-CUTLASS_DEVICE bool tile_is_interior(Residue const& residue_cD) {
-  return int(cute::get<0>(residue_cD)) >= int(cute::size<0>(CtaTileShapeMNK{})) &&
-         int(cute::get<1>(residue_cD)) >= int(cute::size<1>(CtaTileShapeMNK{}));
+// True for a CTA tile wholly inside the problem, from the epilogue collective's ConsumerStoreArgs: residue_cD is the
+// problem's (M, N) minus the tile's first coordinate, tile_shape_mnk the CTA tile.
+template <class Args>
+CUTLASS_DEVICE bool tile_is_interior(Args const& args) {
+  return int(cute::get<0>(args.residue_cD)) >= int(cute::size<0>(args.tile_shape_mnk)) &&
+         int(cute::get<1>(args.residue_cD)) >= int(cute::size<1>(args.tile_shape_mnk));
 }
 
 // CUTLASS's per-row reduction (Sm90ColReduction: one partial per row and N-tile, reduced over the tile's columns)
@@ -75,8 +75,7 @@ struct Sm90RowReductionInterior
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(cutlass::epilogue::fusion::ConsumerStoreArgs<Args...> const& args) {
     auto parent = Base::template get_consumer_store_callbacks<ReferenceSrc>(args);
-    return ConsumerStoreCallbacks<decltype(parent)>(cute::move(parent),
-                                                    tile_is_interior<CtaTileShapeMNK>(args.residue_cD));
+    return ConsumerStoreCallbacks<decltype(parent)>(cute::move(parent), tile_is_interior(args));
   }
 };
 

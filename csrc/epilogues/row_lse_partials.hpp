@@ -153,7 +153,7 @@ struct Sm90RowLsePartials : Sm90PlainNode<Sm90PartialsArguments> {
     auto [m, n, k, l] = args.tile_coord_mnkl;
     return ConsumerStoreCallbacks<decltype(tC_rMax), decltype(args.tCcD), decltype(args.residue_tCcD)>(
         cute::move(tC_rMax), cute::move(tC_rSum), args.tCcD, args.residue_tCcD,
-        tile_is_interior<CtaTileShapeMNK>(args.residue_cD), int(m), int(n), int(M), int(N), params_ptr);
+        tile_is_interior(args), int(m), int(n), int(M), int(N), params_ptr);
   }
 };
 
