@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import coda_ext as ce
+from coda_ext import graphs
 from tests.gpu.test_numerics import check_against_reference
 from tests.helpers import checks, rand
 
@@ -35,18 +36,7 @@ CONFIGS = {"ping_128x128": ce.KernelConfig((128, 128, 64), (1, 1), "pingpong", s
 SHAPES = [(1024, 768, 128), (1024, 1000, 72), (1000, 768, 136), (1000, 1032, 264)]
 
 
-def graph() -> ce.Graph:
-    g = ce.Graph()
-    acc = g.accumulator()
-    mu = g.col_vector("mu")
-    t = g.tile("t")
-    y = acc + t - mu
-    g.output(y)
-    g.row_reduce("rowsum", y, "sum")
-    g.col_reduce("colsum", acc + g.row_vector("bias"), "sum")
-    # -8|t| lowers the real elements only (t is 0 in the padding): there -mu would dominate the row's log-sum-exp
-    g.row_reduce("lse", y - 8.0 * ce.abs(t), "logsumexp")
-    return g
+graph = graphs.tested_reductions
 
 
 def build_items() -> list:

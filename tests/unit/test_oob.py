@@ -129,7 +129,7 @@ def test_the_library_dswiglu_row_sum_runs_without_the_bounds_test():
 def test_the_interior_tile_gpu_tests_graph_keeps_every_bounds_test():
     """tests/gpu/test_interior_tiles_gpu.py exercises the tiles that skip the test and those that keep it
     (csrc/epilogues/interior_tiles.hpp) only if every reduction of its graph keeps the test."""
-    from tests.gpu.test_interior_tiles_gpu import graph
+    from coda_ext.graphs import tested_reductions as graph
 
     lowered = lower(graph().build(), "bfloat16")
     kinds = [lowered[i].kind for i in range(len(lowered)) if lowered[i].kind in ("row_reduce", "col_reduce")]

@@ -11,7 +11,8 @@ IO model describes are one graph.
                 weight_grad_split (the training LM head's weight gradient, accumulated in place in 3 bytes an
                 element), weight_grad_f32 (the same in an fp32 accumulator)
     epilogues   the README/demo example, the benchmark families and the ablation's graphs
-    coverage    the GPU suite's graphs that, with the others, use every node kind
+    coverage    the GPU suite's graphs that, with the others, use every node kind, and tested_reductions (the
+                interior-tile test's reductions that keep their bounds test)
 """
 from .backward import (
     linear,
@@ -23,7 +24,7 @@ from .backward import (
     weight_grad_f32,
     weight_grad_split,
 )
-from .coverage import binary, pair_gates, reductions, unary_a, unary_b
+from .coverage import binary, pair_gates, reductions, tested_reductions, unary_a, unary_b
 from .epilogues import (
     acc_aux,
     acc_bias,
@@ -61,6 +62,6 @@ __all__ = [
     "lm_head_cross_entropy_backward", "lm_head_cross_entropy_train", "pair_gates", "pair_tile_read", "qkv_rope",
     "reductions", "rms_linear",
     "rms_norm_backward_linear", "rstd_scale", "rstd_swiglu", "silu_acc", "silu_aux_bias", "store_rowsum", "swiglu",
-    "swiglu_backward_linear", "swiglu_backward_math", "unary_a", "unary_b", "weight_grad_f32",
+    "swiglu_backward_linear", "swiglu_backward_math", "tested_reductions", "unary_a", "unary_b", "weight_grad_f32",
     "weight_grad_split",
 ]

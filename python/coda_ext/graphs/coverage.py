@@ -85,6 +85,24 @@ def reductions() -> Graph:
     return g
 
 
+def tested_reductions() -> Graph:
+    """Reductions that keep their per-element bounds test (codegen/oob.py cannot show their inputs 0 beyond the
+    problem), for the interior-tile test (tests/gpu/test_interior_tiles_gpu.py, csrc/epilogues/interior_tiles.hpp):
+    y = acc + t − μ (μ per row: real data beside the padded columns), D = y; rowsum = Σ_n y;
+    colsum = Σ_m (acc + bias) (bias per column: real beside the padded rows); lse = log Σ_n exp(y − 8|t|) (the
+    real elements lowered, the padding's −μ not: a padded element folded in shows)."""
+    g = Graph()
+    acc = g.accumulator()
+    mu = g.col_vector("mu")
+    t = g.tile("t")
+    y = acc + t - mu
+    g.output(y)
+    g.row_reduce("rowsum", y, "sum")
+    g.col_reduce("colsum", acc + g.row_vector("bias"), "sum")
+    g.row_reduce("lse", y - 8.0 * abs(t), "logsumexp")
+    return g
+
+
 def pair_gates() -> Graph:
     """Gated activations on interleaved gate/up columns, half-width stores (16-bit, and fp32: the node's
     transpose moves 32-bit elements one shuffle each): D = acc, y = silu(acc[:, 0::2]) · acc[:, 1::2],
