@@ -137,36 +137,47 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
     timer = options.timer_for(target)
     timed: dict[Any, Any] = {}                # each kernel and shape timed once across the rounds
 
-    def partitioned(g: fx.GraphModule) -> tuple[Any, Any]:
+    def partitioned(g: fx.GraphModule, counted: bool = True) -> tuple[Any, Any]:
         nonlocal solve_s
         an = analyze(g, target, forward_outputs)
         pg = an.pgraph
         part = partition(pg, options.cost, method=options.method, time_limit=options.time_limit,
                          limits=Limits.of(target), narrow_stores=options.narrow_stores,
                          exclude=[i for i in pg.anchors() if fx_util.gemm_id(an.fx_nodes[i]) in excluded])
-        solve_s += part.solve_s
+        solve_s += part.solve_s if counted else 0.0
         return an, part
 
-    timing_rounds = 0                         # partitions that timed a kernel not timed before
-    for veto_round in range(timing.MAX_PARTITIONS):
+    def planned(norms: set[str], counted: bool = True) -> tuple[Any, ...]:
+        """(graph, analysis, partition, fused graph, lowered epilogues) with the layer norms `norms` left unfolded,
+        and any other whose folded math no kernel took (added to `norms`: norm_fold)."""
         rounds = 0
-        while True:   # layer norms whose folded math no kernel took are folded again without it (norm_fold)
-            g = passes.run(gm, target, unfolded, options.cost)
-            an, part = partitioned(g)
+        while True:
+            g = passes.run(gm, target, norms, options.cost)
+            an, part = partitioned(g, counted)
             plain = plain_gemms(an, part) if options.merge else set()
             if plain and passes.hmerge.groups(g, plain):   # merged, the partition runs again on the merged graph
                 g = passes.merge_gemms(g, plain)
-                an, part = partitioned(g)
+                an, part = partitioned(g, counted)
             fused, lowered = lower(g, an, part, options.execute, target)
             missed = missed_folds(g, an, lowered)
             if not missed:
-                break
+                return g, an, part, fused, lowered
             rounds += 1
-            unfolded |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
+            norms |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
+
+    def unfolded_kernels(g: fx.GraphModule) -> tuple[Lowered, ...]:
+        """The epilogues of the partition with every fold of `g` undone: what a veto of folded GEMMs partitions
+        into (built beside the first round's kernels where they fit in its batch, _measure)."""
+        return planned(set(unfolded) | {f.norm for f in g.meta[NORM_FOLDS]}, counted=False)[4]
+
+    timing_rounds = 0                         # partitions that timed a kernel not timed before
+    for veto_round in range(timing.MAX_PARTITIONS):
+        g, an, part, fused, lowered = planned(unfolded)
         if timer is None:
             break
         known = len(timed)
-        measured = _measure(an, lowered, options, timer, timed, veto_round)
+        spare = functools.partial(unfolded_kernels, g) if veto_round == 0 and g.meta[NORM_FOLDS] else None
+        measured = _measure(an, lowered, options, timer, timed, veto_round, spare)
         timing_rounds += len(timed) > known
         slow = [v for v in measured if v.slow]
         if not slow or timing_rounds > timing.MAX_ROUNDS or veto_round == timing.MAX_PARTITIONS - 1:
@@ -197,9 +208,10 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
 
 
 def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Callable, timed: dict,
-             veto_round: int) -> list[timing.Verdict]:
+             veto_round: int, spare: Callable[[], tuple[Lowered, ...]] | None = None) -> list[timing.Verdict]:
     """The verdicts of a partition's fused GEMMs. With the GPU timer: on the GPU of their operands, their kernels
-    built first, in parallel; nothing is timed while a CUDA graph is being captured (a warning says so)."""
+    built first, in parallel, with the kernels of `spare()` (the epilogues a later round may need: _with_spares);
+    nothing is timed while a CUDA graph is being captured (a warning says so)."""
     from ..runtime import prebuild
 
     fused = [(an.fx_nodes[low.group.anchor], low) for low in lowered if low.site is not None and low.mnk is not None]
@@ -211,14 +223,37 @@ def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Cal
             warnings.warn("coda fusion: a graph compiled during CUDA graph capture: its fused kernels are not timed "
                           "(measure)", stacklevel=2)
             return []
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
         try:
-            prebuild(kernel_items([low for _, low in fused],
-                                  sms=torch.cuda.get_device_properties(device).multi_processor_count))
+            prebuild(_with_spares(kernel_items([low for _, low in fused], sms=sms), spare, sms))
         except CodaError as e:   # what did not build is not timed (verdicts says so) and stays fused
             warnings.warn(f"coda fusion: a kernel to time did not build: {e}", stacklevel=2)
         timer = functools.partial(timing.gpu_timer, device=device)
     return timing.verdicts([(n.name, fx_util.gemm_id(n), low.site, tuple(low.mnk)) for n, low in fused],
                            options.cost, timer, timed, veto_round)
+
+
+def _with_spares(items: list, spare: Callable[[], tuple[Lowered, ...]] | None, sms: int | None,
+                 jobs: int | None = None) -> list:
+    """`items` and, where some of them must be built anyway (a kernel not in the cache) and the spares' kernels fit
+    in the same parallel batch (jobs: coda_ext.jit.default_jobs()), the kernels of the epilogues `spare()` plans:
+    a veto round that needs them then builds nothing (BERT-base's first round of vetoes, a fold undone, built two
+    kernels alone for about a minute). A warm cache plans no spares."""
+    from ..jit import cached, default_jobs, kernel_source
+
+    sources = [kernel_source(*i) for i in items]
+    todo = [s for s in sources if not cached(s)]
+    if spare is None or not todo:
+        return items
+    known = {s.source for s in sources}
+    extra: dict[str, tuple] = {}
+    for item in kernel_items(spare(), sms=sms):
+        ks = kernel_source(*item)
+        if ks.source not in known and not cached(ks):
+            extra.setdefault(ks.source, item)
+    if len(todo) + len(extra) > (jobs or default_jobs()):
+        return items
+    return items + list(extra.values())
 
 
 def plain_gemms(an: Any, part: Any) -> set[str]:
