@@ -242,15 +242,20 @@ def _with_spares(items: list, spare: Callable[[], tuple[Lowered, ...]] | None, s
     from ..jit import cached, default_jobs, kernel_source
 
     sources = [kernel_source(*i) for i in items]
-    todo = [s for s in sources if not cached(s)]
+    todo = {s.source for s in sources if not cached(s)}
     if spare is None or not todo:
         return items
     known = {s.source for s in sources}
     extra: dict[str, tuple] = {}
-    for item in kernel_items(spare(), sms=sms):
-        ks = kernel_source(*item)
-        if ks.source not in known and not cached(ks):
-            extra.setdefault(ks.source, item)
+    try:
+        for item in kernel_items(spare(), sms=sms):
+            ks = kernel_source(*item)
+            if ks.source not in known and not cached(ks):
+                extra.setdefault(ks.source, item)
+    except Exception as e:  # noqa: BLE001  (spares only save a later round's build: never a reason to fail)
+        warnings.warn(f"coda fusion: the kernels a veto round may need were not planned ({type(e).__name__}: {e})",
+                      stacklevel=2)
+        return items
     if len(todo) + len(extra) > (jobs or default_jobs()):
         return items
     return items + list(extra.values())
