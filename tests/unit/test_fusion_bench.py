@@ -244,3 +244,19 @@ def test_prebuild_lists_the_wide_stores_variants_kernels_too():
     stats = both["models"]["bert-base"]
     assert stats["kernel_items_wide_stores"] == len(keys) - len(one["items"]) > 0
     assert "kernel_items_wide_stores" not in one["models"]["bert-base"]
+
+
+@pytest.mark.slow
+def test_prebuild_lists_the_kernels_of_a_folds_veto():
+    """--prebuild (not --plan) adds the kernels a measured veto of a folded GEMM would launch: BERT-base's plan with
+    every folded kernel vetoed by a stand-in timer (fold_spares), each kernel once, so the fused step's veto round
+    that undoes a fold builds nothing after the prebuild."""
+    pytest.importorskip("transformers")
+    plain = bench.plan(bench.parse(["--models", "bert-base", "--variants", "coda_cudagraphs", "--plan"]))
+    built = bench.plan(bench.parse(["--models", "bert-base", "--variants", "coda_cudagraphs", "--prebuild-only"]))
+    keys = [bench._item_key(i) for i in built["items"]]
+    assert len(set(keys)) == len(keys)
+    assert "kernel_items_fold_spares" not in plain["models"]["bert-base"]
+    spares = built["models"]["bert-base"]["kernel_items_fold_spares"]
+    assert spares > 0 and len(keys) == len(plain["items"]) + spares
+    assert {bench._item_key(i) for i in plain["items"]} < set(keys)
