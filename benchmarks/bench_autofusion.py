@@ -696,14 +696,11 @@ def plan_model(name: str, args) -> tuple[dict, list, str]:
     items = cf.kernel_items(backend, sms=args.sms)
     stats = coda_stats(backend)
     if "coda_cudagraphs_wide_stores" in args.variants:   # its partition has kernels of its own: built in the batch
-        keys = {_item_key(i) for i in items}
-        wide = [i for i in cf.kernel_items(plan_backend(name, args, narrow_stores=False)[0], sms=args.sms)
-                if _item_key(i) not in keys]
+        wide = _new_items(items, cf.kernel_items(plan_backend(name, args, narrow_stores=False)[0], sms=args.sms))
         items += wide
         stats["kernel_items_wide_stores"] = len(wide)   # counted in kernel_items too (what --prebuild builds)
     if (args.prebuild or args.prebuild_only) and any(v in MEASURED_VARIANTS for v in args.variants):
-        keys = {_item_key(i) for i in items}
-        spares = [i for i in fold_spares(name, args, backend) if _item_key(i) not in keys]
+        spares = _new_items(items, fold_spares(name, args, backend))
         items += spares
         stats["kernel_items_fold_spares"] = len(spares)   # counted in kernel_items too
     if "coda_hand" in args.variants and spec.family == "llama":
@@ -742,6 +739,12 @@ def _item_key(item: tuple) -> tuple[str, str, str]:
     """A (graph, dtype, config) kernel item's identity: the graph's digest, the dtype, the config's tag."""
     g, d, c = item
     return (g.build().digest() if hasattr(g, "build") else g.digest(), str(d), c.tag)
+
+
+def _new_items(items: list, more: list) -> list:
+    """The kernel items of `more` not among `items` (by _item_key)."""
+    keys = {_item_key(i) for i in items}
+    return [i for i in more if _item_key(i) not in keys]
 
 
 def prebuild(args) -> int:
