@@ -5,9 +5,7 @@ trace BERT-base at its benchmark batch on uninitialised weights; nothing compile
 from __future__ import annotations
 
 import pytest
-import torch
 
-import coda_ext.fusion as cf
 import coda_ext.fusion.frontend as fe
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -58,19 +56,13 @@ def test_spares_that_fail_to_plan_leave_the_round_as_it_was(monkeypatch):
 
 
 def _bert_base(timer=None):
+    """BERT-base's planned training step (bench_autofusion.plan_backend, its benchmark batch), its one graph's
+    report."""
     pytest.importorskip("transformers")
     pytest.importorskip("scipy", reason="the ILP needs scipy (pip install 'coda_ext[fusion]')")
     from benchmarks import bench_autofusion as ba
-    from tests.helpers import rand
 
-    spec = ba.MODELS["bert-base"]
-    with torch.device("meta"):
-        model = ba.build_model(spec, False, 0.0)
-    model = model.to_empty(device="cpu").to(dtype=torch.bfloat16).train()
-    model.tie_weights()
-    inputs = ba.make_batch(spec, model, spec.batch, rand.generator("autofusion", "bert-base"), torch.bfloat16)
-    torch._dynamo.reset()
-    return cf.plan(model, kwargs=inputs, timer=timer).report.graphs[0]
+    return ba.plan_backend("bert-base", ba.parse(["--models", "bert-base", "--plan"]), timer=timer)[0].report.graphs[0]
 
 
 @pytest.mark.slow
