@@ -633,12 +633,13 @@ def goals(name: str, entry: dict) -> list[str]:
 # --- the plan (traced only) and the prebuild ----------------------------------------------------------------
 
 
-def plan_backend(name: str, args, narrow_stores: bool = True, timer: Any = None
+def plan_backend(name: str, args, narrow_stores: bool = True, timer: Any = None, spares: bool = False
                  ) -> tuple[Any, Any, tuple[int, int], float]:
     """(the coda backend, the model, the batch, seconds) of model `name`'s training step traced through the
     backend under the GPU kernel's rules (coda_ext.fusion.plan: on the CPU, uninitialised weights, nothing
     compiles or runs); narrow_stores: Options.narrow_stores (False: coda_cudagraphs_wide_stores's partition);
-    timer: a stand-in for the measured vetoes (fold_spares)."""
+    timer: a stand-in for the measured vetoes; spares: also plan the partitions a veto of each kernel leads to
+    (plan(spares=True))."""
     import torch
 
     import coda_ext.fusion as cf
@@ -656,7 +657,7 @@ def plan_backend(name: str, args, narrow_stores: bool = True, timer: Any = None
     inputs = make_batch(spec, model, batch, rand.generator("autofusion", name), dtype)
     start = time.perf_counter()
     backend = cf.plan(loss_only(model) if args.loss_only else model, kwargs=inputs, method=args.method,
-                      narrow_stores=narrow_stores, timer=timer)
+                      narrow_stores=narrow_stores, timer=timer, spares=spares)
     trace_s = time.perf_counter() - start
     if not backend.report.graphs:
         raise RuntimeError("nothing was traced: the backend never saw a graph")
@@ -667,42 +668,23 @@ def plan_backend(name: str, args, narrow_stores: bool = True, timer: Any = None
 MEASURED_VARIANTS = ("coda", "coda_cudagraphs", "coda_cudagraphs_wide_stores")
 
 
-def fold_spares(name: str, args, backend: Any) -> list:
-    """The kernels a measured veto of a folded GEMM would launch (the fold undone): the plan again, with a stand-in
-    timer that vetoes every kernel of a GEMM that took a folded layer norm. --prebuild builds them in its batch, so
-    the fused step's veto rounds build nothing after it (coda_ext.fusion builds such spares itself only where its
-    first round builds anyway: frontend._with_spares)."""
-    import coda_ext.fusion as cf
-
-    folded: set[str] = set()
-    for rep in backend.report.graphs:
-        names = {n.strip() for f in rep.folded for n in f.split(" into ", 1)[1].split(",")}
-        folded |= {k.kernel for k in rep.kernels if k.anchor in names and k.kernel}
-    if not folded:
-        return []
-
-    def veto_folds(site: Any, mnk: tuple[int, int, int]) -> tuple[float, float]:
-        return (1.0, 1e-6) if site.graph.digest() in folded else (1e-6, 1e-6)
-
-    return cf.kernel_items(plan_backend(name, args, timer=veto_folds)[0], sms=args.sms)
-
-
 def plan_model(name: str, args) -> tuple[dict, list, str]:
     """One model's planned training step (plan_backend) -> (its numbers, the kernels it launches, the report)."""
     import coda_ext.fusion as cf
 
     spec = MODELS[name]
-    backend, model, batch, trace_s = plan_backend(name, args)
+    spares = (args.prebuild or args.prebuild_only) and any(v in MEASURED_VARIANTS for v in args.variants)
+    backend, model, batch, trace_s = plan_backend(name, args, spares=spares)
     items = cf.kernel_items(backend, sms=args.sms)
     stats = coda_stats(backend)
     if "coda_cudagraphs_wide_stores" in args.variants:   # its partition has kernels of its own: built in the batch
         wide = _new_items(items, cf.kernel_items(plan_backend(name, args, narrow_stores=False)[0], sms=args.sms))
         items += wide
         stats["kernel_items_wide_stores"] = len(wide)   # counted in kernel_items too (what --prebuild builds)
-    if (args.prebuild or args.prebuild_only) and any(v in MEASURED_VARIANTS for v in args.variants):
-        spares = _new_items(items, fold_spares(name, args, backend))
-        items += spares
-        stats["kernel_items_fold_spares"] = len(spares)   # counted in kernel_items too
+    if spares:   # the kernels the measured vetoes' later rounds may launch: built in the batch, so they build nothing
+        more = _new_items(items, cf.kernel_items(backend, sms=args.sms, spares=True))
+        items += more
+        stats["kernel_items_veto_spares"] = len(more)   # counted in kernel_items too
     if "coda_hand" in args.variants and spec.family == "llama":
         from coda_ext.hf.llama import step_kernels
 
@@ -726,9 +708,9 @@ def plan(args) -> dict:
             continue
         models[name], reports[name] = stats, text
         items += its
-        wide, spares = stats.get("kernel_items_wide_stores"), stats.get("kernel_items_fold_spares")
+        wide, spares = stats.get("kernel_items_wide_stores"), stats.get("kernel_items_veto_spares")
         extra = f", {wide} of them for coda_cudagraphs_wide_stores' partition" if wide is not None else ""
-        extra += f", {spares} for the vetoes that undo a fold" if spares else ""
+        extra += f", {spares} for the partitions the measured vetoes may lead to" if spares else ""
         print(f"{name}: {stats['gemms']} GEMMs of {stats['gemm_shapes']} shapes, {stats['gemms_fused']} fused into "
               f"{stats['kernels']} distinct kernels ({stats['kernel_items']} to build{extra}); partition "
               f"{stats['solve_s']:.2f} s; trace {stats['trace_s']:.1f} s", flush=True)

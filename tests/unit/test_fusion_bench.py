@@ -247,16 +247,16 @@ def test_prebuild_lists_the_wide_stores_variants_kernels_too():
 
 
 @pytest.mark.slow
-def test_prebuild_lists_the_kernels_of_a_folds_veto():
-    """--prebuild (not --plan) adds the kernels a measured veto of a folded GEMM would launch: BERT-base's plan with
-    every folded kernel vetoed by a stand-in timer (fold_spares), each kernel once, so the fused step's veto round
-    that undoes a fold builds nothing after the prebuild."""
+def test_prebuild_lists_the_kernels_the_vetoes_may_need():
+    """--prebuild (not --plan) adds the kernels of the partitions the measured vetoes may lead to (plan(spares=True):
+    every fold undone, each kernel's GEMMs without an epilogue), each kernel once, so the fused step's veto rounds
+    build nothing after the prebuild where their vetoes were among those planned."""
     pytest.importorskip("transformers")
     plain = bench.plan(bench.parse(["--models", "bert-base", "--variants", "coda_cudagraphs", "--plan"]))
     built = bench.plan(bench.parse(["--models", "bert-base", "--variants", "coda_cudagraphs", "--prebuild-only"]))
     keys = [bench._item_key(i) for i in built["items"]]
     assert len(set(keys)) == len(keys)
-    assert "kernel_items_fold_spares" not in plain["models"]["bert-base"]
-    spares = built["models"]["bert-base"]["kernel_items_fold_spares"]
+    assert "kernel_items_veto_spares" not in plain["models"]["bert-base"]
+    spares = built["models"]["bert-base"]["kernel_items_veto_spares"]
     assert spares > 0 and len(keys) == len(plain["items"]) + spares
     assert {bench._item_key(i) for i in plain["items"]} < set(keys)

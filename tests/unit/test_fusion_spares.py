@@ -1,6 +1,8 @@
-"""The kernels a veto round may need, built beside the first round's (fusion/frontend.py `_with_spares`): a veto of
-a GEMM that took a folded layer norm undoes the fold, and the partition with every fold undone holds the kernels the
-next round then launches, so they join the first round's parallel build where they fit in it. CPU only (the plans
+"""The kernels a veto round may need, built beside the first round's (python/coda_ext/fusion/frontend.py
+`veto_plans`, `_with_spares`): a veto of a GEMM that took a folded layer norm undoes the fold, and the partition with
+every fold undone holds the kernels the next round then launches; a veto of another kernel leaves its GEMMs without
+an epilogue, and the partition with that kernel's GEMMs excluded holds them: they join the first round's parallel
+build where they fit in it. CPU only (the plans
 trace BERT-base at its benchmark batch on uninitialised weights; nothing compiles or runs)."""
 from __future__ import annotations
 
@@ -39,9 +41,26 @@ def test_spares_join_a_build_that_runs_anyway_where_they_fit(monkeypatch, built,
         planned.append(1)
         return ("b", "c", "d", "c")   # a kernel twice among the spares: once
 
-    got = fe._with_spares([("a", "bfloat16", None), ("b", "bfloat16", None)], spare, 132, jobs=jobs)
+    got = fe._with_spares([("a", "bfloat16", None), ("b", "bfloat16", None)], [spare], 132, jobs=jobs)
     assert [g for g, _, _ in got] == want
     assert planned == ([] if built >= {"a", "b"} else [1])   # a warm cache never plans the spares
+
+
+def test_plans_join_in_order_each_whole_or_not_and_stop_once_the_batch_is_full(monkeypatch):
+    _fake_jit(monkeypatch, set())
+    called = []
+
+    def plan(*kernels):
+        def fn():
+            called.append(kernels)
+            return kernels
+        return fn
+
+    plans = [plan("c", "d"), plan("e", "f", "g"), plan("e"), plan("h"), plan("i")]
+    got = fe._with_spares([("a", "bfloat16", None), ("b", "bfloat16", None)], plans, 132, jobs=6)
+    # room for 4 beside a and b: c, d; e, f, g would not fit (skipped whole); e, then h fill it: i's plan never runs
+    assert [g for g, _, _ in got] == ["a", "b", "c", "d", "e", "h"]
+    assert called == [("c", "d"), ("e", "f", "g"), ("e",), ("h",)]
 
 
 def test_spares_that_fail_to_plan_leave_the_round_as_it_was(monkeypatch):
@@ -51,8 +70,8 @@ def test_spares_that_fail_to_plan_leave_the_round_as_it_was(monkeypatch):
         raise RuntimeError("a plan that failed")
 
     with pytest.warns(UserWarning, match="a plan that failed"):
-        got = fe._with_spares([("a", "bfloat16", None)], spare, 132, jobs=16)
-    assert got == [("a", "bfloat16", None)]
+        got = fe._with_spares([("a", "bfloat16", None)], [spare, lambda: ("b",)], 132, jobs=16)
+    assert got == [("a", "bfloat16", None), ("b", "bfloat16", None)]   # the plans after it still count
 
 
 def _bert_base(timer=None):
@@ -65,27 +84,60 @@ def _bert_base(timer=None):
     return ba.plan_backend("bert-base", ba.parse(["--models", "bert-base", "--plan"]), timer=timer)[0].report.graphs[0]
 
 
+def _round_zero_plans(monkeypatch) -> list[set[str]]:
+    """Records, in the first round of each fused graph, the kernels each of its veto plans launches."""
+    plans: list[set[str]] = []
+    real = fe._measure
+
+    def measure(an, lowered, options, timer, timed, veto_round, veto_plans=()):
+        veto_plans = list(veto_plans)
+        if veto_round == 0:
+            plans.extend({low.site.graph.digest() for low in p() if low.site is not None} for p in veto_plans)
+        return real(an, lowered, options, timer, timed, veto_round, veto_plans)
+
+    monkeypatch.setattr(fe, "_measure", measure)
+    return plans
+
+
 @pytest.mark.slow
 def test_a_folded_gemms_veto_needs_only_kernels_of_the_unfolded_partition(monkeypatch):
     """BERT-base: the last layer's folded layer norm vetoed (as its 65.0 µs kernel was on an H200) undoes the fold,
-    and the kernels that round launches beyond the first round's are among the spares."""
+    and the kernels that round launches beyond the first round's are among the first plan's (every fold undone)."""
     first = _bert_base()
     names = {n.strip() for f in first.folded for n in f.split(" into ")[1].split(",")}
     folded = {k.kernel: k.anchor for k in first.kernels if k.anchor in names}
     one = next(k for k, a in folded.items() if sum(x.kernel == k for x in first.kernels) == 1)
-    spares: list[set[str]] = []
-    real = fe._measure
-
-    def measure(an, lowered, options, timer, timed, veto_round, spare=None):
-        if spare is not None:
-            spares.append({low.site.graph.digest() for low in spare() if low.site is not None})
-        return real(an, lowered, options, timer, timed, veto_round, spare)
-
-    monkeypatch.setattr(fe, "_measure", measure)
+    plans = _round_zero_plans(monkeypatch)
     after = _bert_base(timer=lambda site, mnk: (1.0, 1e-6) if site.graph.digest() == one else (1e-6, 1e-6))
     assert [v.action.startswith("the fold of layer norm") for v in after.vetoed] == [True]
     undone = after.vetoed[0].action.split("layer norm ")[1].split()[0]
-    # the spare plan left the real one as it was: only the vetoed fold is undone
+    # the spare plans left the real one as it was: only the vetoed fold is undone
     assert set(after.folded) == {f for f in first.folded if not f.startswith(undone + " ")}
     new = {k.kernel for k in after.kernels if k.kernel} - {k.kernel for k in first.kernels if k.kernel}
-    assert new and len(spares) == 1 and new <= spares[0]
+    assert new and new <= plans[0]
+
+
+@pytest.mark.slow
+def test_a_kernels_veto_needs_only_kernels_plan_lists_as_spares():
+    """BERT-base: a kernel of GEMMs that took no fold, vetoed (each of its GEMMs left without an epilogue), makes the
+    next round launch kernels the first round had not; plan(spares=True) lists them (the plans a cold first round
+    also builds in its batch: veto_plans), beside every kernel of the first round."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("scipy", reason="the ILP needs scipy (pip install 'coda_ext[fusion]')")
+    import coda_ext.fusion as cf
+    from benchmarks import bench_autofusion as ba
+
+    backend = ba.plan_backend("bert-base", ba.parse(["--models", "bert-base", "--plan"]), spares=True)[0]
+    first = backend.report.graphs[0]
+    listed = {g.digest() for g, _, _ in cf.kernel_items(backend, sms=132, spares=True)}
+    assert {g.digest() for g, _, _ in cf.kernel_items(backend, sms=132)} < listed
+    names = {n.strip() for f in first.folded for n in f.split(" into ")[1].split(",")}
+    plain = [k.kernel for k in first.kernels if k.kernel and k.anchor not in names]
+    for victim in reversed(list(dict.fromkeys(plain))):   # the backward's first: their vetoes make new kernels
+        after = _bert_base(timer=lambda site, mnk, v=victim: (1.0, 1e-6) if site.graph.digest() == v else (1e-6, 1e-6))
+        assert after.vetoed and all(v.action == "no epilogue" for v in after.vetoed)
+        new = {k.kernel for k in after.kernels if k.kernel} - {k.kernel for k in first.kernels if k.kernel}
+        if new:
+            assert new <= listed, (victim[:8], new)
+            return
+    pytest.fail("no veto of BERT-base's unfolded kernels made new kernels: the test checks nothing")

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -116,10 +116,11 @@ class Options:
         return timing.gpu_timer if self.measure and runs else None
 
 
-def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, forward_outputs: int | None = None
-               ) -> tuple[fx.GraphModule, GraphReport, tuple[Lowered, ...]]:
+def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, forward_outputs: int | None = None,
+               spares: list[Lowered] | None = None) -> tuple[fx.GraphModule, GraphReport, tuple[Lowered, ...]]:
     """passes -> analysis -> partition -> lowering of one graph, and its report. forward_outputs: how many
-    outputs of a joint graph are the forward's."""
+    outputs of a joint graph are the forward's. spares: where nothing is timed, a list that receives the lowered
+    epilogues of the partitions a measured veto of each kernel would lead to (plan(spares=True))."""
     if not all(fx_util.is_static(n) for n in gm.graph.nodes):
         from .partition import Partition
 
@@ -137,27 +138,29 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
     timer = options.timer_for(target)
     timed: dict[Any, Any] = {}                # each kernel and shape timed once across the rounds
 
-    def partitioned(g: fx.GraphModule, counted: bool = True) -> tuple[Any, Any]:
+    def partitioned(g: fx.GraphModule, counted: bool, exclude: set[str]) -> tuple[Any, Any]:
         nonlocal solve_s
         an = analyze(g, target, forward_outputs)
         pg = an.pgraph
         part = partition(pg, options.cost, method=options.method, time_limit=options.time_limit,
                          limits=Limits.of(target), narrow_stores=options.narrow_stores,
-                         exclude=[i for i in pg.anchors() if fx_util.gemm_id(an.fx_nodes[i]) in excluded])
+                         exclude=[i for i in pg.anchors() if fx_util.gemm_id(an.fx_nodes[i]) in exclude])
         solve_s += part.solve_s if counted else 0.0
         return an, part
 
-    def planned(norms: set[str], counted: bool = True) -> tuple[Any, ...]:
+    def planned(norms: set[str], counted: bool = True, exclude: set[str] | None = None) -> tuple[Any, ...]:
         """(graph, analysis, partition, fused graph, lowered epilogues) with the layer norms `norms` left unfolded,
-        and any other whose folded math no kernel took (added to `norms`: norm_fold)."""
+        and any other whose folded math no kernel took (added to `norms`: norm_fold), the GEMMs `exclude` (default:
+        those vetoed so far) without an epilogue."""
+        exclude = excluded if exclude is None else exclude
         rounds = 0
         while True:
             g = passes.run(gm, target, norms, options.cost)
-            an, part = partitioned(g, counted)
+            an, part = partitioned(g, counted, exclude)
             plain = plain_gemms(an, part) if options.merge else set()
             if plain and passes.hmerge.groups(g, plain):   # merged, the partition runs again on the merged graph
                 g = passes.merge_gemms(g, plain)
-                an, part = partitioned(g, counted)
+                an, part = partitioned(g, counted, exclude)
             fused, lowered = lower(g, an, part, options.execute, target)
             missed = missed_folds(g, an, lowered)
             if not missed:
@@ -165,19 +168,35 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
             rounds += 1
             norms |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
 
-    def unfolded_kernels(g: fx.GraphModule) -> tuple[Lowered, ...]:
-        """The epilogues of the partition with every fold of `g` undone: what a veto of folded GEMMs partitions
-        into (built beside the first round's kernels where they fit in its batch, _measure)."""
-        return planned(set(unfolded) | {f.norm for f in g.meta[NORM_FOLDS]}, counted=False)[4]
+    def veto_plans(g: fx.GraphModule, an: Any, lowered: tuple[Lowered, ...]) -> list[Callable[[], tuple]]:
+        """Plans of the partitions a veto of this round's kernels not timed yet leads to, each returning its
+        lowered epilogues (built beside the round's kernels where they fit in its batch: _with_spares): every
+        fold undone (what a veto of folded GEMMs partitions into), then, for each such kernel, its other GEMMs
+        without an epilogue (the next round's partition where that kernel alone is vetoed)."""
+        folded = {gemm for f in g.meta[NORM_FOLDS] for gemm, _ in f.gemms}
+        plans: list[Callable[[], tuple]] = []
+        if folded:
+            norms = set(unfolded) | {f.norm for f in g.meta[NORM_FOLDS]}
+            plans.append(lambda: planned(set(norms), counted=False)[4])
+        by_kernel: dict[Any, set[str]] = {}
+        for low in lowered:
+            node = an.fx_nodes[low.group.anchor] if low.site is not None and low.mnk is not None else None
+            if node is not None and node.name not in folded and (low.site.kernel_key, tuple(low.mnk)) not in timed:
+                by_kernel.setdefault(low.site.kernel_key, set()).add(fx_util.gemm_id(node))
+        plans.extend(functools.partial(lambda ex: planned(set(unfolded), False, ex)[4], excluded | gemms)
+                     for gemms in by_kernel.values())
+        return plans
 
     timing_rounds = 0                         # partitions that timed a kernel not timed before
     for veto_round in range(timing.MAX_PARTITIONS):
         g, an, part, fused, lowered = planned(unfolded)
         if timer is None:
+            if spares is not None:            # plan(spares=True): every veto's kernels, listed for a prebuild
+                for plan_fn in veto_plans(g, an, lowered):
+                    spares.extend(plan_fn())
             break
         known = len(timed)
-        spare = functools.partial(unfolded_kernels, g) if veto_round == 0 and g.meta[NORM_FOLDS] else None
-        measured = _measure(an, lowered, options, timer, timed, veto_round, spare)
+        measured = _measure(an, lowered, options, timer, timed, veto_round, veto_plans(g, an, lowered))
         timing_rounds += len(timed) > known
         slow = [v for v in measured if v.slow]
         if not slow or timing_rounds > timing.MAX_ROUNDS or veto_round == timing.MAX_PARTITIONS - 1:
@@ -208,10 +227,10 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
 
 
 def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Callable, timed: dict,
-             veto_round: int, spare: Callable[[], tuple[Lowered, ...]] | None = None) -> list[timing.Verdict]:
+             veto_round: int, plans: Iterable[Callable[[], tuple[Lowered, ...]]] = ()) -> list[timing.Verdict]:
     """The verdicts of a partition's fused GEMMs. With the GPU timer: on the GPU of their operands, their kernels
-    built first, in parallel, with the kernels of `spare()` (the epilogues a later round may need: _with_spares);
-    nothing is timed while a CUDA graph is being captured (a warning says so)."""
+    built first, in parallel, with the kernels of the later rounds' `plans` that fit in the same batch
+    (_with_spares); nothing is timed while a CUDA graph is being captured (a warning says so)."""
     from ..runtime import prebuild
 
     fused = [(an.fx_nodes[low.group.anchor], low) for low in lowered if low.site is not None and low.mnk is not None]
@@ -225,7 +244,7 @@ def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Cal
             return []
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         try:
-            prebuild(_with_spares(kernel_items([low for _, low in fused], sms=sms), spare, sms))
+            prebuild(_with_spares(kernel_items([low for _, low in fused], sms=sms), plans, sms))
         except CodaError as e:   # what did not build is not timed (verdicts says so) and stays fused
             warnings.warn(f"coda fusion: a kernel to time did not build: {e}", stacklevel=2)
         timer = functools.partial(timing.gpu_timer, device=device)
@@ -233,31 +252,38 @@ def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Cal
                            options.cost, timer, timed, veto_round)
 
 
-def _with_spares(items: list, spare: Callable[[], tuple[Lowered, ...]] | None, sms: int | None,
+def _with_spares(items: list, plans: Iterable[Callable[[], tuple[Lowered, ...]]], sms: int | None,
                  jobs: int | None = None) -> list:
-    """`items` and, where some of them must be built anyway (a kernel not in the cache) and the spares' kernels fit
-    in the same parallel batch (jobs: coda_ext.jit.default_jobs()), the kernels of the epilogues `spare()` plans:
-    a veto round that needs them then builds nothing (BERT-base's first round of vetoes, a fold undone, built two
-    kernels alone for about a minute). A warm cache plans no spares."""
+    """`items` and, where some of them must be built anyway (a kernel not in the cache), the kernels of the
+    epilogues each of `plans` returns (a later round's partition, after a veto) that are not built yet, a plan's
+    kernels all or none, in order, while they fit in the same parallel batch (jobs: coda_ext.jit.default_jobs()):
+    a veto round that needs them then builds nothing (each such round built its kernels alone, about a minute:
+    BERT-base's fold undone, ViT-B/16's epilogues moved to another GEMM). A warm cache plans nothing; a plan that
+    fails is skipped, with a warning."""
     from ..jit import cached, default_jobs, kernel_source
 
     sources = [kernel_source(*i) for i in items]
     todo = {s.source for s in sources if not cached(s)}
-    if spare is None or not todo:
+    if not todo:
         return items
+    room = (jobs or default_jobs()) - len(todo)
     known = {s.source for s in sources}
     extra: dict[str, tuple] = {}
-    try:
-        for item in kernel_items(spare(), sms=sms):
-            ks = kernel_source(*item)
-            if ks.source not in known and not cached(ks):
-                extra.setdefault(ks.source, item)
-    except Exception as e:  # noqa: BLE001  (spares only save a later round's build: never a reason to fail)
-        warnings.warn(f"coda fusion: the kernels a veto round may need were not planned ({type(e).__name__}: {e})",
-                      stacklevel=2)
-        return items
-    if len(todo) + len(extra) > (jobs or default_jobs()):
-        return items
+    for plan_fn in plans:
+        if len(extra) >= room:
+            break
+        try:
+            new: dict[str, tuple] = {}
+            for item in kernel_items(plan_fn(), sms=sms):
+                ks = kernel_source(*item)
+                if ks.source not in known and ks.source not in extra and not cached(ks):
+                    new.setdefault(ks.source, item)
+        except Exception as e:  # noqa: BLE001  (spares only save a later round's build: never a reason to fail)
+            warnings.warn(f"coda fusion: the kernels a veto round may need were not planned ({type(e).__name__}: "
+                          f"{e})", stacklevel=2)
+            continue
+        if len(extra) + len(new) <= room:
+            extra.update(new)
     return items + list(extra.values())
 
 
@@ -267,18 +293,25 @@ def plain_gemms(an: Any, part: Any) -> set[str]:
     return {an.pgraph[i].name for i in an.pgraph.anchors() if i not in fused}
 
 
-def kernel_items(source: Any, sms: int | None = None, every_config: bool = False) -> list[tuple[Any, str, Any]]:
+def kernel_items(source: Any, sms: int | None = None, every_config: bool = False, spares: bool = False
+                 ) -> list[tuple[Any, str, Any]]:
     """(graph, dtype, KernelConfig) of the kernels the fused epilogues of `source` — a model returned by
     fuse(), a CodaBackend, or lowered epilogues — launch, each once: what coda_ext.prebuild builds in
     parallel (the backend does so itself on CUDA, before the first step runs). By default the config
     config="auto" takes at each epilogue's GEMM shape on a GPU of `sms` SMs (this machine's GPU, else an
-    H100's); every_config=True: every config "auto" may take, at any shape. 16-bit GEMMs only (fp32 ones
-    run in the interpreter)."""
+    H100's); every_config=True: every config "auto" may take, at any shape. spares=True: with those of the
+    partitions the measured vetoes may lead to (a backend from plan(..., spares=True)). 16-bit GEMMs only (fp32
+    ones run in the interpreter)."""
     from ..runtime.tuned import TunedOp
 
     if hasattr(source, "coda_backend"):
         source = source.coda_backend
     lowered = source.lowered if isinstance(source, CodaBackend) else source
+    if spares and isinstance(source, CodaBackend):
+        if source.spares is None:
+            raise ValueError("kernel_items(backend, spares=True) lists what plan(..., spares=True) planned: this "
+                             "backend planned no spares")
+        lowered = [*lowered, *source.spares]
     if sms is None:
         sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else None
     items: dict[Any, tuple[Any, str, Any]] = {}
@@ -391,6 +424,7 @@ class CodaBackend:
         self.report = FusionReport()
         self.lowered: list[Lowered] = []
         self.plan_only = False      # plan(): stop once the graph is fused (nothing compiles or runs)
+        self.spares: list[Lowered] | None = None   # plan(spares=True): the epilogues the vetoes' rounds may launch
         self.mode_said = False      # a torch.compile mode it does not apply has been warned of
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable:
@@ -419,7 +453,7 @@ class CodaBackend:
 
         def run(graph: fx.GraphModule, name: str, forward_outputs: int | None = None) -> fx.GraphModule:
             fused, rep, lowered = fuse_graph(graph, opts, target, f"{name} {len(self.report.graphs)}",
-                                             forward_outputs)
+                                             forward_outputs, self.spares)
             self.report.add(rep)
             self.lowered += lowered
             if opts.prebuild and on_cuda and target == "cuda" and opts.execute == "auto" and not self.plan_only:
@@ -557,8 +591,8 @@ def fuse(model: Any, report: bool = False, **options: Any) -> Any:
     return compiled
 
 
-def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str = "cuda", **options: Any
-         ) -> CodaBackend:
+def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str = "cuda", spares: bool = False,
+         **options: Any) -> CodaBackend:
     """What fuse(model) would fuse, without running anything (nor the measured vetoes: Options.measure, which time
     the kernels on a GPU and may change the partition there): traces model(*args, **kwargs) — its training
     graph, forward and backward, as the first call would — through the backend, under `target`'s kernel
@@ -567,13 +601,17 @@ def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str =
     prebuild. Inputs are tensors of the real shapes on any device (the CPU: attention and other
     device-specific ops differ, and they are left to the fallback anyway); the parameters' values are
     never read (torch.nn.Module.to_empty gives uninitialised ones). A model with a graph break is planned
-    up to its first graph."""
+    up to its first graph. spares=True also plans, for each fused kernel, the partition a measured veto of it
+    would lead to: kernel_items(backend, spares=True) then lists their kernels too (a prebuild ahead of a GPU
+    run whose vetoes then build nothing; the measured vetoes themselves build such spares only where their first
+    round builds anyway)."""
     from .hf_masks import plain_masks, unpacked_call
 
     options.pop("cudagraphs", None)   # nothing compiles or runs: no graph to record, no kernel to time
     options.pop("measure", None)
     backend = CodaBackend(target=target, fallback="eager", execute="interpret", prebuild=False, **options)
     backend.plan_only = True
+    backend.spares = [] if spares else None
     try:
         with plain_masks(unpacked_call(args, kwargs or {})):
             torch.compile(model, backend=backend, dynamic=False)(*args, **(kwargs or {}))
