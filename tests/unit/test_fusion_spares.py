@@ -1,9 +1,9 @@
-"""The kernels a veto round may need, built beside the first round's (python/coda_ext/fusion/frontend.py
-`veto_plans`, `_with_spares`): a veto of a GEMM that took a folded layer norm undoes the fold, and the partition with
-every fold undone holds the kernels the next round then launches; a veto of another kernel leaves its GEMMs without
-an epilogue, and the partition with that kernel's GEMMs excluded holds them: they join the first round's parallel
-build where they fit in it. CPU only (the plans
-trace BERT-base at its benchmark batch on uninitialised weights; nothing compiles or runs)."""
+"""The kernels a veto round may need, built beside those of a round that builds anyway
+(python/coda_ext/fusion/frontend.py `veto_plans`, `_with_spares`): a veto of a GEMM that took a folded layer norm
+undoes the fold, and the partition with every fold undone holds the kernels the next round then launches; a veto of
+another kernel leaves its GEMMs without an epilogue, and the partition with that kernel's GEMMs excluded holds them:
+they join the round's parallel build where they fit in it. CPU only (the plans trace BERT-base at its benchmark
+batch on uninitialised weights; nothing compiles or runs)."""
 from __future__ import annotations
 
 import pytest
@@ -63,6 +63,29 @@ def test_plans_join_in_order_each_whole_or_not_and_stop_once_the_batch_is_full(m
     assert called == [("c", "d"), ("e", "f", "g"), ("e",), ("h",)]
 
 
+def test_no_plan_starts_once_the_planning_time_is_spent(monkeypatch):
+    _fake_jit(monkeypatch, set())
+    clock = iter([0.0, 10.0, fe.SPARE_PLANNING_S + 1.0, 99.0, 99.0])
+    monkeypatch.setattr(fe.time, "perf_counter", lambda: next(clock))
+    called = []
+
+    def plan(kernel):
+        def fn():
+            called.append(kernel)
+            return (kernel,)
+        return fn
+
+    got = fe._with_spares([("a", "bfloat16", None)], [plan("b"), plan("c"), plan("d")], 132, jobs=16)
+    assert [g for g, _, _ in got] == ["a", "b"] and called == ["b"]
+
+
+def test_kernel_items_lists_spares_only_of_a_backend_that_planned_them():
+    with pytest.raises(ValueError, match="lists what plan"):
+        fe.kernel_items([], spares=True)
+    with pytest.raises(ValueError, match="give the backend"):
+        fe.kernel_items(fe.CodaBackend(), spares=True)
+
+
 def test_spares_that_fail_to_plan_leave_the_round_as_it_was(monkeypatch):
     _fake_jit(monkeypatch, set())
 
@@ -85,14 +108,15 @@ def _bert_base(timer=None):
 
 
 def _round_zero_plans(monkeypatch) -> list[set[str]]:
-    """Records, in the first round of each fused graph, the kernels each of its veto plans launches."""
+    """Records, in the first round of each fused graph, the kernels its first veto plan (every fold undone, where a
+    folded GEMM's kernel may be vetoed) launches."""
     plans: list[set[str]] = []
     real = fe._measure
 
     def measure(an, lowered, options, timer, timed, veto_round, veto_plans=()):
         veto_plans = list(veto_plans)
-        if veto_round == 0:
-            plans.extend({low.site.graph.digest() for low in p() if low.site is not None} for p in veto_plans)
+        if veto_round == 0 and veto_plans:
+            plans.append({low.site.graph.digest() for low in veto_plans[0]() if low.site is not None})
         return real(an, lowered, options, timer, timed, veto_round, veto_plans)
 
     monkeypatch.setattr(fe, "_measure", measure)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -48,6 +49,9 @@ REPORT_ENV = "CODA_FUSION_REPORT"
 #: Shapes a graph with symbolic sizes is fused at (each a trace, a partition and the fallback's compile on its second
 #: call, as a static recompilation would cost); further shapes run that graph as compiled with symbolic sizes, unfused.
 MAX_SPECIALIZATIONS = 8
+#: Seconds a round that builds may spend planning the partitions its vetoes may lead to (_with_spares) before its
+#: build starts: less than the minute a round's own build of one kernel would take.
+SPARE_PLANNING_S = 30.0
 
 
 @dataclasses.dataclass
@@ -169,34 +173,46 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
             norms |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
 
     def veto_plans(g: fx.GraphModule, an: Any, lowered: tuple[Lowered, ...]) -> list[Callable[[], tuple]]:
-        """Plans of the partitions a veto of this round's kernels not timed yet leads to, each returning its
-        lowered epilogues (built beside the round's kernels where they fit in its batch: _with_spares): every
-        fold undone (what a veto of folded GEMMs partitions into), then, for each such kernel, its other GEMMs
-        without an epilogue (the next round's partition where that kernel alone is vetoed)."""
+        """Plans of the partitions a veto of this round's kernels may lead to, each returning its lowered epilogues
+        (built beside the round's kernels where they fit in its batch: _with_spares). A kernel may be vetoed where
+        it is 16-bit and not timed yet at its shape, or timed slower (its epilogue moved to another GEMM and made
+        the same kernel there). Where a folded GEMM's kernel may be, the partition with every fold undone (what a
+        veto of folded GEMMs leads to); then, for each other such kernel and shape, the partition with its GEMMs
+        there without an epilogue (the next round's where it alone is vetoed)."""
+        def may_veto(low: Lowered) -> bool:
+            if low.site is None or low.mnk is None or low.site.dtype not in ("bfloat16", "float16"):
+                return False
+            key = (low.site.kernel_key, tuple(low.mnk))
+            return key not in timed or (timed[key] is not None and options.cost.slower(*timed[key]))
+
         folded = {gemm for f in g.meta[NORM_FOLDS] for gemm, _ in f.gemms}
+        candidates = [(an.fx_nodes[low.group.anchor], low) for low in lowered if may_veto(low)]
         plans: list[Callable[[], tuple]] = []
-        if folded:
-            norms = set(unfolded) | {f.norm for f in g.meta[NORM_FOLDS]}
+        if any(node.name in folded for node, _ in candidates):
+            norms = frozenset(unfolded) | {f.norm for f in g.meta[NORM_FOLDS]}
             plans.append(lambda: planned(set(norms), counted=False)[4])
         by_kernel: dict[Any, set[str]] = {}
-        for low in lowered:
-            node = an.fx_nodes[low.group.anchor] if low.site is not None and low.mnk is not None else None
-            if node is not None and node.name not in folded and (low.site.kernel_key, tuple(low.mnk)) not in timed:
-                by_kernel.setdefault(low.site.kernel_key, set()).add(fx_util.gemm_id(node))
-        plans.extend(functools.partial(lambda ex: planned(set(unfolded), False, ex)[4], excluded | gemms)
+        for node, low in candidates:
+            if node.name not in folded:
+                by_kernel.setdefault((low.site.kernel_key, tuple(low.mnk)), set()).add(fx_util.gemm_id(node))
+        now = frozenset(unfolded)
+        plans.extend(functools.partial(lambda ex: planned(set(now), False, ex)[4], excluded | gemms)
                      for gemms in by_kernel.values())
         return plans
 
     timing_rounds = 0                         # partitions that timed a kernel not timed before
     for veto_round in range(timing.MAX_PARTITIONS):
         g, an, part, fused, lowered = planned(unfolded)
+        if spares is not None and veto_round == 0:   # plan(spares=True): the first round's veto plans, listed
+            for plan_fn in veto_plans(g, an, lowered):
+                spares.extend(_spare_kernels(plan_fn))
         if timer is None:
-            if spares is not None:            # plan(spares=True): every veto's kernels, listed for a prebuild
-                for plan_fn in veto_plans(g, an, lowered):
-                    spares.extend(plan_fn())
             break
         known = len(timed)
-        measured = _measure(an, lowered, options, timer, timed, veto_round, veto_plans(g, an, lowered))
+        # a round whose vetoes no later round could follow plans no spares
+        followed = veto_round < timing.MAX_PARTITIONS - 1 and timing_rounds < timing.MAX_ROUNDS
+        measured = _measure(an, lowered, options, timer, timed, veto_round,
+                            veto_plans(g, an, lowered) if followed else ())
         timing_rounds += len(timed) > known
         slow = [v for v in measured if v.slow]
         if not slow or timing_rounds > timing.MAX_ROUNDS or veto_round == timing.MAX_PARTITIONS - 1:
@@ -246,7 +262,8 @@ def _measure(an: Any, lowered: tuple[Lowered, ...], options: Options, timer: Cal
         try:
             prebuild(_with_spares(kernel_items([low for _, low in fused], sms=sms), plans, sms))
         except CodaError as e:   # what did not build is not timed (verdicts says so) and stays fused
-            warnings.warn(f"coda fusion: a kernel to time did not build: {e}", stacklevel=2)
+            warnings.warn(f"coda fusion: a kernel to time, or one a later round may need, did not build: {e}",
+                          stacklevel=2)
         timer = functools.partial(timing.gpu_timer, device=device)
     return timing.verdicts([(n.name, fx_util.gemm_id(n), low.site, tuple(low.mnk)) for n, low in fused],
                            options.cost, timer, timed, veto_round)
@@ -259,7 +276,8 @@ def _with_spares(items: list, plans: Iterable[Callable[[], tuple[Lowered, ...]]]
     kernels all or none, in order, while they fit in the same parallel batch (jobs: coda_ext.jit.default_jobs()):
     a veto round that needs them then builds nothing (each such round built its kernels alone, about a minute:
     BERT-base's fold undone, ViT-B/16's epilogues moved to another GEMM). A warm cache plans nothing; a plan that
-    fails is skipped, with a warning."""
+    fails is skipped, with a warning; no plan starts after SPARE_PLANNING_S seconds of them (each is a partition of
+    the whole graph: a few seconds on a large one, while the round's build waits)."""
     from ..jit import cached, default_jobs, kernel_source
 
     sources = [kernel_source(*i) for i in items]
@@ -269,22 +287,29 @@ def _with_spares(items: list, plans: Iterable[Callable[[], tuple[Lowered, ...]]]
     room = (jobs or default_jobs()) - len(todo)
     known = {s.source for s in sources}
     extra: dict[str, tuple] = {}
+    start = time.perf_counter()
     for plan_fn in plans:
-        if len(extra) >= room:
+        if len(extra) >= room or time.perf_counter() - start > SPARE_PLANNING_S:
             break
-        try:
-            new: dict[str, tuple] = {}
-            for item in kernel_items(plan_fn(), sms=sms):
-                ks = kernel_source(*item)
-                if ks.source not in known and ks.source not in extra and not cached(ks):
-                    new.setdefault(ks.source, item)
-        except Exception as e:  # noqa: BLE001  (spares only save a later round's build: never a reason to fail)
-            warnings.warn(f"coda fusion: the kernels a veto round may need were not planned ({type(e).__name__}: "
-                          f"{e})", stacklevel=2)
-            continue
+        new: dict[str, tuple] = {}
+        for item in kernel_items(_spare_kernels(plan_fn), sms=sms):
+            ks = kernel_source(*item)
+            if ks.source not in known and ks.source not in extra and not cached(ks):
+                new.setdefault(ks.source, item)
         if len(extra) + len(new) <= room:
             extra.update(new)
     return items + list(extra.values())
+
+
+def _spare_kernels(plan_fn: Callable[[], tuple[Lowered, ...]]) -> tuple[Lowered, ...]:
+    """The lowered epilogues of a veto plan; none where it fails, with a warning (spares only save a later round's
+    build: never a reason to fail)."""
+    try:
+        return plan_fn()
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"coda fusion: the kernels a veto round may need were not planned ({type(e).__name__}: {e})",
+                      stacklevel=3)
+        return ()
 
 
 def plain_gemms(an: Any, part: Any) -> set[str]:
@@ -307,10 +332,10 @@ def kernel_items(source: Any, sms: int | None = None, every_config: bool = False
     if hasattr(source, "coda_backend"):
         source = source.coda_backend
     lowered = source.lowered if isinstance(source, CodaBackend) else source
-    if spares and isinstance(source, CodaBackend):
-        if source.spares is None:
-            raise ValueError("kernel_items(backend, spares=True) lists what plan(..., spares=True) planned: this "
-                             "backend planned no spares")
+    if spares:
+        if not isinstance(source, CodaBackend) or source.spares is None:
+            raise ValueError("kernel_items(source, spares=True) lists what plan(..., spares=True) planned: give "
+                             "the backend it returned")
         lowered = [*lowered, *source.spares]
     if sms is None:
         sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else None
@@ -601,10 +626,11 @@ def plan(model: Any, args: tuple = (), kwargs: dict | None = None, target: str =
     prebuild. Inputs are tensors of the real shapes on any device (the CPU: attention and other
     device-specific ops differ, and they are left to the fallback anyway); the parameters' values are
     never read (torch.nn.Module.to_empty gives uninitialised ones). A model with a graph break is planned
-    up to its first graph. spares=True also plans, for each fused kernel, the partition a measured veto of it
-    would lead to: kernel_items(backend, spares=True) then lists their kernels too (a prebuild ahead of a GPU
-    run whose vetoes then build nothing; the measured vetoes themselves build such spares only where their first
-    round builds anyway)."""
+    up to its first graph. spares=True also plans the partitions the first round's measured vetoes may lead to
+    (every fold undone; each fused kernel's GEMMs at a shape without an epilogue): kernel_items(backend,
+    spares=True) then lists their kernels too, a prebuild ahead of a GPU run whose veto rounds then build nothing
+    where their vetoes were among those planned (on the GPU each round that builds anyway plans and builds such
+    spares itself, where they fit in its batch)."""
     from .hf_masks import plain_masks, unpacked_call
 
     options.pop("cudagraphs", None)   # nothing compiles or runs: no graph to record, no kernel to time
