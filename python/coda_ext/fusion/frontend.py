@@ -172,24 +172,25 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
             rounds += 1
             norms |= missed if rounds < MAX_FOLD_ROUNDS else {f.norm for f in g.meta[NORM_FOLDS]}
 
-    def veto_plans(g: fx.GraphModule, an: Any, lowered: tuple[Lowered, ...]) -> list[Callable[[], tuple]]:
+    def veto_plans(g: fx.GraphModule, an: Any, lowered: tuple[Lowered, ...], folded: dict[str, str]
+                   ) -> list[Callable[[], tuple]]:
         """Plans of the partitions a veto of this round's kernels may lead to, each returning its lowered epilogues
         (built beside the round's kernels where they fit in its batch: _with_spares). A kernel may be vetoed where
         it is 16-bit and not timed yet at its shape, or timed slower (its epilogue moved to another GEMM and made
         the same kernel there). Where a folded GEMM's kernel may be, the partition with every fold undone (what a
         veto of folded GEMMs leads to); then, for each other such kernel and shape, the partition with its GEMMs
-        there without an epilogue (the next round's where it alone is vetoed)."""
+        there without an epilogue (the next round's where it alone is vetoed). folded: each folded GEMM's layer
+        norm."""
         def may_veto(low: Lowered) -> bool:
-            if low.site is None or low.mnk is None or low.site.dtype not in ("bfloat16", "float16"):
+            if low.site is None or low.mnk is None or low.site.dtype not in timing.KERNEL_DTYPES:
                 return False
             key = (low.site.kernel_key, tuple(low.mnk))
             return key not in timed or (timed[key] is not None and options.cost.slower(*timed[key]))
 
-        folded = {gemm for f in g.meta[NORM_FOLDS] for gemm, _ in f.gemms}
         candidates = [(an.fx_nodes[low.group.anchor], low) for low in lowered if may_veto(low)]
         plans: list[Callable[[], tuple]] = []
         if any(node.name in folded for node, _ in candidates):
-            norms = frozenset(unfolded) | {f.norm for f in g.meta[NORM_FOLDS]}
+            norms = frozenset(unfolded) | set(folded.values())
             plans.append(lambda: planned(set(norms), counted=False)[4])
         by_kernel: dict[Any, set[str]] = {}
         for node, low in candidates:
@@ -203,21 +204,21 @@ def fuse_graph(gm: fx.GraphModule, options: Options, target: str, name: str, for
     timing_rounds = 0                         # partitions that timed a kernel not timed before
     for veto_round in range(timing.MAX_PARTITIONS):
         g, an, part, fused, lowered = planned(unfolded)
+        folded = {gemm: f.norm for f in g.meta[NORM_FOLDS] for gemm, _ in f.gemms}
         if spares is not None and veto_round == 0:   # plan(spares=True): the first round's veto plans, listed
-            for plan_fn in veto_plans(g, an, lowered):
-                spares.extend(_spare_kernels(plan_fn))
+            for plan_fn in veto_plans(g, an, lowered, folded):
+                spares.extend(_run_plan(plan_fn))
         if timer is None:
             break
         known = len(timed)
         # a round whose vetoes no later round could follow plans no spares
         followed = veto_round < timing.MAX_PARTITIONS - 1 and timing_rounds < timing.MAX_ROUNDS
         measured = _measure(an, lowered, options, timer, timed, veto_round,
-                            veto_plans(g, an, lowered) if followed else ())
+                            veto_plans(g, an, lowered, folded) if followed else ())
         timing_rounds += len(timed) > known
         slow = [v for v in measured if v.slow]
         if not slow or timing_rounds > timing.MAX_ROUNDS or veto_round == timing.MAX_PARTITIONS - 1:
             break
-        folded = {gemm: f.norm for f in g.meta[NORM_FOLDS] for gemm, _ in f.gemms}
         for v in slow:   # a folded layer norm's GEMM first loses the fold; any other GEMM its epilogue
             if v.anchor in folded:
                 unfolded.add(folded[v.anchor])
@@ -292,7 +293,7 @@ def _with_spares(items: list, plans: Iterable[Callable[[], tuple[Lowered, ...]]]
         if len(extra) >= room or time.perf_counter() - start > SPARE_PLANNING_S:
             break
         new: dict[str, tuple] = {}
-        for item in kernel_items(_spare_kernels(plan_fn), sms=sms):
+        for item in kernel_items(_run_plan(plan_fn), sms=sms):
             ks = kernel_source(*item)
             if ks.source not in known and ks.source not in extra and not cached(ks):
                 new.setdefault(ks.source, item)
@@ -301,8 +302,8 @@ def _with_spares(items: list, plans: Iterable[Callable[[], tuple[Lowered, ...]]]
     return items + list(extra.values())
 
 
-def _spare_kernels(plan_fn: Callable[[], tuple[Lowered, ...]]) -> tuple[Lowered, ...]:
-    """The lowered epilogues of a veto plan; none where it fails, with a warning (spares only save a later round's
+def _run_plan(plan_fn: Callable[[], tuple[Lowered, ...]]) -> tuple[Lowered, ...]:
+    """The lowered epilogues a veto plan returns; none where it fails, with a warning (spares only save a later round's
     build: never a reason to fail)."""
     try:
         return plan_fn()
@@ -343,7 +344,7 @@ def kernel_items(source: Any, sms: int | None = None, every_config: bool = False
     ops: dict[Any, TunedOp] = {}
     for low in lowered:
         site = low.site
-        if site is None or site.dtype not in ("bfloat16", "float16"):
+        if site is None or site.dtype not in timing.KERNEL_DTYPES:
             continue
         if site.kernel_key not in ops:
             ops[site.kernel_key] = TunedOp(site.graph, site.dtype, tune=False, major=site.major)

@@ -36,6 +36,8 @@ MAX_PARTITIONS = 8
 REPS = 10
 
 Timer = Callable[[Site, tuple[int, int, int]], tuple[float, float]]
+#: The dtypes whose fused kernels are compiled, timed and vetoed (fp32 ones run in the interpreter).
+KERNEL_DTYPES = ("bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +86,7 @@ def verdicts(anchors: Iterable[tuple[str, str, Site, tuple[int, int, int]]], cos
         key = (site.kernel_key, mnk)
         if key not in seen:
             seen[key] = None
-            if site.dtype in ("bfloat16", "float16"):
+            if site.dtype in KERNEL_DTYPES:
                 try:
                     fused_s, gemm_s = timer(site, mnk)
                 except Exception as e:  # noqa: BLE001  (a measurement is advice: the kernel stays fused, said)
