@@ -152,9 +152,10 @@ def analyze(gm: fx.GraphModule, target: str = "interpret", forward_outputs: int 
         id_of[node] = i
         fx_nodes.append(node)
         recomputed = bool(node.meta.get(fx_util.RECOMPUTED, False))   # passes/remat.py's copies: backward
+        saved = bool(node.meta.get(fx_util.SAVED, False))             # passes/gelu_save.py's: forward
         common = {"id": i, "name": node.name, "target": str(node.target), "nbytes": _nbytes(node),
                   "backward": node in backward or recomputed,
-                  "forward": not (node in backward or recomputed) if forward is None else node in forward}
+                  "forward": not (node in backward or recomputed) if forward is None else node in forward or saved}
         v = fx_util.val(node)
         out = fx_util.shape(node)
         if node.op != "call_function":

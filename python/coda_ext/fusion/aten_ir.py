@@ -94,7 +94,8 @@ def _approximate(n: fx.Node) -> str:
 
 
 def _gelu_backward(n: fx.Node, a: Arg) -> Any:
-    return a(n.args[0]) * cm.gelu_grad(a(n.args[1]), approximate=_approximate(n))
+    dy, grad = a(n.args[0]), cm.gelu_grad(a(n.args[1]), approximate=_approximate(n))
+    return grad if isinstance(dy, float) and dy == 1.0 else dy * grad   # gelu_backward(1, x): the derivative
 
 
 def _to_copy(n: fx.Node, a: Arg) -> Any:

@@ -136,6 +136,9 @@ PARTITIONER_TAG = "partitioner_tag"
 #: Meta key of a forward value's copy that the backward recomputes (passes/remat.py): a backward node to the
 #: analysis, though it depends on no tangent.
 RECOMPUTED = "coda_recomputed"
+#: Meta key of a value the forward computes for the backward alone (passes/gelu_save.py: GELU's derivative): a
+#: forward node to the analysis, so no backward GEMM's epilogue computes it again in the backward.
+SAVED = "coda_saved"
 #: Meta key of a same-dtype conversion that an epilogue runs as a rounding (a cast): what passes/remat.py puts
 #: between a 16-bit leaf and the forward math the backward recomputes from it.
 ROUNDED = "coda_rounded"

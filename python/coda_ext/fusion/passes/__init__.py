@@ -12,19 +12,21 @@ from .cse import cse
 from .decompose import decompose
 from .fold import fold
 from .gelu_form import gelu_tanh_form
+from .gelu_save import gelu_grad_forward
 from .hmerge import merge_gemms
 from .layout import GEMM, layout
 from .norm_fold import norm_fold
 from .norm_stats import norm_stats
 from .remat import remat
 
-PIPELINE = (decompose, norm_stats, fold, cse, layout, norm_fold, remat)
+PIPELINE = (decompose, norm_stats, fold, cse, gelu_grad_forward, layout, norm_fold, remat)
 
 
 def run(gm: fx.GraphModule, target: str = "interpret", unfolded: Collection[str] = (), cost: Any = None
         ) -> fx.GraphModule:
-    """decompose (for `target`'s kernel) -> norm_stats -> fold -> cse -> layout -> norm_fold (for `target`'s kernel
-    and the cost model `cost`, leaving the layer norms named in `unfolded` as they are) -> remat."""
+    """decompose (for `target`'s kernel) -> norm_stats -> fold -> cse -> gelu_grad_forward -> layout -> norm_fold
+    (for `target`'s kernel and the cost model `cost`, leaving the layer norms named in `unfolded` as they are)
+    -> remat."""
     for p in PIPELINE:
         if p is norm_fold:
             gm = norm_fold(gm, target, unfolded, cost)
@@ -33,5 +35,5 @@ def run(gm: fx.GraphModule, target: str = "interpret", unfolded: Collection[str]
     return gm
 
 
-__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "gelu_tanh_form", "layout", "merge_gemms", "norm_fold",
-           "norm_stats", "remat", "run"]
+__all__ = ["GEMM", "PIPELINE", "cse", "decompose", "fold", "gelu_grad_forward", "gelu_tanh_form", "layout",
+           "merge_gemms", "norm_fold", "norm_stats", "remat", "run"]
