@@ -43,14 +43,13 @@ struct Sub { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { retu
 struct Mul { CUTLASS_HOST_DEVICE float operator()(float a, float b) const { return a * b; } };
 // Fast math on the device, IEEE on the host (the functors are also host-callable). The device's
 // exp and reciprocal are one MUFU instruction each with flush-to-zero (ex2.approx.ftz and
-// div.approx.ftz of 1, which is rcp.approx.ftz: 0 where 2^126 < |a|, a subnormal flushed either way);
-// without it (__expf, __fdividef) each adds a compare and two scalings for arguments at the edges of
-// the normal range. They are compiler builtins rather than inline asm, which the compiler never
-// merges: two nodes of one epilogue evaluating the same function of one value (GELU and its
-// derivative, both from normal_tail) share its exp, reciprocal and polynomial.
+// rcp.approx.ftz); without it (__expf, __fdividef) each adds a compare and two scalings for
+// arguments at the edges of the normal range.
 CUTLASS_HOST_DEVICE float fast_exp2(float a) {
 #if defined(__CUDA_ARCH__)
-  return __nvvm_ex2_approx_ftz_f(a);
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
 #else
   return exp2f(a);
 #endif
@@ -58,7 +57,9 @@ CUTLASS_HOST_DEVICE float fast_exp2(float a) {
 CUTLASS_HOST_DEVICE float fast_exp(float a) { return fast_exp2(a * 1.4426950408889634f); }
 CUTLASS_HOST_DEVICE float fast_rcp(float a) {
 #if defined(__CUDA_ARCH__)
-  return __nvvm_div_approx_ftz_f(1.0f, a);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
 #else
   return 1.0f / a;
 #endif
